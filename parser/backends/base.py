@@ -1,0 +1,74 @@
+"""The one small async interface between the episode engine and any model.
+
+Both roles (lead agent, chunk-reading subagents) go through `Backend.generate`. Real
+implementations live beside this file: `http` (SGLang `/generate`, OpenAI-compatible
+servers, the sglang-router gateway), `transformers` (in-process CPU, the embedded default)
+and `sglang_engine` (in-process GPU). verl's server manager is adapted to it in
+`parser.verl`. A backend must never raise on a *model's* output; it raises only on
+transport/config failures (`BackendError`), which the engine retries and records.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+# A prompt is either token ids (the lead agent: the engine owns the exact token stream),
+# text already rendered by a chat template (subagents: the router sees the raw prefix), or
+# chat messages (only for OpenAI chat servers, which render the template themselves).
+Prompt = Sequence[int] | str | list[dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    return_logprobs: bool = False
+
+
+@dataclasses.dataclass
+class Completion:
+    """What one generate call produced.
+
+    `token_ids`/`logprobs` are filled by backends that see tokens (SGLang `/generate`,
+    transformers, sglang.Engine, verl); text-only servers leave them empty and the engine
+    tokenizes `text` itself.
+    """
+
+    text: str
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] | None = None
+    finish_reason: str = "stop"  # "stop" (EOS / stop string), "length" (hit max_new_tokens)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the server's prefix cache, if reported
+    worker: str | None = None  # which server answered, if known (gateway locality checks)
+
+
+class BackendError(RuntimeError):
+    """Transport or server failure. `retryable` marks 5xx / connection / timeout errors."""
+
+    def __init__(self, message: str, *, retryable: bool = True, status: int | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+@runtime_checkable
+class Backend(Protocol):
+    async def generate(
+        self,
+        prompt: Prompt,
+        sampling: SamplingParams,
+        *,
+        routing_key: str | None = None,
+        request_id: str | None = None,
+    ) -> Completion:
+        """Generate one completion. `routing_key` (e.g. "doc_id:chunk_index") lets a
+        consistent-hashing gateway pin a chunk to one worker; `request_id` keeps a whole
+        trajectory on one server (verl's sticky sessions)."""
+        ...
+
+    async def aclose(self) -> None: ...

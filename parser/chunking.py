@@ -1,0 +1,117 @@
+"""Documents and chunking: turn a packed long context into the chunks subagents read.
+
+Packed contexts (HotpotQA / 2Wiki / synthetic world) render paragraph i as
+``Document {i}:\\n{title}\\n{text}`` joined by blank lines. We recover those paragraphs and
+greedily pack adjacent ones, in order, into chunks of at most ``chunk_size`` tokens of the
+subagent's tokenizer (paper Appendix E.4, "Chunking"). A paragraph longer than a chunk is
+cut into contiguous token windows, cut at token *character offsets* so no byte is lost.
+
+This module never talks to a model, and nothing here is shown to the lead agent.
+
+    >>> chunks = chunk_document(document, tokenizer, chunk_size=4096)
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Sequence
+
+PARAGRAPH_SEPARATOR = "\n\n"
+# A delimiter counts only at the very start of the text or right after a blank line, so the
+# words "Document 3:" inside a paragraph never split it.
+_DELIMITER = re.compile(r"(?:^|(?<=\n\n))Document (\d+):\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class Paragraph:
+    index: int | None  # the "Document {i}" number; None for plain text without delimiters
+    text: str  # including its "Document {i}:\n" prefix
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    index: int  # 0-based position of the chunk in the document
+    text: str
+    paragraph_ids: tuple[int, ...]  # "Document {i}" numbers this chunk holds (or covers a window of)
+    num_tokens: int
+
+
+def render_paragraphs(paragraphs: Sequence[str]) -> str:
+    """The packed-context format: ``Document {i}:\\n{paragraph}`` joined by blank lines, i from 1."""
+    return PARAGRAPH_SEPARATOR.join(f"Document {i}:\n{p}" for i, p in enumerate(paragraphs, start=1))
+
+
+def split_paragraphs(document: str) -> list[Paragraph]:
+    """Recover the packed paragraphs; a document without delimiters is one plain paragraph."""
+    if not document or not document.strip():
+        raise ValueError("document is empty: nothing to chunk")
+    starts = [(m.start(), int(m.group(1))) for m in _DELIMITER.finditer(document)]
+    if not starts:
+        return [Paragraph(index=None, text=document)]
+    paragraphs = []
+    if starts[0][0] > 0:  # preamble before the first delimiter is kept as its own unit
+        preamble = document[: starts[0][0]].rstrip("\n")
+        if preamble:
+            paragraphs.append(Paragraph(index=None, text=preamble))
+    for (start, number), nxt in zip(starts, starts[1:] + [(len(document) + len(PARAGRAPH_SEPARATOR), None)]):
+        end = nxt[0] - len(PARAGRAPH_SEPARATOR)
+        paragraphs.append(Paragraph(index=number, text=document[start:end]))
+    return paragraphs
+
+
+def _encode_batch(tokenizer: Any, texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+    """Token ids and character offsets for many texts in one (Rust, parallel) call."""
+    if hasattr(tokenizer, "encode_batch"):  # a raw `tokenizers.Tokenizer`
+        encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [e.ids for e in encodings], [e.offsets for e in encodings]
+    out = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    return out["input_ids"], out["offset_mapping"]
+
+
+def count_tokens(tokenizer: Any, text: str) -> int:
+    return len(_encode_batch(tokenizer, [text])[0][0])
+
+
+def chunk_document(document: str, tokenizer: Any, chunk_size: int) -> list[Chunk]:
+    """Greedily pack paragraphs into chunks of at most ``chunk_size`` tokens.
+
+    Each paragraph is tokenized once (batched); chunk sizes are the sum of paragraph and
+    separator token counts, so the growing chunk is never re-tokenized.
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    paragraphs = split_paragraphs(document)
+    ids, offsets = _encode_batch(tokenizer, [p.text for p in paragraphs])
+    separator_tokens = count_tokens(tokenizer, PARAGRAPH_SEPARATOR)
+
+    chunks: list[Chunk] = []
+    texts: list[str] = []
+    para_ids: list[int] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal texts, para_ids, size
+        if texts:
+            chunks.append(Chunk(len(chunks), PARAGRAPH_SEPARATOR.join(texts), tuple(para_ids), size))
+        texts, para_ids, size = [], [], 0
+
+    for paragraph, token_ids, spans in zip(paragraphs, ids, offsets):
+        pid = paragraph.index if paragraph.index is not None else -1
+        n = len(token_ids)
+        if n > chunk_size:  # contiguous token windows, each its own chunk
+            flush()
+            for lo in range(0, n, chunk_size):
+                hi = min(lo + chunk_size, n)
+                start = 0 if lo == 0 else spans[lo][0]
+                end = len(paragraph.text) if hi == n else spans[hi][0]
+                chunks.append(Chunk(len(chunks), paragraph.text[start:end], (pid,), hi - lo))
+            continue
+        extra = n + (separator_tokens if texts else 0)
+        if size + extra > chunk_size:
+            flush()
+            extra = n
+        texts.append(paragraph.text)
+        para_ids.append(pid)
+        size += extra
+    flush()
+    return chunks

@@ -1,0 +1,67 @@
+"""Chunk readers: what answers one query about one chunk.
+
+The default `SubagentReader` is the paper's frozen subagent: a non-thinking chat model that
+sees fixed instructions, its chunk, then the query (that order keeps instructions+chunk an
+identical prefix across rounds, so SGLang's RadixCache — or the CPU backend's prefix cache —
+reuses it; `routing_key` = "doc_id:chunk_index" lets the gateway pin the chunk to one worker).
+Alternative readers (a thinking subagent, a DCI agent; paper Table 5) implement the same
+protocol and plug into the same episode engine.
+
+A reader may raise `BackendError`; the engine retries it and records what still fails.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+from parser import prompts
+from parser.backends.base import Backend, SamplingParams
+from parser.chunking import Chunk
+
+
+@dataclasses.dataclass
+class ReaderReply:
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class ChunkReader(Protocol):
+    async def read(self, query: str, chunk: Chunk, doc_id: str) -> ReaderReply: ...
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], **template_kwargs: Any) -> str:
+    """Chat-template text with the generation prompt; `enable_thinking` etc. pass through."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
+
+
+class SubagentReader:
+    """The frozen subagent of the paper, over any `Backend` (gateway, in-process model, ...)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: Any,
+        *,
+        temperature: float = 0.7,
+        max_new_tokens: int = 512,
+        thinking: bool = False,
+        prompt_version: str = prompts.DEFAULT_VERSION,
+    ):
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+        self.thinking = thinking
+        self.prompt_version = prompt_version
+
+    def prompt(self, query: str, chunk: Chunk) -> str:
+        content = prompts.render("subagent", self.prompt_version, chunk=chunk.text, query=query)
+        return render_chat(self.tokenizer, [{"role": "user", "content": content}], enable_thinking=self.thinking)
+
+    async def read(self, query: str, chunk: Chunk, doc_id: str) -> ReaderReply:
+        completion = await self.backend.generate(
+            self.prompt(query, chunk), self.sampling, routing_key=f"{doc_id}:{chunk.index}"
+        )
+        completion_tokens = len(completion.token_ids) or len(self.tokenizer.encode(completion.text, add_special_tokens=False))
+        return ReaderReply(completion.text, completion.prompt_tokens, completion_tokens, completion.cached_tokens)

@@ -1,0 +1,53 @@
+"""Answer normalization, EM and Sub_EM: the one definition used by training and eval.
+
+Training rewards the lead with binary `exact_match` (paper §2.3); tables report `sub_em`, the
+bidirectional-substring variant that MemAgent's and ReMemR1's open-source eval code implements
+(paper Appendix E.6, footnote 10). Both return 1.0 / 0.0 and take the max over gold answers.
+
+`compat=True` reproduces the reference code exactly, including its quirk that an empty
+normalized prediction counts as a hit under Sub_EM ("" is a substring of everything). Use it
+only to compare with published numbers; the default scores an empty prediction 0.
+"""
+from __future__ import annotations
+
+import re
+import string
+from typing import Iterable
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """Lowercase, drop punctuation, replace articles by a space, collapse whitespace."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def _golds(golds: str | Iterable[str]) -> list[str]:
+    return [golds] if isinstance(golds, str) else [str(g) for g in golds]
+
+
+def exact_match(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
+    if prediction is None:
+        return 0.0
+    pred = normalize_answer(prediction)
+    if not pred and not compat:
+        return 0.0
+    return float(any(pred == normalize_answer(g) for g in _golds(golds)))
+
+
+def sub_em(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
+    """Correct if the normalized prediction and a normalized gold contain one another."""
+    if prediction is None:
+        return 0.0
+    pred = normalize_answer(prediction)
+    if not pred and not compat:
+        return 0.0
+    for gold in _golds(golds):
+        g = normalize_answer(gold)
+        if g in pred or pred in g:
+            return 1.0
+    return 0.0
