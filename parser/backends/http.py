@@ -1,0 +1,335 @@
+"""`HttpBackend`: one model server (or the gateway in front of many) over HTTP.
+
+Why it exists: subagent scatter rounds send hundreds to thousands of concurrent requests
+(T = 220 chunks of 4096 tokens, T = 1750 of 512 for an 896K-token document). The client must
+not be the bottleneck, so this is one pooled aiohttp session per event loop with a large
+connection limit and keep-alive, and orjson on both sides of the wire.
+
+Three wire formats, chosen by `api`:
+- "sglang":      SGLang's native `POST /generate` (text or `input_ids`; token ids and
+                 per-token logprobs come back, which the lead agent needs).
+- "completions": OpenAI `POST /v1/completions` (text or token-id prompt).
+- "chat":        OpenAI `POST /v1/chat/completions` (the server renders the chat template;
+                 `chat_template_kwargs`, e.g. {"enable_thinking": False} for Qwen3.5 subagents,
+                 is passed through).
+
+Every request carries the routing key (`X-Routing-Key: doc_id:chunk_index` by default; the
+header name is a knob, e.g. `X-SMG-Routing-Key` for the SGLang Model Gateway's
+consistent-hashing policy) so a gateway can pin a chunk to one worker, and the trajectory's
+request id (`X-Request-Id`) for sticky sessions. If the server says which worker answered
+(`X-Worker-Id`, set by `parser.serve` and the loopback worker), it lands in
+`Completion.worker`.
+
+It must never retry by itself: the episode engine owns retries and backoff and records them.
+Failures become `BackendError`: 5xx, 408, 429, connection errors, timeouts and garbled bodies
+are `retryable=True`; other 4xx are `retryable=False` and carry the server's message.
+
+    backend = HttpBackend("http://127.0.0.1:30000", api="sglang")
+    out = await backend.generate("Hello", SamplingParams(max_new_tokens=16))
+    await backend.aclose()
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal, Mapping
+
+import aiohttp
+import orjson
+
+from parser.backends.base import BackendError, Completion, Prompt, SamplingParams
+
+Api = Literal["sglang", "completions", "chat"]
+_PATHS = {"sglang": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
+_RETRYABLE_4XX = {408, 429}  # request timeout / queue full at the gateway: try again later
+
+
+class HttpBackend:
+    def __init__(
+        self,
+        base_url: str,
+        api: Api = "sglang",
+        model: str | None = None,
+        *,
+        timeout_s: float = 600.0,
+        max_connections: int = 8192,
+        headers: Mapping[str, str] | None = None,
+        routing_header: str = "X-Routing-Key",
+        request_id_header: str = "X-Request-Id",
+        worker_header: str = "X-Worker-Id",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ):
+        if api not in _PATHS:
+            raise ValueError(f"HttpBackend: api={api!r}; expected one of {sorted(_PATHS)}")
+        self.base_url = base_url.rstrip("/")
+        self.api = api
+        self.url = self.base_url + _PATHS[api]
+        self.model = model or "default"  # SGLang ignores the name; vLLM wants the served one
+        self.timeout_s = timeout_s
+        self.max_connections = max_connections
+        self.headers = {"Content-Type": "application/json", **(headers or {})}
+        self.routing_header = routing_header
+        self.request_id_header = request_id_header
+        self.worker_header = worker_header
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.extra_body = dict(extra_body or {})
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ session
+    def _get_session(self) -> aiohttp.ClientSession:
+        """The pooled session of the running loop; made lazily because aiohttp binds a
+        session to the loop it was created in (and callers may run several loops in turn)."""
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            connector = aiohttp.TCPConnector(
+                limit=self.max_connections, limit_per_host=0, keepalive_timeout=60.0
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                skip_auto_headers=("User-Agent",),
+            )
+            self._loop = loop
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            if self._loop is asyncio.get_running_loop():
+                await self._session.close()
+        self._session = None
+        self._loop = None
+
+    async def __aenter__(self) -> "HttpBackend":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ generate
+    async def generate(
+        self,
+        prompt: Prompt,
+        sampling: SamplingParams,
+        *,
+        routing_key: str | None = None,
+        request_id: str | None = None,
+    ) -> Completion:
+        payload = _BUILD[self.api](self, prompt, sampling)
+        if self.extra_body:
+            payload.update(self.extra_body)
+        headers = self.headers
+        if routing_key is not None or request_id is not None:
+            headers = dict(headers)
+            if routing_key is not None:
+                headers[self.routing_header] = routing_key
+            if request_id is not None:
+                headers[self.request_id_header] = request_id
+        body, worker = await self._post(orjson.dumps(payload), headers)
+        completion = _PARSE[self.api](body, sampling, self.url)
+        completion.worker = worker
+        return completion
+
+    async def _post(self, data: bytes, headers: Mapping[str, str]) -> tuple[Any, str | None]:
+        session = self._get_session()
+        try:
+            # `async with` hands the connection back to the pool on every path
+            async with session.post(self.url, data=data, headers=headers) as resp:
+                raw = await resp.read()
+                status = resp.status
+                worker = resp.headers.get(self.worker_header)
+        except asyncio.TimeoutError as e:  # aiohttp's ServerTimeoutError is one too
+            raise BackendError(
+                f"POST {self.url}: no complete answer within {self.timeout_s}s", retryable=True
+            ) from e
+        except aiohttp.ClientError as e:
+            raise BackendError(f"POST {self.url}: {type(e).__name__}: {e}", retryable=True) from e
+        if status >= 400:
+            retryable = status >= 500 or status in _RETRYABLE_4XX
+            raise BackendError(
+                f"POST {self.url}: HTTP {status}: {_error_message(raw)}",
+                retryable=retryable,
+                status=status,
+            )
+        try:
+            return orjson.loads(raw), worker
+        except orjson.JSONDecodeError as e:
+            raise BackendError(
+                f"POST {self.url}: HTTP {status} but the body is not JSON ({e}): {raw[:200]!r}",
+                retryable=True,
+                status=status,
+            ) from e
+
+
+# ---------------------------------------------------------------------- request bodies
+def _token_ids(prompt: Prompt) -> list[int] | None:
+    """Token-id prompts arrive as any int sequence (list, tuple, array)."""
+    if isinstance(prompt, str):
+        return None
+    items = list(prompt)
+    if items and isinstance(items[0], dict):
+        return None
+    return [int(t) for t in items]
+
+
+def _sglang_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "max_new_tokens": s.max_new_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+    }
+    if s.stop:
+        params["stop"] = list(s.stop)
+    if s.seed is not None:
+        params["sampling_seed"] = s.seed
+    body: dict[str, Any] = {"sampling_params": params}
+    ids = _token_ids(prompt)
+    if ids is not None:
+        body["input_ids"] = ids
+    elif isinstance(prompt, str):
+        body["text"] = prompt
+    else:
+        raise ValueError("HttpBackend(api='sglang'): prompt is a message list; render it to "
+                         "text first or use api='chat'")
+    if s.return_logprobs:
+        body["return_logprob"] = True
+    return body
+
+
+def _openai_sampling(self: HttpBackend, s: SamplingParams) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": self.model,
+        "max_tokens": s.max_new_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+    }
+    if s.top_k != -1:
+        body["top_k"] = s.top_k  # SGLang/vLLM extension to the OpenAI schema
+    if s.stop:
+        body["stop"] = list(s.stop)
+    if s.seed is not None:
+        body["seed"] = s.seed
+    return body
+
+
+def _completions_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[str, Any]:
+    body = _openai_sampling(self, s)
+    ids = _token_ids(prompt)
+    if ids is not None:
+        body["prompt"] = ids
+    elif isinstance(prompt, str):
+        body["prompt"] = prompt
+    else:
+        raise ValueError("HttpBackend(api='completions'): prompt is a message list; use api='chat'")
+    if s.return_logprobs:
+        body["logprobs"] = 0  # per-token logprobs, no alternatives
+    return body
+
+
+def _chat_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[str, Any]:
+    body = _openai_sampling(self, s)
+    if isinstance(prompt, str):
+        body["messages"] = [{"role": "user", "content": prompt}]
+    elif _token_ids(prompt) is None:
+        body["messages"] = list(prompt)
+    else:
+        raise ValueError("HttpBackend(api='chat'): prompt is token ids; use api='sglang' or "
+                         "api='completions'")
+    if self.chat_template_kwargs:
+        body["chat_template_kwargs"] = self.chat_template_kwargs
+    if s.return_logprobs:
+        body["logprobs"] = True
+        body["top_logprobs"] = 0
+    return body
+
+
+_BUILD = {"sglang": _sglang_body, "completions": _completions_body, "chat": _chat_body}
+
+
+# ---------------------------------------------------------------------- response bodies
+def _field(obj: Any, key: str, url: str) -> Any:
+    if not isinstance(obj, dict) or key not in obj:
+        raise BackendError(f"POST {url}: response has no field {key!r}: {str(obj)[:200]}",
+                           retryable=True)
+    return obj[key]
+
+
+def _parse_sglang(out: Any, s: SamplingParams, url: str) -> Completion:
+    if isinstance(out, list):  # a server that answers batch-shaped even for one prompt
+        out = out[0] if out else {}
+    meta = _field(out, "meta_info", url)
+    reason = meta.get("finish_reason")
+    kind = reason.get("type") if isinstance(reason, dict) else reason
+    if kind == "abort":  # the server gave up on the request (e.g. prompt too long, OOM)
+        code = reason.get("status_code") if isinstance(reason, dict) else None
+        raise BackendError(
+            f"POST {url}: request aborted by the server: "
+            f"{reason.get('message') if isinstance(reason, dict) else reason}",
+            retryable=not (isinstance(code, int) and 400 <= code < 500),
+            status=code,
+        )
+    triples = meta.get("output_token_logprobs") or []
+    token_ids = out.get("output_ids") or [int(t[1]) for t in triples]
+    return Completion(
+        text=_field(out, "text", url),
+        token_ids=list(token_ids),
+        logprobs=[float(t[0]) for t in triples] if s.return_logprobs and triples else None,
+        finish_reason="length" if kind == "length" else "stop",
+        prompt_tokens=int(meta.get("prompt_tokens") or 0),
+        cached_tokens=int(meta.get("cached_tokens") or 0),
+    )
+
+
+def _usage(out: dict[str, Any]) -> tuple[int, int]:
+    usage = out.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    return int(usage.get("prompt_tokens") or 0), int(details.get("cached_tokens") or 0)
+
+
+def _parse_completions(out: Any, s: SamplingParams, url: str) -> Completion:
+    choice = _field(out, "choices", url)[0]
+    prompt_tokens, cached = _usage(out)
+    lp = (choice.get("logprobs") or {}).get("token_logprobs")
+    return Completion(
+        text=choice.get("text") or "",
+        token_ids=list(choice.get("token_ids") or []),  # vLLM's return_token_ids, if on
+        logprobs=[float(x) for x in lp] if s.return_logprobs and lp else None,
+        finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached,
+    )
+
+
+def _parse_chat(out: Any, s: SamplingParams, url: str) -> Completion:
+    choice = _field(out, "choices", url)[0]
+    prompt_tokens, cached = _usage(out)
+    content = (choice.get("logprobs") or {}).get("content")
+    return Completion(
+        text=(choice.get("message") or {}).get("content") or "",
+        token_ids=list(choice.get("token_ids") or []),
+        logprobs=[float(c["logprob"]) for c in content] if s.return_logprobs and content else None,
+        finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached,
+    )
+
+
+_PARSE = {"sglang": _parse_sglang, "completions": _parse_completions, "chat": _parse_chat}
+
+
+def _error_message(raw: bytes) -> str:
+    """The server's own words: OpenAI `{"error": {"message"}}`, SGLang/FastAPI
+    `{"error": ...}` / `{"detail": ...}` / `{"message": ...}`, or the raw text."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw[:500].decode("utf-8", "replace")
+    if isinstance(obj, dict):
+        for key in ("error", "detail", "message"):
+            val = obj.get(key)
+            if isinstance(val, dict) and "message" in val:
+                return str(val["message"])
+            if val:
+                return str(val)
+    return str(obj)[:500]

@@ -1,0 +1,465 @@
+"""A small CPU model server: any `Backend` behind SGLang's and OpenAI's HTTP schemas.
+
+Why it exists: the whole serving path (HttpBackend -> sglang-router gateway -> workers) must
+run and be tested on a laptop without a GPU. This puts the in-process `TransformersBackend`
+(or any other Backend) behind the endpoints an SGLang worker exposes, so the gateway and the
+HTTP client see the same wire format as in production:
+
+    GET  /health  /health_generate  /get_model_info  /get_server_info  /v1/models
+    POST /generate              SGLang native schema (text / input_ids, meta_info incl. cached_tokens)
+    POST /v1/completions        OpenAI completions (text or token-id prompt, logprobs)
+    POST /v1/chat/completions   OpenAI chat; renders the tokenizer's chat template and honours
+                                `chat_template_kwargs` (e.g. {"enable_thinking": false})
+    POST /flush_cache
+
+Every response carries `X-Worker-Id`, so clients and gateway tests can see which worker
+answered. It binds 127.0.0.1 unless `--host` says otherwise, and shuts down gracefully on
+SIGINT/SIGTERM. Streaming, `n > 1` and batched prompts are refused with a 400.
+
+    python -m parser.serve --model tiny-qwen3.5 --port 30001 --worker-id w1
+    python -m parser.serve --model smollm2 --port 30002
+    python -m parser.serve --model Qwen/Qwen3.5-0.8B --port 30003   # any HF path
+
+As a library (tests): `with start_server(backend, tokenizer=tok) as handle: handle.url`.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+import time
+import uuid
+from typing import Any, Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from parser.backends.base import Backend, BackendError, Completion, SamplingParams
+
+WORKER_HEADER = "X-Worker-Id"
+BACKLOG = 4096  # a scatter round opens up to T connections at once; the default 128 drops SYNs
+
+
+# ---------------------------------------------------------------------- hosting an app
+class ServerHandle:
+    """An aiohttp app served on its own thread and event loop; `close()` stops it.
+
+    A thread (not the caller's loop) so sync tests, async tests and benchmarks can all use
+    it, and so a backend that blocks its loop while computing never stalls the client.
+    """
+
+    def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0,
+                 backlog: int = BACKLOG):
+        self.host = host
+        self.port = port
+        self._app = app
+        self._backlog = backlog
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"serve:{port}", daemon=True)
+        self._thread.start()
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _run(self) -> None:
+        loop = self._loop
+        asyncio.set_event_loop(loop)
+        runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
+        try:
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, self.host, self.port, backlog=self._backlog)
+            loop.run_until_complete(site.start())
+            self.port = runner.addresses[0][1]
+        except BaseException as e:  # e.g. port in use: re-raised in the caller's thread
+            self._error = e
+            self._started.set()
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+            return
+        self._started.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())  # graceful: on_cleanup hooks run here
+        loop.close()
+
+    def call(self, coro: Awaitable[Any], timeout: float | None = 60.0) -> Any:
+        """Run a coroutine on the server's loop (e.g. to inspect state it owns)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> "ServerHandle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def add_worker_header(app: web.Application, worker_id: str) -> None:
+    async def stamp(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[WORKER_HEADER] = worker_id
+
+    app.on_response_prepare.append(stamp)
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
+
+
+class BadRequest(ValueError):
+    """A client error: becomes an OpenAI-shaped 400 naming the field."""
+
+
+def error_response(message: str, status: int) -> web.Response:
+    kind = "BadRequestError" if status < 500 else "InternalServerError"
+    return json_response({"object": "error", "error": {"message": message, "type": kind,
+                                                       "code": status}}, status)
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"{request.path}: body is not JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise BadRequest(f"{request.path}: body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+# ---------------------------------------------------------------------- the model server
+class ModelServer:
+    """Request handlers over one Backend. `tokenizer` (optional) renders chat templates,
+    counts tokens for text-only backends and spells logprob tokens; defaults to
+    `backend.tokenizer` when the backend has one."""
+
+    def __init__(self, backend: Backend, *, tokenizer: Any = None, model_name: str = "default",
+                 worker_id: str = "worker-0", context_length: int = 32768):
+        self.backend = backend
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(backend, "tokenizer", None)
+        self.model_name = model_name
+        self.worker_id = worker_id
+        self.context_length = context_length
+        self.inflight = 0
+        self.started = time.time()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 1024**2)
+        add_worker_header(app, self.worker_id)
+        route = self._guarded
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/health_generate", route(self.health_generate))
+        app.router.add_get("/get_model_info", self.model_info)
+        app.router.add_get("/get_server_info", self.server_info)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/generate", route(self.generate))
+        app.router.add_post("/v1/completions", route(self.completions))
+        app.router.add_post("/v1/chat/completions", route(self.chat))
+        app.router.add_post("/flush_cache", self.flush_cache)
+        app.on_cleanup.append(self._close_backend)
+        return app
+
+    async def _close_backend(self, app: web.Application) -> None:
+        await self.backend.aclose()
+
+    def _guarded(self, handler: Callable[[web.Request], Awaitable[web.Response]]):
+        async def wrapped(request: web.Request) -> web.Response:
+            self.inflight += 1
+            try:
+                return await handler(request)
+            except BadRequest as e:
+                return error_response(str(e), 400)
+            except BackendError as e:
+                return error_response(f"backend: {e}", 503 if e.retryable else 400)
+            finally:
+                self.inflight -= 1
+
+        return wrapped
+
+    # -------------------------------------------------------------- info endpoints
+    async def health(self, request: web.Request) -> web.Response:
+        return json_response({"status": "ok", "worker_id": self.worker_id})
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        """SGLang's deep health check: one real token through the model."""
+        await self.backend.generate("ping", SamplingParams(max_new_tokens=1, temperature=0.0))
+        return json_response({"status": "ok", "worker_id": self.worker_id})
+
+    def _info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_name,
+            "tokenizer_path": self.model_name,
+            "served_model_name": self.model_name,
+            "is_generation": True,
+            "weight_version": "default",
+            "max_context_length": self.context_length,
+        }
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return json_response(self._info())
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        # the router reads model_path / dp_size / max_* from here when it adds a worker
+        return json_response({
+            **self._info(),
+            "dp_size": 1,
+            "tp_size": 1,
+            "version": "parser-serve",
+            "max_total_tokens": self.context_length,
+            "max_running_requests": 1024,
+            "worker_id": self.worker_id,
+            "inflight": self.inflight,
+            "uptime_s": time.time() - self.started,
+        })
+
+    async def models(self, request: web.Request) -> web.Response:
+        return json_response({"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": int(self.started),
+            "owned_by": "parser", "root": self.model_name, "max_model_len": self.context_length,
+        }]})
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        flush = getattr(self.backend, "flush_cache", None)
+        if flush is not None:
+            result = flush()
+            if asyncio.iscoroutine(result):
+                await result
+        return web.Response(text="Cache flushed.\n")
+
+    # -------------------------------------------------------------- generation
+    async def _run(self, request: web.Request, prompt: Any, sampling: SamplingParams) -> Completion:
+        comp = await self.backend.generate(
+            prompt, sampling,
+            routing_key=request.headers.get("X-Routing-Key"),
+            request_id=request.headers.get("X-Request-Id"),
+        )
+        if not comp.token_ids and self.tokenizer is not None and comp.text:
+            comp.token_ids = list(self.tokenizer.encode(comp.text, add_special_tokens=False))
+        if not comp.prompt_tokens and self.tokenizer is not None:
+            comp.prompt_tokens = (len(prompt) if not isinstance(prompt, str)
+                                  else len(self.tokenizer.encode(prompt, add_special_tokens=False)))
+        return comp
+
+    def _token_text(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return str(token_id)
+        return self.tokenizer.decode([token_id])
+
+    async def generate(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        text, ids = body.get("text"), body.get("input_ids")
+        if (text is None) == (ids is None):
+            raise BadRequest("/generate: give exactly one of 'text' or 'input_ids'")
+        prompt = _single_prompt(ids if ids is not None else text, "/generate: " +
+                                ("input_ids" if ids is not None else "text"))
+        sp = body.get("sampling_params") or {}
+        if not isinstance(sp, dict):
+            raise BadRequest("/generate: sampling_params must be an object")
+        want_logprobs = bool(body.get("return_logprob", False))
+        sampling = _sampling(sp, "/generate: sampling_params", max_key="max_new_tokens",
+                             default_max=128, seed_key="sampling_seed", logprobs=want_logprobs)
+        if body.get("stream"):
+            raise BadRequest("/generate: stream=true is not supported by parser.serve")
+        t0 = time.perf_counter()
+        comp = await self._run(request, prompt, sampling)
+        n_out = len(comp.token_ids)
+        reason: dict[str, Any] = ({"type": "length", "length": n_out}
+                                  if comp.finish_reason == "length" else {"type": "stop"})
+        meta: dict[str, Any] = {
+            "id": uuid.uuid4().hex,
+            "finish_reason": reason,
+            "prompt_tokens": comp.prompt_tokens,
+            "completion_tokens": n_out,
+            "cached_tokens": comp.cached_tokens,
+            "e2e_latency": time.perf_counter() - t0,
+        }
+        if want_logprobs:
+            lps = comp.logprobs or []
+            meta["output_token_logprobs"] = [[lp, tid, None] for lp, tid in zip(lps, comp.token_ids)]
+        return json_response({"text": comp.text, "output_ids": comp.token_ids, "meta_info": meta})
+
+    def _usage(self, comp: Completion) -> dict[str, Any]:
+        n_out = len(comp.token_ids)
+        return {
+            "prompt_tokens": comp.prompt_tokens,
+            "completion_tokens": n_out,
+            "total_tokens": comp.prompt_tokens + n_out,
+            "prompt_tokens_details": {"cached_tokens": comp.cached_tokens},
+        }
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        _refuse_unsupported(body, "/v1/completions")
+        if "prompt" not in body:
+            raise BadRequest("/v1/completions: missing field 'prompt'")
+        prompt = _single_prompt(body["prompt"], "/v1/completions: prompt")
+        logprobs = body.get("logprobs")
+        sampling = _sampling(body, "/v1/completions", max_key="max_tokens", default_max=16,
+                             seed_key="seed", logprobs=logprobs is not None and logprobs is not False)
+        comp = await self._run(request, prompt, sampling)
+        lp_block = None
+        if sampling.return_logprobs:
+            tokens = [self._token_text(t) for t in comp.token_ids]
+            offsets, pos = [], 0
+            for tok in tokens:
+                offsets.append(pos)
+                pos += len(tok)
+            lp_block = {"tokens": tokens, "token_logprobs": list(comp.logprobs or []),
+                        "top_logprobs": None, "text_offset": offsets}
+        return json_response({
+            "id": "cmpl-" + uuid.uuid4().hex,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [{"index": 0, "text": comp.text, "logprobs": lp_block,
+                         "finish_reason": comp.finish_reason}],
+            "usage": self._usage(comp),
+        })
+
+    async def chat(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        _refuse_unsupported(body, "/v1/chat/completions")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise BadRequest("/v1/chat/completions: 'messages' must be a non-empty list of objects")
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise BadRequest("/v1/chat/completions: chat_template_kwargs must be an object")
+        if self.tokenizer is None:
+            raise BadRequest("/v1/chat/completions: this server has no tokenizer to render chat")
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=True, **kwargs)
+        max_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        sampling = _sampling(body, "/v1/chat/completions", max_key=max_key, default_max=1024,
+                             seed_key="seed", logprobs=bool(body.get("logprobs")))
+        comp = await self._run(request, text, sampling)
+        lp_block = None
+        if sampling.return_logprobs:
+            lp_block = {"content": [
+                {"token": self._token_text(t), "logprob": lp, "bytes": None, "top_logprobs": []}
+                for t, lp in zip(comp.token_ids, comp.logprobs or [])
+            ]}
+        return json_response({
+            "id": "chatcmpl-" + uuid.uuid4().hex,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": comp.text},
+                         "logprobs": lp_block, "finish_reason": comp.finish_reason}],
+            "usage": self._usage(comp),
+        })
+
+
+def _refuse_unsupported(body: dict[str, Any], where: str) -> None:
+    if body.get("stream"):
+        raise BadRequest(f"{where}: stream=true is not supported by parser.serve")
+    if body.get("n", 1) != 1:
+        raise BadRequest(f"{where}: n={body.get('n')!r}; only n=1 is supported")
+
+
+def _single_prompt(value: Any, where: str) -> str | list[int]:
+    """One prompt: a string or token ids; a batch of exactly one is unwrapped."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool)
+                                                 for t in value):
+        return value
+    raise BadRequest(f"{where}: expected one string or one non-empty list of token ids "
+                     "(batched prompts are not supported)")
+
+
+def _number(d: dict[str, Any], key: str, default: Any, kind: type, where: str) -> Any:
+    value = d.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequest(f"{where}.{key}: expected a number, got {value!r}")
+    if kind is int and value != int(value):
+        raise BadRequest(f"{where}.{key}: expected an integer, got {value!r}")
+    return kind(value)
+
+
+def _sampling(d: dict[str, Any], where: str, *, max_key: str, default_max: int, seed_key: str,
+              logprobs: bool) -> SamplingParams:
+    stop = d.get("stop")
+    if stop is None:
+        stop_t: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stop_t = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stop_t = tuple(stop)
+    else:
+        raise BadRequest(f"{where}.stop: expected a string or a list of strings, got {stop!r}")
+    max_new = _number(d, max_key, default_max, int, where)
+    if max_new < 0:
+        raise BadRequest(f"{where}.{max_key}: must be >= 0, got {max_new}")
+    seed = d.get(seed_key)
+    return SamplingParams(
+        max_new_tokens=max_new,
+        temperature=_number(d, "temperature", 1.0, float, where),
+        top_p=_number(d, "top_p", 1.0, float, where),
+        top_k=_number(d, "top_k", -1, int, where),
+        stop=stop_t,
+        seed=None if seed is None else _number(d, seed_key, None, int, where),
+        return_logprobs=logprobs,
+    )
+
+
+def start_server(backend: Backend, host: str = "127.0.0.1", port: int = 0, *,
+                 tokenizer: Any = None, model_name: str = "default",
+                 worker_id: str = "worker-0") -> ServerHandle:
+    """Serve `backend` on a background thread; port 0 picks a free port (`handle.port`)."""
+    server = ModelServer(backend, tokenizer=tokenizer, model_name=model_name, worker_id=worker_id)
+    return ServerHandle(server.app(), host, port)
+
+
+# ---------------------------------------------------------------------- CLI
+def build_model_backend(model: str) -> tuple[Backend, Any]:
+    """(backend, tokenizer) for `--model`: a tiny test model by name, or any HF path."""
+    from parser.backends.transformers import TransformersBackend
+
+    if model in ("tiny-qwen3.5", "tiny-qwen3", "smollm2"):
+        from parser import testing  # test models only; real runs pass an HF path
+
+        loaded = {"tiny-qwen3.5": getattr(testing, "tiny_qwen35", None),
+                  "tiny-qwen3": getattr(testing, "tiny_qwen3", None),
+                  "smollm2": getattr(testing, "load_smollm2", None)}[model]
+        if loaded is None:
+            raise SystemExit(f"--model {model}: parser.testing does not provide it")
+        model_obj, tokenizer = loaded()
+        return TransformersBackend(model_obj, tokenizer), tokenizer
+    backend = TransformersBackend.from_pretrained(model)
+    return backend, backend.tokenizer
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny-qwen3.5",
+                    help="tiny-qwen3.5 | tiny-qwen3 | smollm2 | a Hugging Face path")
+    ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--worker-id", default=None, help="sent back as X-Worker-Id (default host:port)")
+    ap.add_argument("--context-length", type=int, default=32768)
+    args = ap.parse_args(argv)
+
+    backend, tokenizer = build_model_backend(args.model)
+    server = ModelServer(backend, tokenizer=tokenizer, model_name=args.model,
+                         worker_id=args.worker_id or f"{args.host}:{args.port}",
+                         context_length=args.context_length)
+    print(f"parser.serve: {args.model} on http://{args.host}:{args.port} "
+          f"(worker {server.worker_id})", flush=True)
+    web.run_app(server.app(), host=args.host, port=args.port, backlog=BACKLOG,
+                access_log=None, print=None, shutdown_timeout=10.0)
+
+
+if __name__ == "__main__":
+    main()
