@@ -49,11 +49,12 @@ class ServerHandle:
     """
 
     def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0,
-                 backlog: int = BACKLOG):
+                 backlog: int = BACKLOG, shutdown_timeout: float = 2.0):
         self.host = host
         self.port = port
         self._app = app
         self._backlog = backlog
+        self._shutdown_timeout = shutdown_timeout  # how long close() lets requests finish
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._error: BaseException | None = None
@@ -70,7 +71,8 @@ class ServerHandle:
     def _run(self) -> None:
         loop = self._loop
         asyncio.set_event_loop(loop)
-        runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(self._app, access_log=None, handle_signals=False,
+                               shutdown_timeout=self._shutdown_timeout)
         try:
             loop.run_until_complete(runner.setup())
             site = web.TCPSite(runner, self.host, self.port, backlog=self._backlog)

@@ -1,0 +1,278 @@
+"""HttpBackend against real HTTP servers on 127.0.0.1 (no model: the loopback worker, and a
+capture server that answers with recorded SGLang / OpenAI bodies).
+
+    .venv/bin/pytest tests/test_http_backend_on_cpu.py -q
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import orjson
+import pytest
+from aiohttp import web
+
+from parser.backends.base import Backend, BackendError, SamplingParams
+from parser.backends.http import HttpBackend
+from parser.serve import ServerHandle, json_response
+from parser.testing.loopback import ABSTENTION, prefix_hash, start_loopback
+
+NEEDLE = "The harbour master moved to Tromso in 1911."
+SP = SamplingParams(max_new_tokens=8, temperature=0.0)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def generate_once(backend: HttpBackend, *args, **kwargs):
+    try:
+        return await backend.generate(*args, **kwargs)
+    finally:
+        await backend.aclose()
+
+
+@pytest.fixture(scope="module")
+def loopback():
+    with start_loopback("w1", needle=NEEDLE, needle_answer="Tromso") as handle:
+        yield handle
+
+
+@pytest.fixture
+def fresh_loopback():
+    with start_loopback("w-faulty") as handle:
+        yield handle
+
+
+class Capture:
+    """A server that records each request and answers with the next canned (status, body)."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.replies: list[tuple[int, object]] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.requests.append({"path": request.path, "headers": dict(request.headers),
+                              "body": orjson.loads(await request.read())})
+        status, body = self.replies.pop(0)
+        if isinstance(body, bytes):
+            return web.Response(body=body, status=status)
+        return json_response(body, status)
+
+
+@pytest.fixture
+def capture():
+    cap = Capture()
+    app = web.Application()
+    for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+        app.router.add_post(path, cap.handle)
+    with ServerHandle(app) as handle:
+        cap.url = handle.url
+        yield cap
+
+
+def test_is_a_backend():
+    assert isinstance(HttpBackend("http://127.0.0.1:1"), Backend)
+    with pytest.raises(ValueError, match="api="):
+        HttpBackend("http://127.0.0.1:1", api="grpc")
+
+
+# ---------------------------------------------------------------------- the three APIs
+@pytest.mark.parametrize("api", ["sglang", "completions", "chat"])
+def test_roundtrip_routing_header_and_worker(loopback, api):
+    prompt = f"Read this.\n<excerpt>\n{NEEDLE}\n</excerpt>\n\nQuery: where did he move?"
+    out = run(generate_once(HttpBackend(loopback.url, api=api), prompt, SP,
+                            routing_key=f"doc7:{api}", request_id="traj-1"))
+    assert orjson.loads(out.text) == {"evidence": NEEDLE, "answer": "Tromso"}
+    assert out.worker == "w1" and out.finish_reason == "stop"
+    rec = next(r for r in loopback.worker.records if r.routing_key == f"doc7:{api}")
+    assert rec.request_id == "traj-1" and rec.worker_id == "w1"
+    if api != "chat":  # text prompts: the cacheable prefix is everything before "Query:"
+        assert rec.prefix_hash == prefix_hash(prompt.split("Query:")[0] + "Query: other")
+
+
+def test_sglang_token_ids_and_logprobs(loopback):
+    out = run(generate_once(HttpBackend(loopback.url), [1, 2, 3, 4, 5],
+                            SamplingParams(max_new_tokens=8, return_logprobs=True)))
+    assert out.text == ABSTENTION
+    assert out.token_ids == list(ABSTENTION.encode())  # the loopback's byte-level "tokens"
+    assert out.logprobs == [0.0] * len(out.token_ids)
+    assert out.prompt_tokens == 5
+
+
+def test_routing_header_name_is_configurable(loopback):
+    backend = HttpBackend(loopback.url, routing_header="X-SMG-Routing-Key")
+    loopback.worker.routing_header = "X-SMG-Routing-Key"
+    try:
+        run(generate_once(backend, "hello", SP, routing_key="doc9:4"))
+    finally:
+        loopback.worker.routing_header = "X-Routing-Key"
+    assert loopback.worker.records[-1].routing_key == "doc9:4"
+
+
+# ---------------------------------------------------------------------- wire format
+def test_sglang_request_and_response_shape(capture):
+    capture.replies.append((200, {
+        "text": " Paris", "output_ids": [12095],
+        "meta_info": {"id": "x", "finish_reason": {"type": "length", "length": 1},
+                      "prompt_tokens": 7, "completion_tokens": 1, "cached_tokens": 5,
+                      "output_token_logprobs": [[-0.25, 12095, None]], "e2e_latency": 0.1}}))
+    sp = SamplingParams(max_new_tokens=1, temperature=0.7, top_p=0.9, top_k=20,
+                        stop=("\n",), seed=3, return_logprobs=True)
+    out = run(generate_once(HttpBackend(capture.url, headers={"Authorization": "Bearer k"}),
+                            "Capital of France?", sp, routing_key="d:0"))
+    req = capture.requests[0]
+    assert req["path"] == "/generate" and req["headers"]["Authorization"] == "Bearer k"
+    assert req["body"] == {"text": "Capital of France?", "return_logprob": True, "sampling_params": {
+        "max_new_tokens": 1, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "stop": ["\n"],
+        "sampling_seed": 3}}
+    assert (out.text, out.token_ids, out.logprobs) == (" Paris", [12095], [-0.25])
+    assert (out.finish_reason, out.prompt_tokens, out.cached_tokens) == ("length", 7, 5)
+    assert out.worker is None  # the server did not say
+
+
+def test_sglang_ids_from_logprob_triples_when_no_output_ids(capture):
+    capture.replies.append((200, {"text": "ab", "meta_info": {
+        "finish_reason": {"type": "stop", "matched": 151645}, "prompt_tokens": 2,
+        "output_token_logprobs": [[-1.0, 64, "a"], [-2.0, 65, "b"]]}}))
+    out = run(generate_once(HttpBackend(capture.url), [9, 9],
+                            SamplingParams(max_new_tokens=2, return_logprobs=True)))
+    assert capture.requests[0]["body"]["input_ids"] == [9, 9]
+    assert (out.token_ids, out.logprobs, out.finish_reason) == ([64, 65], [-1.0, -2.0], "stop")
+
+
+def test_sglang_abort_is_a_backend_error(capture):
+    capture.replies.append((200, {"text": "", "meta_info": {"finish_reason": {
+        "type": "abort", "message": "input is longer than the context", "status_code": 400}}}))
+    with pytest.raises(BackendError, match="longer than the context") as err:
+        run(generate_once(HttpBackend(capture.url), "x", SP))
+    assert err.value.retryable is False and err.value.status == 400
+
+
+def test_completions_shape_and_cached_tokens(capture):
+    capture.replies.append((200, {"choices": [{"index": 0, "text": "ok", "finish_reason": "length",
+                                               "logprobs": {"token_logprobs": [-0.5, -0.1]}}],
+                                  "usage": {"prompt_tokens": 11, "completion_tokens": 2,
+                                            "prompt_tokens_details": {"cached_tokens": 8}}}))
+    sp = SamplingParams(max_new_tokens=2, seed=1, return_logprobs=True)
+    out = run(generate_once(HttpBackend(capture.url, api="completions", model="qwen"), [5, 6], sp))
+    body = capture.requests[0]["body"]
+    assert body["prompt"] == [5, 6] and body["model"] == "qwen" and body["max_tokens"] == 2
+    assert body["logprobs"] == 0 and body["seed"] == 1 and "top_k" not in body
+    assert (out.text, out.logprobs, out.finish_reason) == ("ok", [-0.5, -0.1], "length")
+    assert (out.prompt_tokens, out.cached_tokens) == (11, 8)
+
+
+def test_chat_messages_and_template_kwargs(capture):
+    capture.replies.append((200, {"choices": [{"index": 0, "finish_reason": "stop",
+                                               "message": {"role": "assistant", "content": "hi"}}],
+                                  "usage": {"prompt_tokens": 4}}))
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    backend = HttpBackend(capture.url, api="chat",
+                          chat_template_kwargs={"enable_thinking": False})
+    out = run(generate_once(backend, messages, SP))
+    body = capture.requests[0]["body"]
+    assert body["messages"] == messages
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert out.text == "hi" and out.prompt_tokens == 4 and out.logprobs is None
+
+
+def test_prompt_kind_must_fit_the_api():
+    with pytest.raises(ValueError, match="api='chat'"):
+        run(generate_once(HttpBackend("http://127.0.0.1:1"), [{"role": "user", "content": "x"}], SP))
+    with pytest.raises(ValueError, match="token ids"):
+        run(generate_once(HttpBackend("http://127.0.0.1:1", api="chat"), [1, 2], SP))
+
+
+# ---------------------------------------------------------------------- failures
+def test_http_500_is_retryable(fresh_loopback):
+    fresh_loopback.worker.fail_first = 1
+    backend = HttpBackend(fresh_loopback.url)
+
+    async def two_calls():
+        with pytest.raises(BackendError, match="injected failure") as err:
+            await backend.generate("x", SP)
+        assert err.value.retryable is True and err.value.status == 500
+        return await backend.generate("x", SP)  # the engine's retry: the next call succeeds
+
+    assert run(generate_once_after(backend, two_calls())).text == ABSTENTION
+
+
+async def generate_once_after(backend: HttpBackend, coro):
+    try:
+        return await coro
+    finally:
+        await backend.aclose()
+
+
+def test_http_400_is_not_retryable_and_keeps_the_message(capture):
+    capture.replies.append((400, {"object": "error", "error": {
+        "message": "max_new_tokens must be positive", "code": 400}}))
+    with pytest.raises(BackendError, match="max_new_tokens must be positive") as err:
+        run(generate_once(HttpBackend(capture.url), "x", SP))
+    assert err.value.retryable is False and err.value.status == 400
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_overload_statuses_are_retryable(capture, status):
+    capture.replies.append((status, b"queue full"))
+    with pytest.raises(BackendError, match="queue full") as err:
+        run(generate_once(HttpBackend(capture.url), "x", SP))
+    assert err.value.retryable is True and err.value.status == status
+
+
+def test_garbled_body_is_retryable(capture):
+    capture.replies.append((200, b"<html>proxy error</html>"))
+    with pytest.raises(BackendError, match="not JSON") as err:
+        run(generate_once(HttpBackend(capture.url), "x", SP))
+    assert err.value.retryable is True
+
+
+def test_dropped_connection_is_retryable(fresh_loopback):
+    fresh_loopback.worker.fail_first = 1
+    fresh_loopback.worker.fail_mode = "drop"
+    with pytest.raises(BackendError, match="Disconnected") as err:
+        run(generate_once(HttpBackend(fresh_loopback.url), "x", SP))
+    assert err.value.retryable is True and err.value.status is None
+
+
+def test_connection_refused_is_retryable():
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(BackendError, match="Connect") as err:
+        run(generate_once(HttpBackend(f"http://127.0.0.1:{port}"), "x", SP))
+    assert err.value.retryable is True
+
+
+def test_timeout_is_retryable_and_prompt(fresh_loopback):
+    fresh_loopback.worker.delay_s = 1.0
+    t0 = time.perf_counter()
+    with pytest.raises(BackendError, match="within 0.3s") as err:
+        run(generate_once(HttpBackend(fresh_loopback.url, timeout_s=0.3), "x", SP))
+    assert err.value.retryable is True
+    assert time.perf_counter() - t0 < 0.9
+
+
+def test_failed_requests_give_their_connections_back(fresh_loopback):
+    """With a pool of 2 connections, 40 failures then 40 successes must not starve the pool."""
+    fresh_loopback.worker.fail_first = 40
+    backend = HttpBackend(fresh_loopback.url, max_connections=2, timeout_s=10)
+
+    async def scatter():
+        first = await asyncio.gather(*(backend.generate("x", SP) for _ in range(40)),
+                                     return_exceptions=True)
+        second = await asyncio.gather(*(backend.generate("x", SP) for _ in range(40)))
+        return first, second
+
+    first, second = run(asyncio.wait_for(generate_once_after(backend, scatter()), 20))
+    assert all(isinstance(e, BackendError) and e.status == 500 for e in first)
+    assert [c.text for c in second] == [ABSTENTION] * 40
+
+
+def test_one_backend_across_event_loops(loopback):
+    """The session binds to a loop; a second asyncio.run must get a fresh one, not an error."""
+    backend = HttpBackend(loopback.url)
+    assert run(backend.generate("a", SP)).text == ABSTENTION
+    assert run(generate_once(backend, "b", SP)).text == ABSTENTION
