@@ -1,0 +1,423 @@
+"""Build the paper's tables and figures from eval run directories.
+
+Reads every `results.jsonl` / `timings.jsonl` under the given paths (run directories of
+`python -m eval.run`, or folders holding several) and writes to `--out`:
+
+- `accuracy.{md,tex,csv}`: Table 1 / Table 7 layout, rows = backbone x method, columns =
+  lengths (paragraphs, ~tokens), then Max δ (max - min over lengths) and Avg. Each cell is the
+  Sub_EM % averaged over samples, then over runs. `--paper` adds the published row under ours.
+- `latency.{md,csv}`: amortized seconds per sample (subset wall time / subset size, summed over
+  runs and resumed sessions) and mean sequential steps, per concurrency (Table 2, Figure 3),
+  with baseline/ParSer speedups.
+- `tokens.{md,csv}`: mean output tokens per sample, lead and subagents (Table 6).
+- `controlled.{md,csv}`: Sub_EM per condition for the controlled sets (Figure 2).
+- `figures/*.png`: accuracy vs length, each controlled analysis, speedup and steps vs length.
+- `viewer/*.html`: the trajectory viewer of every run directory (`eval.viewer`).
+- `report.md`: all tables in one page, with the figure paths.
+
+    python -m eval.report outputs/eval/hqa_parser4b outputs/eval/hqa_memagent4b --out reports/hqa --paper
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import io
+import math
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from eval import paper_numbers
+from eval.metrics import PRIMARY
+from eval.store import RESULTS, TIMINGS, read_jsonl
+
+DATASET_TITLES = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2WikiMultiHopQA", "synthetic": "Synthetic world"}
+
+
+# ----------------------------------------------------------------------------- loading
+
+def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    dirs: set[Path] = set()
+    for p in map(Path, paths):
+        if (p / RESULTS).exists():
+            dirs.add(p)
+        elif p.is_dir():
+            dirs.update(f.parent for f in p.rglob(RESULTS))
+        else:
+            raise FileNotFoundError(f"{p}: no {RESULTS} here or below; pass an eval run directory")
+    return sorted(dirs)
+
+
+def load(run_dirs: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    rows, timings = [], []
+    for d in run_dirs:
+        rows += list(read_jsonl(d / RESULTS))
+        timings += list(read_jsonl(d / TIMINGS))
+    return rows, timings
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def run_averaged(rows: Sequence[dict[str, Any]], field: str) -> float:
+    """Mean over samples within each run, then over runs (the paper's "average of 3 runs")."""
+    by_run: dict[int, list[float]] = collections.defaultdict(list)
+    for r in rows:
+        by_run[int(r["run"])].append(float(r[field]))
+    return _mean([_mean(v) for v in by_run.values()])
+
+
+# ----------------------------------------------------------------------------- accuracy
+
+def accuracy_cells(rows: Sequence[dict[str, Any]], metric: str = PRIMARY) -> dict[tuple[str, str, str], dict[int, dict[str, Any]]]:
+    """(dataset, backbone, row) -> length -> {value (%), n samples per run, runs}."""
+    groups: dict[tuple[str, str, str, int], list[dict[str, Any]]] = collections.defaultdict(list)
+    for r in rows:
+        if r.get("condition") is None:
+            groups[(r["dataset"], r["backbone"], r["row"], int(r["length"]))].append(r)
+    cells: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = collections.defaultdict(dict)
+    for (dataset, backbone, row, length), members in sorted(groups.items()):
+        runs = {int(m["run"]) for m in members}
+        cells[(dataset, backbone, row)][length] = {
+            "value": 100 * run_averaged(members, metric), "n": len(members) // max(len(runs), 1), "runs": len(runs)}
+    return dict(cells)
+
+
+def max_delta_avg(values: Sequence[float]) -> tuple[float, float]:
+    return (max(values) - min(values), _mean(values)) if values else (math.nan, math.nan)
+
+
+def accuracy_table(rows: Sequence[dict[str, Any]], with_paper: bool, metric: str = PRIMARY) -> dict[str, dict[str, Any]]:
+    """Per dataset: `lengths`, and `lines` = [(backbone, label, {length: value}, max δ, avg, note)]."""
+    cells = accuracy_cells(rows, metric)
+    tables: dict[str, dict[str, Any]] = {}
+    for (dataset, backbone, row), by_length in cells.items():
+        table = tables.setdefault(dataset, {"lengths": set(), "lines": []})
+        table["lengths"].update(by_length)
+        values = {L: c["value"] for L, c in by_length.items()}
+        runs = sorted({c["runs"] for c in by_length.values()})
+        n = sorted({c["n"] for c in by_length.values()})
+        table["lines"].append((backbone, row, values, *max_delta_avg(list(values.values())),
+                               f"ours; {'/'.join(map(str, n))} samples x {'/'.join(map(str, runs))} runs"))
+        published = paper_numbers.published(dataset, backbone, row) if with_paper else None
+        if published:
+            shown = {L: published[L] for L in values if L in published}
+            table["lines"].append((backbone, f"{row} (paper)", shown, *max_delta_avg(list(shown.values())),
+                                   "published, same lengths"))
+    for table in tables.values():
+        table["lengths"] = sorted(table["lengths"])
+    return tables
+
+
+def _fmt(x: float | None) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+
+
+def _length_header(L: int) -> str:
+    return f"{L} ({paper_numbers.TOKENS[L]})" if L in paper_numbers.TOKENS else str(L)
+
+
+def table_to_markdown(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines) + "\n"
+
+
+def _latex_escape(text: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
+                 ("δ", r"$\delta$"), ("–", "--")):
+        text = text.replace(a, b)
+    return text
+
+
+def table_to_latex(header: Sequence[str], body: Sequence[Sequence[str]], caption: str) -> str:
+    cols = "ll" + "r" * (len(header) - 2)
+    out = [r"\begin{table}[t]", r"\centering", rf"\caption{{{_latex_escape(caption)}}}", rf"\begin{{tabular}}{{{cols}}}",
+           r"\toprule", " & ".join(_latex_escape(h) for h in header) + r" \\", r"\midrule"]
+    out += [" & ".join(_latex_escape(c) for c in row) + r" \\" for row in body]
+    out += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    return "\n".join(out) + "\n"
+
+
+def table_to_csv(header: Sequence[str], body: Sequence[Sequence[str]], extra: Sequence[str] = ()) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow((["dataset"] if extra else []) + list(header))
+    for row in body:
+        writer.writerow([*extra, *row])
+    return buf.getvalue()
+
+
+def accuracy_rows(table: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    lengths = table["lengths"]
+    header = ["Backbone", "Method", *(_length_header(L) for L in lengths), "Max δ", "Avg."]
+    body = [[backbone, label, *(_fmt(values.get(L)) for L in lengths), _fmt(delta), _fmt(avg)]
+            for backbone, label, values, delta, avg, _ in table["lines"]]
+    return header, body
+
+
+# ----------------------------------------------------------------------------- latency, tokens
+
+def latency_table(rows: Sequence[dict[str, Any]], timings: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Amortized s/sample = sum of subset wall times / samples they finished; steps from rows."""
+    wall: dict[tuple, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for t in timings:
+        if t.get("condition") is None and t.get("samples"):
+            key = (t["dataset"], t["backbone"], t["row"], int(t["concurrency"]), int(t["length"]))
+            wall[key][0] += float(t["wall_s"])
+            wall[key][1] += int(t["samples"])
+    steps: dict[tuple, list[float]] = collections.defaultdict(list)
+    for r in rows:
+        if r.get("condition") is None:
+            steps[(r["dataset"], r["backbone"], r["row"], int(r["length"]))].append(float(r["steps"]))
+    return [{"dataset": d, "backbone": b, "row": m, "concurrency": c, "length": L,
+             "amortized_s": total / n, "samples": n, "steps": _mean(steps.get((d, b, m, L), []))}
+            for (d, b, m, c, L), (total, n) in sorted(wall.items())]
+
+
+def speedups(latency: Sequence[dict[str, Any]], parser_row: str = "ParSer") -> list[dict[str, Any]]:
+    """Every other method's amortized time / ParSer's, per (dataset, backbone, concurrency, length)."""
+    ours = {(e["dataset"], e["backbone"], e["concurrency"], e["length"]): e for e in latency if e["row"] == parser_row}
+    out = []
+    for e in latency:
+        base = ours.get((e["dataset"], e["backbone"], e["concurrency"], e["length"]))
+        if base and e["row"] != parser_row:
+            paper = paper_numbers.SPEEDUP_C1.get(e["length"]) if (e["dataset"], e["row"], e["concurrency"]) == ("hotpotqa", "MemAgent", 1) else None
+            out.append({**{k: e[k] for k in ("dataset", "backbone", "concurrency", "length")}, "baseline": e["row"],
+                        "speedup": e["amortized_s"] / base["amortized_s"], "steps_ratio": e["steps"] / base["steps"],
+                        "paper_speedup": paper})
+    return out
+
+
+def token_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple, list[dict[str, Any]]] = collections.defaultdict(list)
+    for r in rows:
+        if r.get("condition") is None:
+            groups[(r["dataset"], r["backbone"], r["row"], int(r["length"]))].append(r)
+    return [{"dataset": d, "backbone": b, "row": m, "length": L,
+             "lead": _mean([r["lead_output_tokens"] for r in g]),
+             "subagents": _mean([r["subagent_output_tokens"] for r in g]),
+             "total": _mean([r["lead_output_tokens"] + r["subagent_output_tokens"] for r in g])}
+            for (d, b, m, L), g in sorted(groups.items())]
+
+
+def controlled_table(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """dataset -> {conditions (ordered), lines: [(backbone, row, {condition: Sub_EM %})]}."""
+    groups: dict[tuple, list[dict[str, Any]]] = collections.defaultdict(list)
+    order: dict[str, dict[str, int]] = collections.defaultdict(dict)
+    for r in rows:
+        if r.get("condition") is not None:
+            groups[(r["dataset"], r["backbone"], r["row"], r["condition"])].append(r)
+            order[r["dataset"]][r["condition"]] = int(r.get("condition_index") or 0)
+    out: dict[str, dict[str, Any]] = {}
+    for (d, b, m, cond), members in groups.items():
+        table = out.setdefault(d, {"conditions": sorted(order[d], key=order[d].get), "lines": {}})
+        table["lines"].setdefault((b, m), {})[cond] = 100 * run_averaged(members, PRIMARY)
+    return out
+
+
+# ----------------------------------------------------------------------------- figures
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_accuracy(tables: dict[str, dict[str, Any]], fig_dir: Path) -> list[Path]:
+    plt = _plt()
+    paths = []
+    for dataset, table in tables.items():
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        for backbone, label, values, *_ in table["lines"]:
+            xs = sorted(values)
+            style = "--" if label.endswith("(paper)") else "-o"
+            ax.plot(xs, [values[x] for x in xs], style, label=f"{label} · {backbone}", alpha=0.6 if style == "--" else 1)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(table["lengths"], [_length_header(L) for L in table["lengths"]], rotation=30, fontsize=8)
+        ax.set_xlabel("document length: paragraphs (~tokens)")
+        ax.set_ylabel("Sub_EM (%)")
+        ax.set_title(f"Accuracy vs length · {DATASET_TITLES.get(dataset, dataset)}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(_save(fig, fig_dir / f"accuracy_vs_length_{dataset}.png"))
+    return paths
+
+
+def plot_controlled(controlled: dict[str, dict[str, Any]], fig_dir: Path) -> list[Path]:
+    plt = _plt()
+    paths = []
+    for dataset, table in controlled.items():
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        conds = table["conditions"]
+        for (backbone, label), values in table["lines"].items():
+            ax.plot(range(len(conds)), [values.get(c, math.nan) for c in conds], "-o", label=f"{label} · {backbone}")
+        ax.set_xticks(range(len(conds)), conds, rotation=30, fontsize=8)
+        ax.set_ylabel("Sub_EM (%)")
+        ax.set_title(f"Controlled analysis · {dataset}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(_save(fig, fig_dir / f"controlled_{dataset}.png"))
+    return paths
+
+
+def plot_latency(latency: Sequence[dict[str, Any]], speed: Sequence[dict[str, Any]], fig_dir: Path) -> list[Path]:
+    plt = _plt()
+    paths = []
+    if speed:
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        series: dict[tuple, dict[int, float]] = collections.defaultdict(dict)
+        for s in speed:
+            series[(s["dataset"], s["backbone"], s["baseline"], s["concurrency"])][s["length"]] = s["speedup"]
+        for (d, b, base, c), values in series.items():
+            xs = sorted(values)
+            ax.plot(xs, [values[x] for x in xs], "-o", label=f"{base} / ParSer · {b} · {d} · conc {c}")
+        if any(s["paper_speedup"] for s in speed):
+            xs = sorted(paper_numbers.SPEEDUP_C1)
+            ax.plot(xs, [paper_numbers.SPEEDUP_C1[x] for x in xs], "--", alpha=0.6, label="MemAgent / ParSer (paper, conc 1)")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("document length (paragraphs)")
+        ax.set_ylabel("speedup (x, amortized s/sample)")
+        ax.set_title("Speedup vs length")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(_save(fig, fig_dir / "speedup_vs_length.png"))
+    if latency:
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        series = collections.defaultdict(dict)
+        for e in latency:
+            series[(e["dataset"], e["backbone"], e["row"])][e["length"]] = e["steps"]
+        for (d, b, m), values in series.items():
+            xs = sorted(values)
+            ax.plot(xs, [values[x] for x in xs], "-o", label=f"{m} · {b} · {d}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("document length (paragraphs)")
+        ax.set_ylabel("sequential steps per sample")
+        ax.set_title("Inference steps vs length")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(_save(fig, fig_dir / "steps_vs_length.png"))
+    return paths
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- main
+
+def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool = False, viewer: bool = True) -> dict[str, Any]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    run_dirs = find_run_dirs(paths)
+    rows, timings = load(run_dirs)
+    if not rows:
+        raise ValueError(f"no result rows under {', '.join(map(str, paths))}")
+    sections = [f"# Eval report\n\nRun directories: {', '.join(f'`{d}`' for d in run_dirs)}\n"
+                f"\nSub_EM (%), mean over samples then over runs; Max δ = max − min over lengths.\n"]
+
+    tables = accuracy_table(rows, with_paper)
+    md, tex, csv_parts = [], [], []
+    for dataset, table in tables.items():
+        header, body = accuracy_rows(table)
+        title = f"Accuracy (Sub_EM %) · {DATASET_TITLES.get(dataset, dataset)}"
+        md.append(f"## {title}\n\n" + table_to_markdown(header, body))
+        tex.append(table_to_latex(header, body, title))
+        csv_parts.append(table_to_csv(header, body, extra=[dataset]))
+    (out / "accuracy.md").write_text("\n".join(md))
+    (out / "accuracy.tex").write_text("\n".join(tex))
+    (out / "accuracy.csv").write_text(_join_csv(csv_parts))
+    sections += md
+
+    latency = latency_table(rows, timings)
+    speed = speedups(latency)
+    lat_header = ["Dataset", "Backbone", "Method", "Concurrency", "Length", "s/sample (amortized)", "steps", "samples"]
+    lat_body = [[e["dataset"], e["backbone"], e["row"], str(e["concurrency"]), str(e["length"]), f"{e['amortized_s']:.3f}",
+                 f"{e['steps']:.2f}", str(e["samples"])] for e in latency]
+    lat_md = "## Latency (amortized seconds per sample) and sequential steps\n\n" + table_to_markdown(lat_header, lat_body)
+    if speed:
+        sp_header = ["Dataset", "Backbone", "Baseline", "Concurrency", "Length", "speedup (baseline/ParSer)", "steps ratio", "paper speedup"]
+        sp_body = [[s["dataset"], s["backbone"], s["baseline"], str(s["concurrency"]), str(s["length"]), f"{s['speedup']:.2f}x",
+                    f"{s['steps_ratio']:.2f}x", f"{s['paper_speedup']:.1f}x" if s["paper_speedup"] else "–"] for s in speed]
+        lat_md += "\n" + table_to_markdown(sp_header, sp_body)
+    (out / "latency.md").write_text(lat_md)
+    (out / "latency.csv").write_text(table_to_csv(lat_header, lat_body))
+    sections.append(lat_md)
+
+    tokens = token_table(rows)
+    tok_header = ["Dataset", "Backbone", "Method", "Length", "lead", "subagents", "total"]
+    tok_body = [[t["dataset"], t["backbone"], t["row"], str(t["length"]), f"{t['lead']:.1f}", f"{t['subagents']:.1f}",
+                 f"{t['total']:.1f}"] for t in tokens]
+    tok_md = "## Output tokens per sample (mean)\n\n" + table_to_markdown(tok_header, tok_body)
+    (out / "tokens.md").write_text(tok_md)
+    (out / "tokens.csv").write_text(table_to_csv(tok_header, tok_body))
+    sections.append(tok_md)
+
+    controlled = controlled_table(rows)
+    if controlled:
+        c_md, c_csv = [], []
+        for dataset, table in controlled.items():
+            header = ["Backbone", "Method", *table["conditions"]]
+            body = [[b, m, *(_fmt(v.get(c)) for c in table["conditions"])] for (b, m), v in table["lines"].items()]
+            c_md.append(f"## Controlled · {dataset}\n\n" + table_to_markdown(header, body))
+            c_csv.append(table_to_csv(header, body, extra=[dataset]))
+        (out / "controlled.md").write_text("\n".join(c_md))
+        (out / "controlled.csv").write_text(_join_csv(c_csv))
+        sections += c_md
+
+    fig_dir = out / "figures"
+    figures = plot_accuracy(tables, fig_dir) + plot_controlled(controlled, fig_dir) + plot_latency(latency, speed, fig_dir)
+    sections.append("## Figures\n\n" + "\n".join(f"- ![{p.stem}](figures/{p.name}) `{p}`" for p in figures) + "\n")
+
+    pages = []
+    if viewer:
+        from eval.viewer import write_viewer
+
+        for d in run_dirs:
+            pages.append(write_viewer(d, out / "viewer" / f"{_slug(d)}.html"))
+        sections.append("## Trajectory viewer\n\n" + "\n".join(f"- `{p}`" for p in pages) + "\n")
+    (out / "report.md").write_text("\n".join(sections))
+    return {"run_dirs": run_dirs, "tables": tables, "latency": latency, "speedups": speed, "tokens": tokens,
+            "controlled": controlled, "figures": figures, "viewer": pages, "report": out / "report.md"}
+
+
+def _join_csv(parts: Sequence[str]) -> str:
+    """One CSV: the first part's header, then the bodies (parts with a different header keep theirs)."""
+    lines: list[str] = []
+    header = None
+    for part in parts:
+        first, *rest = part.splitlines()
+        if first != header:
+            lines.append(first)
+            header = first
+        lines += rest
+    return "\n".join(lines) + "\n"
+
+
+def _slug(path: Path) -> str:
+    return "_".join(path.resolve().parts[-3:]).replace(" ", "_")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="+", help="eval run directories (or folders containing them)")
+    ap.add_argument("--out", default="reports/latest", help="where tables, figures and viewer pages go")
+    ap.add_argument("--paper", action="store_true", help="print the paper's published numbers beside ours")
+    ap.add_argument("--no-viewer", action="store_true", help="skip the per-run trajectory viewer pages")
+    args = ap.parse_args(argv)
+    result = build_report(args.paths, args.out, with_paper=args.paper, viewer=not args.no_viewer)
+    print(Path(result["report"]).read_text())
+
+
+if __name__ == "__main__":
+    main()

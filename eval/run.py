@@ -1,0 +1,182 @@
+"""Evaluate one method on one dataset across lengths and runs; resumable, with provenance.
+
+Features
+- Any registered method (ParSer, full-context, MemAgent, ReMemR1, agentic RAG, DCI) by name
+  from `method.name`; models come from the `models` section (`parser.backends.build_models`).
+- One JSONL row per finished sample, fsync'd, keyed by (dataset, length, run, sample id): kill
+  it and re-run the same command; it skips what is done and never writes a key twice.
+- The run directory (`out_dir`) records git hash, resolved config, package versions, seeds,
+  hardware and per-session timings (`manifest.json`), and per-subset wall time
+  (`timings.jsonl`) for amortized latency.
+- `concurrency` samples in flight per subset; subsets (one length or condition of one run)
+  run one after another, as the paper times them. Progress bars show running Sub_EM and ETA.
+- A sample whose method raises is logged to `errors.jsonl` and not written, so a re-run
+  retries it; the command then exits 1.
+
+    python -m eval.run                                   # configs/eval/default.yaml
+    python -m eval.run --config-name tiny_cpu limit=4 runs=1
+    python -m eval.run dataset=hotpotqa concurrency=16 out_dir=outputs/eval/hqa_parser4b
+    python -m eval.report outputs/eval/hqa_parser4b      # tables, plots, viewer
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from eval import provenance
+from eval.datasets import Subset, load_subsets
+from eval.metrics import PRIMARY, score
+from eval.store import ResultsStore
+from parser.methods import Method, MethodResult, Sample, build_method
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        torch.manual_seed(seed)
+    except ImportError:
+        pass
+
+
+def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, cfg: DictConfig,
+               save_record: bool) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "dataset": subset.dataset,
+        "length": subset.length,
+        "run": run,
+        "sample_id": sample.id,
+        "condition": subset.condition,
+        "condition_index": subset.condition_index,
+        "method": cfg.method.name,
+        "row": cfg.report.row,
+        "backbone": cfg.report.backbone,
+        "question": sample.question,
+        "answers": sample.answers,
+        "prediction": result.answer,
+        **score(result.answer, sample.answers),
+        "steps": result.steps,
+        "wall_s": round(result.wall_s, 4),
+        "lead_output_tokens": result.lead_output_tokens,
+        "subagent_output_tokens": result.subagent_output_tokens,
+        "meta": sample.meta,
+        "finished": provenance.now(),
+    }
+    if save_record:
+        row["record"] = result.record
+    return row
+
+
+async def run_subset(method: Method, subset: Subset, run: int, store: ResultsStore, cfg: DictConfig) -> tuple[int, int]:
+    """Run the unfinished samples of one subset; returns (written, failed)."""
+    done = store.done_keys()
+    pending = [s for s in subset.samples if (subset.dataset, subset.length, run, s.id) not in done]
+    finished = [r for r in store.rows() if (r["dataset"], r["length"], r["run"]) == (subset.dataset, subset.length, run)
+                and r.get("condition") == subset.condition]
+    if not pending:
+        return 0, 0
+    seed_everything(int(cfg.seed) + run)
+    scores = [r[PRIMARY] for r in finished]
+    bar = tqdm(total=len(subset.samples), initial=len(subset.samples) - len(pending), desc=f"run {run} {subset.label}",
+               disable=not cfg.progress, dynamic_ncols=True)
+    semaphore = asyncio.Semaphore(int(cfg.concurrency))
+    written = failed = 0
+
+    async def one(sample: Sample) -> None:
+        nonlocal written, failed
+        async with semaphore:
+            try:
+                result = await method.run(sample)
+            except Exception as err:  # a broken sample must not stop the table; it is retried on re-run
+                failed += 1
+                store.log_error({"dataset": subset.dataset, "length": subset.length, "run": run, "sample_id": sample.id,
+                                 "error": repr(err), "traceback": traceback.format_exc(), "time": provenance.now()})
+                bar.write(f"[eval] {subset.label} run {run} sample {sample.id}: {err!r} (logged, will retry on re-run)")
+                return
+        row = result_row(subset, run, sample, result, cfg, bool(cfg.save_records))
+        if store.append(row):
+            written += 1
+            scores.append(row[PRIMARY])
+        bar.update(1)
+        bar.set_postfix({PRIMARY: f"{100 * sum(scores) / len(scores):.1f}", "steps": result.steps})
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(s) for s in pending))
+    wall = time.perf_counter() - start
+    bar.close()
+    store.log_timing({"dataset": subset.dataset, "length": subset.length, "run": run, "condition": subset.condition,
+                      "method": cfg.method.name, "row": cfg.report.row, "backbone": cfg.report.backbone,
+                      "concurrency": int(cfg.concurrency), "samples": written, "failed": failed,
+                      "wall_s": round(wall, 4), "pid": os.getpid(), "finished": provenance.now()})
+    return written, failed
+
+
+async def evaluate(cfg: DictConfig) -> int:
+    from parser.backends import build_models
+
+    subsets = load_subsets(cfg.dataset, limit=cfg.limit)
+    store = ResultsStore(cfg.out_dir)
+    seeds = {"base": int(cfg.seed), "per_run": [int(cfg.seed) + r for r in range(int(cfg.runs))]}
+    provenance.write_manifest(cfg.out_dir, OmegaConf.to_container(cfg, resolve=True), seeds)
+    expected = int(cfg.runs) * sum(len(s.samples) for s in subsets)
+    already = len(store.done_keys())
+    if already >= expected:
+        print(f"[eval] {cfg.out_dir}: all {expected} samples already done")
+        provenance.close_session(cfg.out_dir, written=0, failed=0, expected=expected)
+        return 0
+
+    models = build_models(OmegaConf.to_container(cfg.models, resolve=True))
+    method_cfg = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k != "name"}
+    method = build_method(cfg.method.name, models, **method_cfg)
+    written = failed = 0
+    start = time.perf_counter()
+    try:
+        for run in range(int(cfg.runs)):
+            for subset in subsets:
+                w, f = await run_subset(method, subset, run, store, cfg)
+                written, failed = written + w, failed + f
+    finally:
+        await method.aclose()
+        await models.aclose()
+        provenance.close_session(cfg.out_dir, written=written, failed=failed, expected=expected,
+                                 wall_s=round(time.perf_counter() - start, 2))
+    total = len(store.done_keys())
+    print(f"[eval] {cfg.out_dir}: {total}/{expected} samples done ({written} this session, {failed} failed)")
+    return 1 if failed or total < expected else 0
+
+
+# configs/eval/ holds this entry point's own groups (dataset, method); the shared presets it
+# composes (configs/backend, configs/episode) are found through Hydra's search path.
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+@hydra.main(config_path="../configs/eval", config_name="default", version_base="1.3")
+def _main(cfg: DictConfig) -> None:
+    sys.exit(asyncio.run(evaluate(cfg)))
+
+
+def main() -> None:
+    if not any(arg.startswith("hydra.searchpath") for arg in sys.argv[1:]):
+        sys.argv.append(f"hydra.searchpath=[file://{CONFIGS}]")
+    _main()
+
+
+if __name__ == "__main__":
+    main()

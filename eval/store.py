@@ -1,0 +1,108 @@
+"""The results store: one JSONL row per finished sample, safe to kill and resume.
+
+A long evaluation (8 lengths x 128 questions x 3 runs, hours at 896K tokens) will be
+interrupted. Every finished sample is appended as one line and fsync'd before the next one is
+counted, so a crash loses at most the samples in flight. A row is keyed by
+(dataset, length, run, sample id); re-running the same command reads the keys back and skips
+them, so samples are never duplicated or lost. A line torn by a kill mid-write is dropped on
+load (and the file truncated back to the last complete line) instead of poisoning the file.
+
+Per-subset wall times live in a second file (`timings.jsonl`), one line per (subset, session),
+so amortized latency (subset wall time / samples finished in it) survives resumes.
+
+    store = ResultsStore(run_dir)
+    done = store.done_keys()
+    store.append(row)            # row carries dataset/length/run/sample_id
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+RESULTS = "results.jsonl"
+TIMINGS = "timings.jsonl"
+ERRORS = "errors.jsonl"
+KEY_FIELDS = ("dataset", "length", "run", "sample_id")
+
+Key = tuple[str, int, int, str]
+
+
+def row_key(row: dict[str, Any]) -> Key:
+    """The identity of a result row; `length` and `run` are ints, the id a string."""
+    try:
+        return (str(row["dataset"]), int(row["length"]), int(row["run"]), str(row["sample_id"]))
+    except KeyError as err:
+        raise KeyError(f"result row lacks key field {err}; a row needs {KEY_FIELDS}") from None
+
+
+def read_jsonl(path: Path, repair: bool = False) -> Iterator[dict[str, Any]]:
+    """Yield complete rows. A torn last line (no trailing newline) is skipped, and with
+    `repair=True` cut off the file so the next append starts on a clean line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    good_end = data.rfind(b"\n") + 1  # everything after the last newline is a torn write
+    if repair and good_end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+            f.flush()
+            os.fsync(f.fileno())
+    for lineno, line in enumerate(data[:good_end].splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{lineno}: not a JSON row ({err.msg})") from None
+
+
+class ResultsStore:
+    """Append-only JSONL files in one run directory; safe for concurrent coroutines/threads."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.results_path = self.run_dir / RESULTS
+        self._lock = threading.Lock()
+        # Repair once at open: the previous process may have died mid-line.
+        self._rows = {row_key(r): r for r in read_jsonl(self.results_path, repair=True)}
+        list(read_jsonl(self.run_dir / TIMINGS, repair=True))
+
+    def done_keys(self) -> set[Key]:
+        return set(self._rows)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return list(self._rows.values())
+
+    def append(self, row: dict[str, Any]) -> bool:
+        """Write one finished sample; returns False (and writes nothing) if its key is done."""
+        key = row_key(row)
+        with self._lock:
+            if key in self._rows:
+                return False
+            self._write(self.results_path, row)
+            self._rows[key] = row
+            return True
+
+    def log_timing(self, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self._write(self.run_dir / TIMINGS, entry)
+
+    def log_error(self, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self._write(self.run_dir / ERRORS, entry)
+
+    @staticmethod
+    def _write(path: Path, row: dict[str, Any]) -> None:
+        line = json.dumps(row, ensure_ascii=False, default=str) + "\n"
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def load_timings(run_dir: str | Path) -> list[dict[str, Any]]:
+    return list(read_jsonl(Path(run_dir) / TIMINGS))

@@ -1,0 +1,159 @@
+"""The trajectory viewer: one static HTML page per eval run, the paper's case-study figures generated.
+
+For every sample: the question, the final answer against the gold answers (Sub_EM mark), and,
+for ParSer trajectories, each lead round: its thinking, the queries it scattered, which agents
+answered with what evidence (abstentions are counted, not shown), failed subagent calls, and
+invalid actions. Other methods' records are shown as their JSON trace. The page is plain HTML
+and CSS (no scripts, no network), so it opens from disk and can be attached to a report.
+
+Everything a model wrote is escaped: model text is data, never markup.
+
+    python -m eval.viewer outputs/eval/hqa_parser4b              # -> outputs/eval/hqa_parser4b/viewer.html
+    python -m eval.viewer RUN_DIR --out page.html --only-wrong --max-samples 50
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from eval.store import RESULTS, read_jsonl
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#1d1d1f;background:#fafafa}
+h1{font-size:1.4em} .meta{color:#666;font-size:.9em}
+table.index{border-collapse:collapse;width:100%;margin:1em 0} .index td,.index th{border-bottom:1px solid #ddd;padding:3px 6px;text-align:left;font-size:.9em}
+details.sample{background:#fff;border:1px solid #ddd;border-radius:6px;margin:.8em 0;padding:.4em .8em}
+details.sample>summary{cursor:pointer;font-weight:600}
+.ok{color:#0a7c2f} .bad{color:#b3261e} .tag{display:inline-block;border-radius:4px;padding:0 5px;font-size:.8em;background:#eee;margin-left:4px}
+.turn{border-left:3px solid #4a7bd0;margin:.7em 0;padding:.2em .8em;background:#f4f7fc}
+.think{white-space:pre-wrap;color:#555;font-style:italic;max-height:18em;overflow:auto;background:#fff;padding:.4em;border:1px dashed #ccc}
+.query{margin:.5em 0 .5em 1em} .query b{color:#4a2bd0}
+.finding{margin:.2em 0 .2em 2em;padding:.2em .5em;background:#fff;border:1px solid #e3e3e3;border-radius:4px}
+.evidence{color:#555;font-size:.9em;white-space:pre-wrap}
+.failed{color:#b3261e;margin-left:2em;font-size:.9em} .warn{color:#9a6700}
+.answer{font-weight:600;margin:.5em 0} pre{white-space:pre-wrap;background:#fff;border:1px solid #ddd;padding:.5em;max-height:30em;overflow:auto}
+"""
+
+
+def esc(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _mark(score: float | None) -> str:
+    if score is None:
+        return ""
+    return '<span class="ok">✓</span>' if score >= 1 else '<span class="bad">✗</span>'
+
+
+def render_trajectory(record: dict[str, Any]) -> str:
+    parts = []
+    for turn in record.get("turns", []):
+        parts.append(f'<div class="turn"><div><b>Round {esc(int(turn.get("index", 0)) + 1)}</b>'
+                     f'<span class="tag">{esc(turn.get("lead_tokens", 0))} lead tokens</span>'
+                     f'<span class="tag">{esc(round(float(turn.get("lead_latency_s", 0)), 2))} s lead</span>'
+                     f'<span class="tag">{esc(round(float(turn.get("scatter_latency_s", 0)), 2))} s scatter</span>'
+                     + (f'<span class="tag warn">cut at token limit</span>' if turn.get("finish_reason") == "length" else "")
+                     + "</div>")
+        if turn.get("thinking"):
+            parts.append(f'<div class="think">{esc(turn["thinking"])}</div>')
+        if turn.get("action_error"):
+            parts.append(f'<div class="warn">invalid action: {esc(turn["action_error"])}</div>'
+                         f'<pre>{esc(turn.get("text", ""))}</pre>')
+        for q in turn.get("queries", []):
+            calls = q.get("calls", [])
+            abstained = sum(c.get("count", 0) for c in calls if c.get("status") == "abstain_count")
+            failed = [c for c in calls if c.get("status") == "failed"]
+            findings = q.get("findings", [])
+            parts.append(f'<div class="query">query_agents: <b>{esc(q.get("query"))}</b>'
+                         f'<span class="tag">{len(findings)} finding(s)</span><span class="tag">{abstained} abstained</span>'
+                         + (f'<span class="tag bad">{len(failed)} failed</span>' if failed else "")
+                         + (f'<span class="tag warn">{esc(q.get("omitted"))} cut by budget</span>' if q.get("omitted") else "")
+                         + "</div>")
+            for f in findings:
+                agents = [f.get("agent")] + list(f.get("merged_agents") or [])
+                parts.append(f'<div class="finding"><b>{esc(", ".join(a for a in agents if a))}</b>: {esc(f.get("answer"))}'
+                             + (f'<div class="evidence">evidence: {esc(f.get("evidence"))}</div>' if f.get("evidence") else "")
+                             + "</div>")
+            for c in failed:
+                parts.append(f'<div class="failed">chunk {esc(c.get("chunk_index"))} failed after {esc(c.get("attempts"))} '
+                             f'attempt(s): {esc(c.get("error"))}</div>')
+        if turn.get("answer") is not None:
+            parts.append(f'<div class="answer">answer: {esc(turn["answer"])}</div>')
+        parts.append("</div>")
+    stop = record.get("stop_reason")
+    if stop and stop != "answer":
+        parts.append(f'<div class="warn">stopped: {esc(stop)}</div>')
+    return "\n".join(parts)
+
+
+def render_sample(row: dict[str, Any], anchor: str) -> str:
+    score = row.get("sub_em")
+    record = row.get("record") or {}
+    summary = (f'{_mark(score)} <code>{esc(row.get("sample_id"))}</code> · L={esc(row.get("length"))} · run {esc(row.get("run"))}'
+               + (f' · {esc(row.get("condition"))}' if row.get("condition") else "")
+               + f' — {esc(row.get("question"))}')
+    body = [f'<p><b>Question:</b> {esc(row.get("question"))}</p>',
+            f'<p><b>Prediction:</b> {esc(row.get("prediction"))} {_mark(score)} &nbsp; <b>Gold:</b> '
+            f'{esc(" | ".join(map(str, row.get("answers", []))))}</p>',
+            f'<p class="meta">Sub_EM {esc(score)} · EM {esc(row.get("em"))} · {esc(row.get("steps"))} steps · '
+            f'{esc(row.get("wall_s"))} s · lead {esc(row.get("lead_output_tokens"))} / subagents '
+            f'{esc(row.get("subagent_output_tokens"))} output tokens'
+            + (f' · {esc(record.get("num_chunks"))} chunks' if record.get("num_chunks") is not None else "") + "</p>"]
+    if record.get("turns") is not None:
+        body.append(render_trajectory(record))
+    elif record:
+        body.append(f"<pre>{esc(json.dumps(record, indent=1, ensure_ascii=False, default=str))}</pre>")
+    return f'<details class="sample" id="{anchor}"><summary>{summary}</summary>\n' + "\n".join(body) + "\n</details>"
+
+
+def render_page(rows: Sequence[dict[str, Any]], title: str) -> str:
+    rows = sorted(rows, key=lambda r: (str(r.get("dataset")), int(r.get("length", 0)), str(r.get("condition") or ""),
+                                       int(r.get("run", 0)), str(r.get("sample_id"))))
+    correct = sum(float(r.get("sub_em") or 0) for r in rows)
+    index = ["<table class='index'><tr><th></th><th>sample</th><th>L</th><th>run</th><th>prediction</th><th>gold</th><th>steps</th></tr>"]
+    samples = []
+    for i, r in enumerate(rows):
+        anchor = f"s{i}"
+        index.append(f'<tr><td>{_mark(r.get("sub_em"))}</td><td><a href="#{anchor}">{esc(r.get("sample_id"))}</a></td>'
+                     f'<td>{esc(r.get("length"))}</td><td>{esc(r.get("run"))}</td><td>{esc(r.get("prediction"))}</td>'
+                     f'<td>{esc(" | ".join(map(str, r.get("answers", []))))}</td><td>{esc(r.get("steps"))}</td></tr>')
+        samples.append(render_sample(r, anchor))
+    index.append("</table>")
+    head = rows[0] if rows else {}
+    return ("<!doctype html><html><head><meta charset='utf-8'>"
+            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"
+            f"<h1>{esc(title)}</h1><p class='meta'>method {esc(head.get('method'))} · {esc(head.get('row'))} · "
+            f"{esc(head.get('backbone'))} · {len(rows)} samples · Sub_EM {100 * correct / max(len(rows), 1):.1f}%</p>"
+            + "\n".join(index) + "\n" + "\n".join(samples) + "</body></html>")
+
+
+def select(rows: Iterable[dict[str, Any]], only_wrong: bool = False, max_samples: int | None = None) -> list[dict[str, Any]]:
+    chosen = [r for r in rows if not only_wrong or not r.get("sub_em")]
+    return chosen[:max_samples] if max_samples else chosen
+
+
+def write_viewer(run_dir: str | Path, out: str | Path | None = None, only_wrong: bool = False,
+                 max_samples: int | None = 500) -> Path:
+    run_dir = Path(run_dir)
+    rows = select(read_jsonl(run_dir / RESULTS), only_wrong, max_samples)
+    out = Path(out) if out else run_dir / "viewer.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_page(rows, f"Trajectories · {run_dir.name}"), encoding="utf-8")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir")
+    ap.add_argument("--out", default=None, help="HTML file (default: RUN_DIR/viewer.html)")
+    ap.add_argument("--only-wrong", action="store_true", help="show only samples with Sub_EM 0")
+    ap.add_argument("--max-samples", type=int, default=500, help="cap the page size (0 = all)")
+    args = ap.parse_args(argv)
+    print(write_viewer(args.run_dir, args.out, args.only_wrong, args.max_samples or None))
+
+
+if __name__ == "__main__":
+    main()
