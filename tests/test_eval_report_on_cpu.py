@@ -1,0 +1,111 @@
+"""Results store (resume, torn lines), table arithmetic, the paper transcription, and viewer escaping.
+
+The end-to-end path with real (tiny) models is tests/test_eval_e2e_on_cpu.py; here the inputs
+are small hand-written rows so each number can be checked by hand.
+
+    .venv/bin/pytest tests/test_eval_report_on_cpu.py -q
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eval import paper_numbers
+from eval.report import build_report, max_delta_avg
+from eval.store import RESULTS, ResultsStore, read_jsonl
+from eval.viewer import render_page
+
+
+def _row(dataset="synthetic", length=50, run=0, sid="q0", row="ParSer", sub=1.0, steps=3, **kw):
+    return {"dataset": dataset, "length": length, "run": run, "sample_id": sid, "condition": None, "condition_index": None,
+            "method": row.lower(), "row": row, "backbone": "tiny", "question": "q?", "answers": ["a"], "prediction": "a",
+            "sub_em": sub, "em": sub, "sub_em_compat": sub, "em_compat": sub, "steps": steps, "wall_s": 1.0,
+            "lead_output_tokens": 10, "subagent_output_tokens": 20, "meta": {}, **kw}
+
+
+def test_store_skips_done_keys_and_survives_a_torn_line(tmp_path):
+    store = ResultsStore(tmp_path)
+    assert store.append(_row(sid="a"))
+    assert not store.append(_row(sid="a"))  # same (dataset, length, run, id): never twice
+    assert store.append(_row(sid="a", run=1))
+    with open(tmp_path / RESULTS, "a") as f:  # a kill mid-write leaves half a line
+        f.write('{"dataset": "synthetic", "length": 50, "ru')
+    reopened = ResultsStore(tmp_path)
+    assert reopened.done_keys() == {("synthetic", 50, 0, "a"), ("synthetic", 50, 1, "a")}
+    assert reopened.append(_row(sid="b"))
+    assert [r["sample_id"] for r in read_jsonl(tmp_path / RESULTS)] == ["a", "a", "b"]  # file is clean again
+
+
+def test_store_names_the_line_of_a_corrupt_row(tmp_path):
+    (tmp_path / RESULTS).write_text(json.dumps(_row()) + "\nnot json\n")
+    with pytest.raises(ValueError, match=r"results.jsonl:2"):
+        ResultsStore(tmp_path)
+
+
+@pytest.mark.parametrize("key", sorted(paper_numbers.MAX_DELTA_AVG))
+def test_paper_transcription_reproduces_published_max_delta_and_avg(key):
+    values = list(paper_numbers.SUB_EM[key[0]][key[1]][key[2]].values())
+    delta, avg = max_delta_avg(values)
+    published_delta, published_avg = paper_numbers.MAX_DELTA_AVG[key]
+    assert avg == pytest.approx(published_avg, abs=0.011)  # cells and totals are each rounded to 0.01
+    if published_delta is not None:
+        assert delta == pytest.approx(published_delta, abs=0.011)  # cells and totals are each rounded to 0.01
+
+
+def test_report_tables_latency_and_figures(tmp_path):
+    parser_dir, mem_dir = tmp_path / "parser", tmp_path / "memagent"
+    ps, ms = ResultsStore(parser_dir), ResultsStore(mem_dir)
+    for run in (0, 1):
+        for sid, sub in (("q0", 1.0), ("q1", float(run))):  # run 0: 50%, run 1: 100% -> 75%
+            ps.append(_row(length=50, run=run, sid=sid, sub=sub, steps=2))
+            ps.append(_row(length=100, run=run, sid=sid, sub=1.0, steps=2))
+            ms.append(_row(length=50, run=run, sid=sid, row="MemAgent", sub=0.0, steps=3))
+            ms.append(_row(length=100, run=run, sid=sid, row="MemAgent", sub=1.0, steps=5))
+        for L, p_wall, m_wall in ((50, 2.0, 4.0), (100, 2.0, 8.0)):
+            ps.log_timing({"dataset": "synthetic", "length": L, "run": run, "condition": None, "row": "ParSer",
+                           "backbone": "tiny", "concurrency": 1, "samples": 2, "wall_s": p_wall})
+            ms.log_timing({"dataset": "synthetic", "length": L, "run": run, "condition": None, "row": "MemAgent",
+                           "backbone": "tiny", "concurrency": 1, "samples": 2, "wall_s": m_wall})
+    out = build_report([tmp_path], tmp_path / "report")
+
+    lines = {label: (values, delta, avg) for _, label, values, delta, avg, _ in out["tables"]["synthetic"]["lines"]}
+    assert lines["ParSer"][0] == {50: 75.0, 100: 100.0}
+    assert lines["ParSer"][1:] == (25.0, 87.5)
+    lat = {(e["row"], e["length"]): e for e in out["latency"]}
+    assert lat[("ParSer", 50)]["amortized_s"] == pytest.approx(1.0)  # (2 + 2) s / 4 samples
+    assert lat[("MemAgent", 100)]["steps"] == 5
+    speed = {s["length"]: s["speedup"] for s in out["speedups"]}
+    assert speed == {50: pytest.approx(2.0), 100: pytest.approx(4.0)}
+    for name in ("accuracy.md", "accuracy.tex", "accuracy.csv", "latency.md", "latency.csv", "tokens.csv", "report.md"):
+        assert (tmp_path / "report" / name).stat().st_size > 0
+    assert "\\begin{tabular}" in (tmp_path / "report" / "accuracy.tex").read_text()
+    assert "| ParSer | tiny" not in (tmp_path / "report" / "accuracy.md").read_text()  # backbone column comes first
+    assert {p.name for p in out["figures"]} == {"accuracy_vs_length_synthetic.png", "speedup_vs_length.png", "steps_vs_length.png"}
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in out["figures"])
+    assert len(out["viewer"]) == 2
+
+
+def test_report_puts_paper_rows_beside_ours(tmp_path):
+    store = ResultsStore(tmp_path / "run")
+    store.append({**_row(dataset="hotpotqa", length=50, sub=1.0), "backbone": "Qwen3.5-4B"})
+    out = build_report([tmp_path], tmp_path / "report", with_paper=True, viewer=False)
+    lines = {label: values for _, label, values, *_ in out["tables"]["hotpotqa"]["lines"]}
+    assert lines["ParSer (paper)"] == {50: 85.68}
+    assert "85.68" in (tmp_path / "report" / "accuracy.csv").read_text()
+
+
+def test_viewer_escapes_model_text():
+    evil = '<script>alert("x")</script>'
+    record = {"turns": [{"index": 0, "text": evil, "thinking": evil, "answer": None, "action_error": None,
+                         "lead_tokens": 5, "finish_reason": "stop", "lead_latency_s": 0.1,
+                         "queries": [{"query": evil, "omitted": 0, "observation": evil,
+                                      "findings": [{"agent": "agent_3", "chunk_index": 3, "answer": evil, "evidence": evil,
+                                                    "merged_agents": ["agent_7"]}],
+                                      "calls": [{"status": "failed", "chunk_index": 1, "attempts": 4, "error": evil},
+                                                {"status": "abstain_count", "count": 6}]}]}],
+              "stop_reason": "max_turns", "num_chunks": 8}
+    page = render_page([_row(prediction=evil, record=record, question=evil)], "t")
+    assert "<script>" not in page
+    assert "&lt;script&gt;" in page
+    assert "agent_3, agent_7" in page and "6 abstained" in page and "1 failed" in page
