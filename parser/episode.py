@@ -109,16 +109,16 @@ class LeadContext:
     def observation_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """Tokens the template puts between the assistant's end-of-turn and the next generation.
 
-        Rendered against a fixed stand-in history, so it depends only on `messages`; this is
-        exactly the template's rendering of the tool (or hint) turn plus the generation prompt.
+        Rendered after a fixed stand-in history, so it depends only on `messages`: exactly the
+        template's rendering of the tool (or hint) turn plus the generation prompt.
         """
-        history = [self.messages[0], {"role": "user", "content": "?"}, {"role": "assistant", "content": "."}]
-        before = self._render(history, add_generation_prompt=False)
-        after = self._render(history + messages, add_generation_prompt=True)
-        cut = before.rindex(END_OF_TURN) + len(END_OF_TURN)
-        if after[:cut] != before[:cut]:
-            raise RuntimeError("chat template is not append-only for tool turns; cannot build the token view")
-        return self._encode(after[cut:])
+        marker = "\u2063parser-stand-in\u2063"
+        history = [self.messages[0], {"role": "user", "content": "?"}, {"role": "assistant", "content": marker}]
+        rendered = self._render(history + messages, add_generation_prompt=True)
+        end = rendered.find(END_OF_TURN, rendered.rindex(marker))
+        if end < 0:
+            raise RuntimeError(f"chat template does not close assistant turns with {END_OF_TURN}")
+        return self._encode(rendered[end + len(END_OF_TURN):])
 
     def append_observation(self, messages: list[dict[str, Any]]) -> None:
         self._append_context(self.observation_ids(messages))

@@ -1,0 +1,56 @@
+"""Lead action parsing over both tool-call dialects. Run: .venv/bin/pytest tests/test_actions_on_cpu.py -q"""
+from parser.actions import parse_lead_output
+
+XML_CALL = "<tool_call>\n<function=query_agents>\n<parameter=query>\n{q}\n</parameter>\n</function>\n</tool_call>"
+JSON_CALL = '<tool_call>\n{{"name": "query_agents", "arguments": {{"query": "{q}"}}}}\n</tool_call>'
+
+
+def test_qwen35_xml_single_and_multiple_calls():
+    text = "I need the director.\n</think>\n\n" + XML_CALL.format(q="Who directed Film X?") + "\n" + XML_CALL.format(q="When was Y born?")
+    action = parse_lead_output(text)
+    assert action.thinking == "I need the director."
+    assert action.queries == ["Who directed Film X?", "When was Y born?"]
+    assert action.answer is None and action.error is None
+
+
+def test_hermes_json_calls_and_stringified_arguments():
+    text = "plan</think>" + JSON_CALL.format(q="Where is Z?") + '<tool_call>{"name": "query_agents", "arguments": "{\\"query\\": \\"Who is W?\\"}"}</tool_call>'
+    assert parse_lead_output(text).queries == ["Where is Z?", "Who is W?"]
+
+
+def test_answer_is_last_answer_after_thinking():
+    text = "maybe <answer>wrong</answer> in thought</think>\n<answer>first</answer> then <answer> Final One </answer>"
+    action = parse_lead_output(text)
+    assert action.answer == "Final One" and action.queries == []
+
+
+def test_answer_wins_over_calls_in_the_same_turn():
+    text = "x</think>" + XML_CALL.format(q="q") + "<answer>42</answer>"
+    assert parse_lead_output(text).answer == "42"
+
+
+def test_truncated_and_garbled_output_sets_error_never_raises():
+    cases = [
+        "thinking that never ends",
+        "x</think><tool_call>\n<function=query_agents>\n<parameter=query>\nWho dir",  # cut mid-query
+        'x</think><tool_call>{"name": "query_agents", "arguments": {"query": "Who dir',  # cut mid-JSON
+        "x</think><tool_call>{\"name\": \"search\", \"arguments\": {\"query\": \"a\"}}</tool_call>",  # unknown tool
+        "x</think><tool_call>\n<function=query_agents>\n<parameter=query>\n\n</parameter>\n</function>\n</tool_call>",  # empty query
+        "x</think><answer>unterminated",
+        "x</think><tool_call>]]]{{not json</tool_call>",
+        "",
+    ]
+    for text in cases:
+        action = parse_lead_output(text)
+        assert action.answer is None and action.queries == [] and action.error, text
+
+
+def test_malformed_json_inside_closed_call_is_repaired():
+    text = "x</think><tool_call>{'name': 'query_agents', 'arguments': {'query': 'Who is V?',}}</tool_call>"
+    assert parse_lead_output(text).queries == ["Who is V?"]
+
+
+def test_one_good_call_among_bad_ones_is_used():
+    text = "x</think><tool_call>garbage</tool_call>" + XML_CALL.format(q="ok?")
+    action = parse_lead_output(text)
+    assert action.queries == ["ok?"] and action.error is None

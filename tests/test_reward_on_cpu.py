@@ -1,0 +1,37 @@
+"""EM / Sub_EM definitions on tricky cases. Run: .venv/bin/pytest tests/test_reward_on_cpu.py -q"""
+import pytest
+
+from parser.reward import exact_match, normalize_answer, sub_em
+
+
+@pytest.mark.parametrize(
+    "text, normalized",
+    [("The Eiffel Tower!", "eiffel tower"), ("  a  cat,  an apple ", "cat apple"), ("Theater", "theater"), ("U.S.A.", "usa")],
+)
+def test_normalize(text, normalized):
+    assert normalize_answer(text) == normalized
+
+
+@pytest.mark.parametrize(
+    "pred, golds, em, sem",
+    [
+        ("Paris", ["paris"], 1.0, 1.0),
+        ("the city of Paris", ["Paris"], 0.0, 1.0),  # gold inside prediction
+        ("Paris", ["Paris, France"], 0.0, 1.0),  # prediction inside gold (bidirectional)
+        ("London", ["Paris", "London"], 1.0, 1.0),  # max over golds
+        ("Berlin", ["Paris"], 0.0, 0.0),
+        ("", ["Paris"], 0.0, 0.0),  # empty prediction scores 0 by default
+        ("the", ["Paris"], 0.0, 0.0),  # normalizes to empty
+        (None, ["Paris"], 0.0, 0.0),
+    ],
+)
+def test_metrics(pred, golds, em, sem):
+    assert exact_match(pred, golds) == em
+    assert sub_em(pred, golds) == sem
+
+
+def test_compat_reproduces_reference_empty_prediction_hit():
+    assert sub_em("", ["Paris"], compat=True) == 1.0
+    assert sub_em("  .  ", ["Paris"], compat=True) == 1.0
+    assert sub_em("Berlin", ["Paris"], compat=True) == 0.0
+    assert exact_match("", [""], compat=True) == 1.0
