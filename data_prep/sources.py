@@ -1,0 +1,183 @@
+"""Readers: HotpotQA, FlashRAG 2WikiMultiHopQA, MemAgent's eval files, the authors' release.
+
+Each reader turns raw rows into `Question`s + a `Corpus` (see `data_prep.records`); the
+`load_*` functions fetch the rows by name with `datasets.load_dataset` (real users), while
+tests pass rows or local files in the same schemas. Field layouts, as the public reference
+code reads them:
+
+* ``hotpotqa/hotpot_qa`` "distractor": ``id``, ``question``, ``answer``, ``type``, ``level``,
+  ``supporting_facts = {title: [...], sent_id: [...]}``, ``context = {title: [...],
+  sentences: [[...]]}`` (the original JSON files use ``_id`` and lists of ``[title, sentences]``;
+  both are accepted).
+* ``RUC-NLPIR/FlashRAG_datasets`` "2wikimultihopqa" (dev split): ``id``, ``question``,
+  ``golden_answers``, ``metadata.context = {title, content | sentences}``,
+  ``metadata.supporting_facts = {title, sent_id}``, ``metadata.type``, ``metadata.evidences``
+  (``[subject, relation, object]`` triples).
+* MemAgent's ``BytedTsinghua-SIA/hotpotqa`` ``eval_{L}.json``: a list of ``{context, input,
+  answers, num_docs, index}``; ``inNexus/parser_dataset`` holds ``hqa_val/eval_{L}.json``,
+  ``2wiki_val/eval_{L}.json`` (same fields) and ``train/*.parquet`` (MemAgent's RL layout).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from data_prep.files import read_records
+from data_prep.records import Corpus, DataError, Question, logical_order, paragraph_text, require
+
+HOTPOTQA = ("hotpotqa/hotpot_qa", "distractor")
+FLASHRAG = ("RUC-NLPIR/FlashRAG_datasets", "2wikimultihopqa")
+MEMAGENT_EVAL = "BytedTsinghua-SIA/hotpotqa"
+PARSER_RELEASE = "inNexus/parser_dataset"
+TRAIN_FILE = "train/hotpotqa_train_process_emb-select_llm-unable.parquet"
+
+
+def _context_pairs(context: Any, source: str) -> list[tuple[str, Any]]:
+    """(title, sentences) pairs from a columnar dict or a list of [title, sentences]."""
+    if isinstance(context, dict):
+        titles = context.get("title")
+        sentences = context.get("sentences", context.get("content"))
+        if titles is None or sentences is None:
+            raise DataError(f"{source}: field 'context' needs 'title' and 'sentences' (or 'content')")
+        if len(titles) != len(sentences):
+            raise DataError(f"{source}: 'context.title' has {len(titles)} items but the sentences have {len(sentences)}")
+        return list(zip(titles, sentences))
+    if isinstance(context, list):
+        for i, pair in enumerate(context):
+            if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+                raise DataError(f"{source}: 'context[{i}]' is not a [title, sentences] pair")
+        return [(t, s) for t, s in context]
+    raise DataError(f"{source}: field 'context' has unexpected type {type(context).__name__}")
+
+
+def _supporting_titles(facts: Any, source: str) -> list[str]:
+    if isinstance(facts, dict):
+        if "title" not in facts:
+            raise DataError(f"{source}: field 'supporting_facts' has no 'title'")
+        return list(facts["title"])
+    if isinstance(facts, list):
+        return [f[0] for f in facts]
+    raise DataError(f"{source}: field 'supporting_facts' has unexpected type {type(facts).__name__}")
+
+
+def _build(row_id: str, index: int, question: str, answers: Sequence[str], context: Any, facts: Any, *,
+           dataset: str, source: str, qtype: str | None, level: str | None,
+           evidences: Iterable[Sequence[str]] = ()) -> Question | None:
+    pairs = _context_pairs(context, source)
+    titles = [str(t) for t, _ in pairs]
+    texts = [paragraph_text(t, s) for t, s in pairs]
+    # A few source rows repeat a paragraph; keep the first copy so a packed sample has no duplicates.
+    unique: dict[str, int] = {}
+    for pos, text in enumerate(texts):
+        unique.setdefault(text, pos)
+    keep = sorted(unique.values())
+    remap = {old: new for new, old in enumerate(keep)}
+    support = _supporting_titles(facts, source)
+    if not all(t in titles for t in support):
+        return None  # ReMemR1 skips questions whose supporting title is missing from the context
+    gold = tuple(dict.fromkeys(remap[unique[texts[titles.index(t)]]] for t in support))
+    kept_titles = [titles[i] for i in keep]
+    evidences = tuple(tuple(str(x) for x in e) for e in evidences if len(e) == 3)
+    return Question(id=str(row_id), index=index, question=question, answers=tuple(str(a) for a in answers),
+                    paragraphs=tuple(texts[i] for i in keep), gold=gold,
+                    logical=logical_order(kept_titles, gold, evidences), dataset=dataset,
+                    qtype=qtype, level=level, evidences=evidences)
+
+
+def read_hotpotqa(rows: Iterable[dict[str, Any]], source: str = "hotpotqa") -> tuple[list[Question], Corpus]:
+    """HotpotQA rows (HF or original JSON layout) -> questions + the split's paragraph corpus."""
+    questions = []
+    for i, row in enumerate(rows):
+        where = f"{source} record {i}"
+        row_id = row.get("id", row.get("_id"))
+        if row_id is None:
+            raise DataError(f"{where}: missing field 'id' (or '_id')")
+        q = _build(row_id, i, str(require(row, "question", where)), [require(row, "answer", where)],
+                   require(row, "context", where), require(row, "supporting_facts", where), dataset="hotpotqa",
+                   source=where, qtype=row.get("type"), level=row.get("level"))
+        if q is not None:
+            questions.append(q)
+    return questions, Corpus.from_questions(questions)
+
+
+def read_2wiki(rows: Iterable[dict[str, Any]], source: str = "2wikimultihopqa", dataset: str = "2wikimultihopqa",
+               extra_paragraphs: Iterable[str] = ()) -> tuple[list[Question], Corpus]:
+    """FlashRAG 2Wiki rows -> questions (with evidence triples and logical order) + corpus.
+
+    Questions get a trailing '?' if missing, as ReMemR1 does. `extra_paragraphs` widens the
+    distractor corpus (the synthetic world passes its whole encyclopedia).
+    """
+    questions = []
+    for i, row in enumerate(rows):
+        where = f"{source} record {i}"
+        meta = require(row, "metadata", where)
+        text = str(require(row, "question", where)).strip()
+        if text and not text.endswith("?"):
+            text += "?"
+        answers = require(row, "golden_answers", where)
+        if isinstance(answers, str) or not isinstance(answers, (list, tuple)):
+            raise DataError(f"{where}: field 'golden_answers' must be a list of strings")
+        q = _build(require(row, "id", where), i, text, answers, require(meta, "context", where + " metadata"),
+                   require(meta, "supporting_facts", where + " metadata"), dataset=dataset, source=where,
+                   qtype=meta.get("type"), level=meta.get("level"), evidences=meta.get("evidences") or ())
+        if q is not None:
+            questions.append(q)
+    return questions, Corpus.from_questions(questions, extra_paragraphs)
+
+
+def check_eval_rows(rows: Iterable[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    """MemAgent-style eval rows, checked for the fields eval needs (errors name source and record)."""
+    out = []
+    for i, row in enumerate(rows):
+        row = dict(row)
+        for field in ("context", "input", "answers"):
+            if row.get(field) is None:
+                raise DataError(f"{source} record {i}: missing field {field!r}")
+        if not isinstance(row["answers"], list):
+            raise DataError(f"{source} record {i}: field 'answers' must be a list")
+        row.setdefault("num_docs", row.get("length"))
+        row.setdefault("id", f"{row.get('index', i)}_L{row.get('num_docs')}")
+        out.append(row)
+    return out
+
+
+def read_eval_file(path: str | Path) -> list[dict[str, Any]]:
+    """A local ``eval_{L}.json`` / JSONL file of eval rows."""
+    return check_eval_rows(read_records(path), str(path))
+
+
+# ----------------------------------------------------------------------------------------------
+# By name from the hub (real users; tests never call these).
+
+def load_hotpotqa(split: str = "validation", revision: str | None = None) -> tuple[list[Question], Corpus]:
+    import datasets
+
+    return read_hotpotqa(datasets.load_dataset(*HOTPOTQA, split=split, revision=revision), source=f"{HOTPOTQA[0]}:{split}")
+
+
+def load_2wiki(split: str = "dev", revision: str | None = None) -> tuple[list[Question], Corpus]:
+    import datasets
+
+    return read_2wiki(datasets.load_dataset(*FLASHRAG, split=split, revision=revision), source=f"{FLASHRAG[0]}/{FLASHRAG[1]}:{split}")
+
+
+def load_memagent_eval(length: int, revision: str | None = None) -> list[dict[str, Any]]:
+    """MemAgent's released HotpotQA eval set at L paragraphs (the paper evaluates on exactly these)."""
+    import datasets
+
+    rows = datasets.load_dataset(MEMAGENT_EVAL, data_files=f"eval_{length}.json", split="train", revision=revision)
+    return check_eval_rows(rows, f"{MEMAGENT_EVAL}/eval_{length}.json")
+
+
+def load_parser_release(kind: str, length: int | None = None, revision: str | None = None) -> Any:
+    """The authors' release: kind "hqa_val"/"2wiki_val" -> eval rows at L; "train" -> a datasets.Dataset
+    (MemAgent's RL layout: data_source, prompt, context, ability, reward_model, extra_info)."""
+    import datasets
+
+    if kind == "train":
+        return datasets.load_dataset(PARSER_RELEASE, data_files=TRAIN_FILE, split="train", revision=revision)
+    if kind not in {"hqa_val", "2wiki_val"} or length is None:
+        raise ValueError(f"kind must be 'train', or 'hqa_val'/'2wiki_val' with a length; got {kind!r}, {length}")
+    name = f"{kind}/eval_{length}.json"
+    return check_eval_rows(datasets.load_dataset(PARSER_RELEASE, data_files=name, split="train", revision=revision),
+                           f"{PARSER_RELEASE}/{name}")
