@@ -1,0 +1,41 @@
+"""Build a dataset from a Hydra config in ``configs/data/`` (one config per recipe and source).
+
+    python -m data_prep.build --config-name synthetic_eval                 # offline, CI/demo data
+    python -m data_prep.build --config-name hotpotqa_eval out_dir=data/hqa_val num_questions=128
+    python -m data_prep.build --config-name twowiki_eval same_questions=false   # ReMemR1's behaviour
+    python -m data_prep.build --config-name hotpotqa_train knowledge_filter.backend.base_url=http://127.0.0.1:30000
+    python -m data_prep.build --config-name controlled_position source=synthetic_source
+
+Every config names its `recipe` (a function in `data_prep.recipes`); the other keys are that
+function's arguments. `tokenizer` (a name or path, optional) adds token statistics to cards.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from data_prep import recipes
+
+
+def run(cfg: dict[str, Any]) -> Any:
+    cfg = dict(cfg)
+    recipe = getattr(recipes, cfg.pop("recipe"))
+    tokenizer_name = cfg.pop("tokenizer", None)
+    if tokenizer_name and recipe is recipes.eval_grid:
+        from transformers import AutoTokenizer
+
+        cfg.update(tokenizer=AutoTokenizer.from_pretrained(tokenizer_name), tokenizer_name=tokenizer_name)
+    return recipe(**cfg)
+
+
+@hydra.main(config_path="../configs/data", config_name="synthetic_eval", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    written = run(OmegaConf.to_container(cfg, resolve=True))
+    for key, path in (written.items() if isinstance(written, dict) else [("", written)]):
+        print(f"{key}\t{path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The parametric-knowledge filter: drop questions a model answers *without* the document.
+
+A training question the policy can answer from memory teaches it nothing about reading. As in
+MemAgent (``taskutils/memory_data/filter.py``) and the paper (Appendix C.1: Qwen3.5-9B,
+non-thinking, Best-of-3), each question is asked with no context, k samples are drawn, and the
+question is dropped if *any* sample is correct under the rule verifier: the last
+``\\boxed{...}`` matches a gold answer (`parser.reward.exact_match`), or a normalized gold
+answer appears in the response (MemAgent's "contains" check).
+
+Runs through any `parser.backends` Backend (SGLang over HTTP, sglang.Engine, transformers),
+with asyncio concurrency. Resumable: every finished question is appended to a JSONL log and
+skipped on the next run, so an interrupted 41K-question job picks up where it stopped.
+
+    log = asyncio.run(parametric_filter(questions, backend, tokenizer, log_path="filter.jsonl"))
+    kept = [q for q in questions if not log[q["id"]]["answerable"]]
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tqdm.auto import tqdm
+
+from data_prep.files import JsonlLog
+from data_prep.packing import derived_seed
+from parser.backends.base import Backend, BackendError, SamplingParams
+from parser.reward import exact_match, normalize_answer
+
+# MemAgent's filter prompt: the bare question plus a boxed-answer instruction.
+PROMPT_TEMPLATE = "{question}\nYour final answer in \\boxed{{}}."
+DEFAULT_SAMPLING = SamplingParams(max_new_tokens=512, temperature=1.0, top_p=0.7)
+_THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (nested braces allowed), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed{") - 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+    return None
+
+
+def is_correct(response: str, golds: Sequence[str]) -> bool:
+    """MemAgent's rule verifier: boxed answer equals a gold, or a gold occurs in the response."""
+    text = _THINK.sub("", response)
+    boxed = last_boxed(text)
+    if boxed is not None and exact_match(boxed, golds):
+        return True
+    norm = normalize_answer(text)
+    return any((g := normalize_answer(gold)) and g in norm for gold in golds)
+
+
+def render_prompt(tokenizer: Any, question: str, enable_thinking: bool = False) -> str:
+    """The question alone, in the model's chat template (non-thinking mode by default)."""
+    messages = [{"role": "user", "content": PROMPT_TEMPLATE.format(question=question)}]
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking)
+    except TypeError:  # templates that take no enable_thinking switch
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+async def parametric_filter(questions: Sequence[dict[str, Any]], backend: Backend, tokenizer: Any, *,
+                            log_path: str | Path, samples: int = 3, sampling: SamplingParams = DEFAULT_SAMPLING,
+                            concurrency: int = 64, seed: int = 0, enable_thinking: bool = False,
+                            retries: int = 3) -> dict[str, dict[str, Any]]:
+    """Ask every question (``{id, question, answers}``) `samples` times without context.
+
+    Returns ``{id: {"id", "responses", "correct", "answerable"}}`` for all questions, reading
+    finished ones from `log_path` and appending new ones to it.
+    """
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    log = JsonlLog(log_path)
+    todo = [q for q in questions if str(q["id"]) not in log]
+    sem = asyncio.Semaphore(concurrency)
+    bar = tqdm(total=len(questions), initial=len(questions) - len(todo), desc="knowledge filter", leave=False)
+
+    async def one_sample(prompt: str, qid: str, k: int) -> str:
+        params = dataclasses.replace(sampling, seed=derived_seed(seed, qid, k) % (2**31))
+        async for attempt in AsyncRetrying(stop=stop_after_attempt(retries), wait=wait_exponential(max=10), reraise=True,
+                                           retry=retry_if_exception(lambda e: isinstance(e, BackendError) and e.retryable)):
+            with attempt:
+                async with sem:
+                    completion = await backend.generate(prompt, params, request_id=f"filter-{qid}-{k}")
+        return completion.text
+
+    async def one_question(q: dict[str, Any]) -> None:
+        qid = str(q["id"])
+        prompt = render_prompt(tokenizer, q["question"], enable_thinking)
+        responses = await asyncio.gather(*(one_sample(prompt, qid, k) for k in range(samples)))
+        correct = [is_correct(r, q["answers"]) for r in responses]
+        log.append({"id": qid, "responses": list(responses), "correct": correct, "answerable": any(correct)})
+        bar.update(1)
+
+    try:
+        # Let every question finish (and be logged) before surfacing the first failure.
+        results = await asyncio.gather(*(one_question(q) for q in todo), return_exceptions=True)
+    finally:
+        bar.close()
+        log.close()
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {len(todo)} questions failed; finished ones are saved in {log_path}, rerun to resume") from errors[0]
+    return {str(q["id"]): log.rows[str(q["id"])] for q in questions}

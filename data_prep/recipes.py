@@ -1,0 +1,195 @@
+"""The recipes behind ``configs/data/*.yaml``: source -> questions -> packed sets -> files + cards.
+
+Each recipe is a plain function of config values, so tests call it directly and
+`data_prep.build` (Hydra) only forwards the config. Outputs land in `out_dir`:
+
+| recipe | writes |
+|---|---|
+| `eval_grid` | ``eval_{L}.json`` per L (+ ``.card.json``), optionally ``eval_{L}.parquet`` |
+| `train_set` | ``{name}.parquet`` (verl), ``{name}.json`` (eval rows, optional), knowledge-filter log |
+| `controlled` | ``eval_{dataset}_{L}_{variant}.json`` / ``..._distance_{d}.json`` |
+| `fetch_released` | MemAgent's / the authors' released eval files, normalised, by name |
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any, Sequence
+
+from data_prep import controlled as ctl
+from data_prep.files import read_records, write_card, write_records
+from data_prep.packing import build_grid
+from data_prep.records import Corpus, DataError, Question
+from data_prep.sources import load_2wiki, load_hotpotqa, read_2wiki, read_hotpotqa
+from data_prep.verl_parquet import write_rl_parquet
+
+
+def load_source(name: str, split: str | None = None, path: str | None = None, revision: str | None = None,
+                **synthetic: Any) -> tuple[list[Question], Corpus, dict[str, Any]]:
+    """(questions, corpus, provenance) for a source config: hub by name, a local file, or synthetic."""
+    if name == "synthetic":
+        from data_prep.synthetic_world import synthetic_source
+
+        questions, corpus = synthetic_source(**synthetic)
+        return questions, corpus, {"name": "synthetic", **synthetic}
+    if path:
+        rows = _read_rows(path)
+        reader = read_hotpotqa if name == "hotpotqa" else read_2wiki
+        questions, corpus = reader(rows, source=str(path))
+        return questions, corpus, {"name": name, "path": str(path)}
+    if name == "hotpotqa":
+        return (*load_hotpotqa(split or "validation", revision), {"name": "hotpotqa/hotpot_qa:distractor", "split": split, "revision": revision})
+    if name == "2wiki":
+        return (*load_2wiki(split or "dev", revision), {"name": "RUC-NLPIR/FlashRAG_datasets:2wikimultihopqa", "split": split, "revision": revision})
+    raise ValueError(f"unknown source {name!r}; known: hotpotqa, 2wiki, synthetic")
+
+
+def _read_rows(path: str) -> list[dict[str, Any]]:
+    if str(path).endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    return read_records(path)
+
+
+def select(questions: Sequence[Question], n: int | None, seed: int, mode: str = "random") -> list[Question]:
+    """n questions: a seeded sample kept in split order ("random") or the first n ("first")."""
+    if n is None or n >= len(questions):
+        return list(questions)
+    if mode == "first":
+        return list(questions[:n])
+    if mode != "random":
+        raise ValueError(f"select mode must be 'random' or 'first', got {mode!r}")
+    picked = sorted(random.Random(seed).sample(range(len(questions)), n))
+    return [questions[i] for i in picked]
+
+
+def _token_counts(rows: list[dict[str, Any]], tokenizer: Any) -> list[int] | None:
+    if tokenizer is None:
+        return None
+    from parser.chunking import count_tokens
+
+    return [count_tokens(tokenizer, r["context"]) for r in rows]
+
+
+def _write_eval(out_dir: Path, name: str, rows: list[dict[str, Any]], *, recipe: str, config: dict[str, Any],
+                source: dict[str, Any], tokenizer: Any = None, tokenizer_name: str | None = None,
+                parquet: bool = False, data_source: str = "") -> Path:
+    path = write_records(out_dir / f"{name}.json", rows)
+    counts = {"rows": len(rows), "questions": len({r["meta"]["question_id"] for r in rows}),
+              "paragraphs": sum(r["num_docs"] for r in rows), "chars": sum(len(r["context"]) for r in rows)}
+    write_card(path, recipe=recipe, config=config, counts=counts, source=source,
+               token_counts=_token_counts(rows, tokenizer), tokenizer=tokenizer_name)
+    if parquet:
+        pq_path = write_rl_parquet(out_dir / f"{name}.parquet", rows, data_source=data_source, split="test")
+        write_card(pq_path, recipe=recipe + " (verl parquet)", config=config, counts=counts, source=source)
+    return path
+
+
+def eval_grid(*, source: dict[str, Any], out_dir: str, lengths: Sequence[int], num_questions: int | None = 128,
+              seed: int = 0, compat: bool = False, select_mode: str = "random", same_questions: bool = True,
+              workers: int = 0, parquet: bool = False, tokenizer: Any = None, tokenizer_name: str | None = None) -> dict[int, Path]:
+    """The L-grid: the same questions at every L (default) or, as ReMemR1's script does, a fresh
+    sample per L (`same_questions=False`)."""
+    questions, corpus, provenance = load_source(**source)
+    config = {"lengths": list(lengths), "num_questions": num_questions, "seed": seed, "compat": compat,
+              "select_mode": select_mode, "same_questions": same_questions}
+    out: dict[int, Path] = {}
+    dataset = questions[0].dataset if questions else "empty"
+    for i, length in enumerate(lengths):
+        chosen = select(questions, num_questions, seed if same_questions else seed + 1 + i, select_mode)
+        rows = build_grid(chosen, corpus, [length], seed=seed, compat=compat, workers=workers)[length]
+        out[length] = _write_eval(Path(out_dir), f"eval_{length}", rows, recipe=f"eval_grid/{dataset}", config=config,
+                                  source=provenance, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
+                                  parquet=parquet, data_source=dataset)
+    return out
+
+
+def train_set(*, source: dict[str, Any], out_dir: str, name: str = "train", length: int = 200, keep: int | None = 32768,
+              seed: int = 0, compat: bool = False, workers: int = 0, knowledge_filter: dict[str, Any] | None = None,
+              write_eval_json: bool = False) -> Path:
+    """Pack every question at L (200), drop those a model answers without context, keep the first N."""
+    questions, corpus, provenance = load_source(**source)
+    dataset = questions[0].dataset if questions else "empty"
+    counts: dict[str, Any] = {"source_questions": len(questions)}
+    if knowledge_filter and knowledge_filter.get("enabled", True):
+        questions = _apply_filter(questions, Path(out_dir) / f"{name}.filter.jsonl", knowledge_filter, counts)
+    questions = questions[:keep] if keep else questions
+    rows = build_grid(questions, corpus, [length], seed=seed, compat=compat, workers=workers)[length]
+    counts.update(rows=len(rows), paragraphs=sum(r["num_docs"] for r in rows))
+    config = {"length": length, "keep": keep, "seed": seed, "compat": compat, "knowledge_filter": knowledge_filter}
+    path = write_rl_parquet(Path(out_dir) / f"{name}.parquet", rows, data_source=dataset)
+    write_card(path, recipe=f"train_set/{dataset}", config=config, counts=counts, source=provenance)
+    if write_eval_json:
+        write_records(Path(out_dir) / f"{name}.json", rows)
+    return path
+
+
+def _apply_filter(questions: list[Question], log_path: Path, cfg: dict[str, Any], counts: dict[str, Any]) -> list[Question]:
+    from parser.backends import build_backend
+    from parser.backends.base import SamplingParams
+
+    from data_prep.knowledge_filter import DEFAULT_SAMPLING, parametric_filter
+
+    backend, tokenizer = build_backend(dict(cfg["backend"]))
+    sampling = SamplingParams(**{**DEFAULT_SAMPLING.__dict__, **dict(cfg.get("sampling") or {})})
+    limit = cfg.get("max_questions")  # the paper processed 41,027 questions to keep 32,768
+    pool = questions[:limit] if limit else questions
+    asked = [{"id": q.id, "question": q.question, "answers": list(q.answers)} for q in pool]
+
+    async def run() -> dict[str, dict[str, Any]]:
+        try:
+            return await parametric_filter(asked, backend, tokenizer, log_path=log_path, samples=int(cfg.get("samples", 3)),
+                                           sampling=sampling, concurrency=int(cfg.get("concurrency", 64)),
+                                           seed=int(cfg.get("seed", 0)), enable_thinking=bool(cfg.get("enable_thinking", False)))
+        finally:
+            await backend.aclose()
+
+    log = asyncio.run(run())
+    kept = [q for q in pool if not log[q.id]["answerable"]]
+    counts.update(filter_asked=len(pool), filter_dropped=len(pool) - len(kept), filter_kept=len(kept))
+    return kept
+
+
+def controlled(*, kind: str, source: dict[str, Any], out_dir: str, num_questions: int | None = 512, length: int = 6400,
+               seed: int = 0, select_mode: str = "random", starts: Sequence[int] = tuple(range(0, 100, 10)),
+               distances: Sequence[int] = (0, 200, 800, 1600, 2400, 3200), pad: int = 1600,
+               qtype: str | None = "bridge_comparison") -> dict[str, Path]:
+    """Position / order / distance sets (see `data_prep.controlled`), one file per variant."""
+    questions, corpus, provenance = load_source(**source)
+    dataset = questions[0].dataset if questions else "empty"
+    if kind == "position":
+        sets = ctl.position_sets(select(questions, num_questions, seed, select_mode), corpus, length=length, seed=seed, starts=starts)
+        names = {k: f"eval_{dataset}_{length}_position_{k}" for k in sets}
+    elif kind == "order":
+        eligible = [q for q in questions if (not qtype or q.qtype == qtype) and len(q.gold) >= 2 and q.evidences]
+        sets = ctl.order_sets(select(eligible, num_questions, seed, select_mode), corpus, length=length, seed=seed, qtype=qtype)
+        names = {k: f"eval_{dataset}_{length}_{k}" for k in sets}
+    elif kind == "distance":
+        eligible = [q for q in questions if len(q.gold) == 2]
+        sets = ctl.distance_sets(select(eligible, num_questions, seed, select_mode), corpus, distances=distances, pad=pad, seed=seed)
+        names = {k: f"eval_{dataset}_distance_{k}" for k in sets}
+    else:
+        raise ValueError(f"kind must be position, order or distance; got {kind!r}")
+    if not any(sets.values()):
+        raise DataError(f"no {dataset} question qualifies for the {kind} control")
+    config = {"kind": kind, "num_questions": num_questions, "length": length, "seed": seed, "starts": list(starts),
+              "distances": list(distances), "pad": pad, "qtype": qtype}
+    return {k: _write_eval(Path(out_dir), names[k], rows, recipe=f"controlled/{kind}/{dataset}", config=config, source=provenance)
+            for k, rows in sets.items()}
+
+
+def fetch_released(*, out_dir: str, which: str = "memagent", lengths: Sequence[int] = (50, 100, 200, 400, 800, 1600, 3200, 6400),
+                   revision: str | None = None) -> dict[int, Path]:
+    """Download MemAgent's (`which="memagent"`) or the authors' ("hqa_val" / "2wiki_val") eval files by name."""
+    from data_prep.sources import MEMAGENT_EVAL, PARSER_RELEASE, load_memagent_eval, load_parser_release
+
+    out = {}
+    for length in lengths:
+        rows = load_memagent_eval(length, revision) if which == "memagent" else load_parser_release(which, length, revision)
+        path = write_records(Path(out_dir) / f"eval_{length}.json", rows)
+        write_card(path, recipe=f"fetch_released/{which}", config={"length": length}, counts={"rows": len(rows)},
+                   source={"name": MEMAGENT_EVAL if which == "memagent" else f"{PARSER_RELEASE}/{which}", "revision": revision})
+        out[length] = path
+    return out
