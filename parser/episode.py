@@ -27,7 +27,7 @@ from typing import Any
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from parser import gather, prompts
-from parser.actions import parse_lead_output
+from parser.actions import parse_lead_output, split_thinking
 from parser.backends.base import Backend, BackendError, SamplingParams
 from parser.chunking import Chunk
 from parser.reader import ChunkReader
@@ -162,8 +162,8 @@ class EpisodeEngine:
             text = completion.text if completion.text else self.tokenizer.decode(token_ids, skip_special_tokens=False)
             text = text.removesuffix(END_OF_TURN)
             context.append_generation(token_ids, completion.logprobs)
-            context.messages.append({"role": "assistant", "content": text})
             action = parse_lead_output(text)
+            context.messages.append({"role": "assistant", "content": split_thinking(text)[1].strip(), "reasoning_content": action.thinking})
             turn = Turn(
                 index=turn_index, text=text, thinking=action.thinking, queries=[], answer=action.answer,
                 action_error=action.error, lead_tokens=len(token_ids), finish_reason=completion.finish_reason,

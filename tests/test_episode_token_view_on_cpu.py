@@ -1,0 +1,147 @@
+"""The training token view, checked against the real Qwen3.5 tokenizer and chat template.
+
+Only the model is scripted (the outer edge); prompts, parsing, gather, observation rendering
+and the token bookkeeping are the real engine. Run:
+    .venv/bin/pytest tests/test_episode_token_view_on_cpu.py -q
+"""
+import asyncio
+
+import pytest
+
+from parser import prompts
+from parser.backends.base import Completion
+from parser.chunking import chunk_document, render_paragraphs
+from parser.episode import EpisodeConfig, EpisodeEngine
+from parser.reader import ReaderReply
+
+CALL = "<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
+SCRIPT = [
+    # turn 1: two independent queries in one turn
+    ("Two facts are needed.\n</think>\n\n" + CALL.format("Who directed Zorvan?") + "\n" + CALL.format("When was Miro Tal born?"), "stop"),
+    # turn 2: cut at the token limit, mid-thought (no end-of-turn token)
+    ("I should double-check the director because", "length"),
+    # turn 3: neither a call nor an answer -> invalid-action hint
+    ("Done thinking.\n</think>\n\nThe director is Miro Tal.", "stop"),
+    # turn 4: the answer
+    ("So the answer follows.\n</think>\n\n<answer>Miro Tal</answer>", "stop"),
+]
+
+
+class ScriptedLead:
+    """Replays scripted generations as token ids, recording every prompt it was given."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.prompts, self.generated = [], []
+
+    async def generate(self, prompt, sampling, **_):
+        text, finish = SCRIPT[len(self.prompts)]
+        self.prompts.append(list(prompt))
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + ([self.end] if finish == "stop" else [])
+        self.generated.append(ids)
+        return Completion(text="", token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason=finish)
+
+    async def aclose(self):
+        pass
+
+
+class ScriptedReader:
+    async def read(self, query, chunk, doc_id):
+        if "directed" in query and 2 in chunk.paragraph_ids:
+            return ReaderReply('{"evidence": "Zorvan is a film directed by Miro Tal.", "answer": "Miro Tal"}')
+        if "born" in query and 3 in chunk.paragraph_ids:
+            return ReaderReply('{"evidence": "Miro Tal (born 3 May 1950)", "answer": "3 May 1950"}')
+        return ReaderReply('{"answer": "unknown"}')
+
+
+@pytest.fixture(scope="module")
+def episode(qwen3_5_tokenizer):
+    paragraphs = [f"Filler {i}\nNothing about films here, only weather number {i}." for i in range(1, 9)]
+    paragraphs[1] = "Zorvan\nZorvan is a film directed by Miro Tal."
+    paragraphs[2] = "Miro Tal\nMiro Tal (born 3 May 1950) is a fictional director."
+    chunks = chunk_document(render_paragraphs(paragraphs), qwen3_5_tokenizer, 40)
+    lead = ScriptedLead(qwen3_5_tokenizer)
+    engine = EpisodeEngine(lead, qwen3_5_tokenizer, ScriptedReader(), EpisodeConfig())
+    trajectory = asyncio.run(engine.run("Who directed Zorvan and when was the director born?", chunks, doc_id="d0"))
+    return trajectory, lead, qwen3_5_tokenizer
+
+
+def test_initial_prompt_is_the_template_with_tools_and_question_only(episode):
+    trajectory, lead, tok = episode
+    expected = tok.apply_chat_template(
+        [{"role": "system", "content": prompts.render("lead_system")},
+         {"role": "user", "content": prompts.render("lead_user", question=trajectory.question)}],
+        tools=prompts.lead_tools(), tokenize=False, add_generation_prompt=True, enable_thinking=True,
+    )
+    assert tok.decode(trajectory.prompt_ids) == expected
+    assert expected.endswith("<|im_start|>assistant\n<think>\n")
+    assert "Zorvan is a film" not in expected  # the lead never sees document text
+
+
+def test_each_turn_prompt_extends_the_previous_stream(episode):
+    trajectory, lead, _ = episode
+    stream = trajectory.prompt_ids + trajectory.response_ids
+    assert len(lead.prompts) == 4 and trajectory.answer == "Miro Tal" and trajectory.stop_reason == "answer"
+    for earlier, later in zip(lead.prompts, lead.prompts[1:]):
+        assert later[: len(earlier)] == earlier
+    for prompt, generated in zip(lead.prompts, lead.generated):
+        assert stream[: len(prompt)] == prompt
+        assert stream[len(prompt): len(prompt) + len(generated)] == generated
+
+
+def test_mask_is_one_exactly_on_generated_tokens(episode):
+    trajectory, lead, tok = episode
+    offset = len(trajectory.prompt_ids)
+    expected_mask = [0] * len(trajectory.response_ids)
+    for prompt, generated in zip(lead.prompts, lead.generated):
+        start = len(prompt) - offset
+        expected_mask[start: start + len(generated)] = [1] * len(generated)
+    assert trajectory.response_mask == expected_mask
+    assert sum(trajectory.response_mask) == sum(len(g) for g in lead.generated)
+    assert [lp for lp, m in zip(trajectory.response_logprobs, trajectory.response_mask) if m] == [-0.5] * sum(trajectory.response_mask)
+    assert all(lp == 0.0 for lp, m in zip(trajectory.response_logprobs, trajectory.response_mask) if not m)
+
+
+def _segments(trajectory):
+    """The mask-0 runs of the response, decoded."""
+    runs, current = [], []
+    for token, mask in zip(trajectory.response_ids, trajectory.response_mask):
+        if mask == 0:
+            current.append(token)
+        elif current:
+            runs.append(current)
+            current = []
+    return runs
+
+
+def test_observation_equals_template_rendering_of_the_tool_turn(episode):
+    trajectory, _, tok = episode
+    tool_turn = trajectory.turns[0]
+    observations = [q.observation for q in tool_turn.queries]
+    assert "[agent_" in observations[0] and "Miro Tal" in observations[0] and "3 May 1950" in observations[1]
+    expected = "\n<|im_start|>user\n" + "\n".join(f"<tool_response>\n{o}\n</tool_response>" for o in observations)
+    expected += "<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    first_observation = tok.decode(_segments(trajectory)[0])
+    assert first_observation == expected
+    # and it is what the template itself renders after this assistant turn
+    rendered = tok.apply_chat_template(trajectory.messages[:5], tools=prompts.lead_tools(), tokenize=False,
+                                       add_generation_prompt=True, enable_thinking=True)
+    assert rendered.endswith(expected)
+
+
+def test_truncated_turn_is_closed_before_the_observation(episode):
+    trajectory, lead, tok = episode
+    assert trajectory.turns[1].finish_reason == "length"
+    second_gap = tok.decode(_segments(trajectory)[1])
+    hint = prompts.render("invalid_action")
+    assert second_gap == f"<|im_end|>\n<|im_start|>user\n{hint}<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    assert trajectory.turns[1].action_error and trajectory.turns[2].action_error
+
+
+def test_turn_records_and_stats(episode):
+    trajectory, _, _ = episode
+    stats = trajectory.stats()
+    assert stats["num_turns"] == 4 and stats["invalid_actions"] == 2
+    assert stats["queries_per_turn"] == 0.5 and stats["subagent_failures"] == 0
+    assert trajectory.turns[0].queries[0].findings[0].evidence == "Zorvan is a film directed by Miro Tal."
