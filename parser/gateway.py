@@ -101,6 +101,7 @@ class Launch:
     url: str
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     ready_path: str = "/health"
+    metrics_url: str | None = None  # Prometheus endpoint base, where separate (the router's)
 
     def shell(self) -> str:
         import shlex
@@ -113,9 +114,10 @@ def worker_launches(workers: Mapping[str, Any], python: str = sys.executable) ->
     """The worker processes of `workers` (the `workers:` block of a serve config).
 
     sglang: one `python -m sglang.launch_server` per `gpus_per_worker` GPUs (CUDA_VISIBLE_DEVICES
-    set per worker); `args` are SGLang server flags. Set `num: 1` and `args.dp_size: 8` to let one
-    SGLang process own all GPUs instead (then the router sees one worker).
-    parser_serve / loopback: the project's CPU server / zero-compute worker, one per `num`.
+    set per worker, tensor parallel over them); `args` are SGLang server flags. Set `num: 1` and
+    `args.dp_size: 8` to let one SGLang process own all GPUs instead (the router sees one worker).
+    parser_serve / loopback: the project's CPU server / zero-compute worker, one per `num`, with
+    `local_args` as their flags (`args` are SGLang's and are not passed to them).
     """
     kind = _get(workers, "kind", "sglang")
     if kind not in WORKER_KINDS:
@@ -129,25 +131,29 @@ def worker_launches(workers: Mapping[str, Any], python: str = sys.executable) ->
     if ports and len(ports) != num:
         raise ValueError(f"workers.ports has {len(ports)} entries for workers.num={num}")
     args = dict(_get(workers, "args", {}))
+    local_args = flags(_get(workers, "local_args", {}), "workers.local_args")
+    per = int(_get(workers, "gpus_per_worker", 1))
+    if per > 1:
+        args.setdefault("tp_size", per)
+    first = int(_get(workers, "first_gpu", 0))
     launches = []
     for i in range(num):
         port = int(ports[i]) if ports else (base_port + i if base_port else free_port(host))
-        env: dict[str, str] = {}
+        env = {str(k): str(v) for k, v in _get(workers, "env", {}).items()}
         if kind == "sglang":
             model = _get(workers, "model_path")
             if not model:
                 raise ValueError("workers.model_path is required for workers.kind=sglang")
             argv = [python, "-m", "sglang.launch_server", "--model-path", str(model),
                     "--host", host, "--port", str(port), *flags(args, "workers.args")]
-            per = int(_get(workers, "gpus_per_worker", 1))
-            first = int(_get(workers, "first_gpu", 0))
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + i * per + g) for g in range(per))
         elif kind == "parser_serve":
-            argv = [python, "-m", "parser.serve", "--model", str(_get(workers, "model_path", "tiny-qwen3.5")),
-                    "--host", host, "--port", str(port), "--worker-id", f"w{i}", *flags(args, "workers.args")]
+            model = _get(workers, "cpu_model", "tiny-qwen3.5")
+            argv = [python, "-m", "parser.serve", "--model", str(model), "--host", host,
+                    "--port", str(port), "--worker-id", f"w{i}", *local_args]
         else:
             argv = [python, "-m", "parser.testing.loopback", "--host", host, "--port", str(port),
-                    "--worker-id", f"w{i}", *flags(args, "workers.args")]
+                    "--worker-id", f"w{i}", *local_args]
         launches.append(Launch(f"worker{i}", argv, http_url(host, port), env))
     return launches
 
@@ -198,9 +204,8 @@ def router_launch(router: Mapping[str, Any], worker_urls: Sequence[str], python:
             argv = [python, "-m", "parser.gateway", "router", *common]
         else:
             argv = [python, "-m", "sglang_router.launch_router", *common]
-    launch = Launch("router", argv, http_url(host, port), ready_path="/readiness")
-    launch.env["PARSER_GATEWAY_METRICS"] = http_url(host, args["prometheus_port"])
-    return launch
+    return Launch("router", argv, http_url(host, port), ready_path="/readiness",
+                  metrics_url=http_url(host, args["prometheus_port"]))
 
 
 def routing_header(policy: str) -> str | None:
@@ -319,7 +324,7 @@ class Gateway:
 
     @property
     def metrics_url(self) -> str:
-        return self.router.env["PARSER_GATEWAY_METRICS"]
+        return self.router.metrics_url
 
     @property
     def routing_header(self) -> str | None:

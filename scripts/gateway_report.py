@@ -193,7 +193,7 @@ async def run_workload(
             try:
                 async for attempt in AsyncRetrying(
                     stop=stop_after_attempt(max_attempts),
-                    wait=wait_exponential_jitter(initial=retry_backoff_s, max=10.0),
+                    wait=wait_exponential_jitter(multiplier=retry_backoff_s, max=10.0, jitter=retry_backoff_s),
                     retry=retry_if_exception(_retryable), reraise=True,
                 ):
                     with attempt:
