@@ -1,0 +1,19 @@
+"""ParSer inside verl 0.9.1's fully asynchronous GRPO trainer, through verl's plugin points only.
+
+Only the lead agent is trained; the frozen subagents sit behind the gateway. Each piece plugs
+into one documented verl extension point, so no verl file is copied or patched:
+
+| module | verl plugin point | job |
+|---|---|---|
+| `agent_loop` | `actor_rollout_ref.rollout.agent.agent_loop_config_path` (+ dataset `agent_name`) | run the core `EpisodeEngine` for one trajectory |
+| `server_manager` | the agent loop's `self.server_manager` | verl's rollout client as a `parser.backends.base.Backend` |
+| `reward` | `reward.custom_reward_function` | `compute_score`: EM on the extracted answer |
+| `sampler` | `trainer.v1.sampler.custom_sampler` | verl's async replay buffer, plus per-step ParSer metrics |
+| `metrics` | (pure functions) | trajectory stats -> logged step metrics |
+| `config_checks` / `train` | `verl.trainer.main_ppo.run_ppo` | fail fast on bad configs, then launch |
+
+    python -m parser.verl.train --config-name parser_4b parser.gateway_url=http://127.0.0.1:30000
+
+Importing this package does not import verl (the reward function runs in verl's reward
+workers, the metrics in tests without Ray); the modules that need verl import it themselves.
+"""

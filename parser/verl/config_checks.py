@@ -1,0 +1,68 @@
+"""Checks a composed training config before any GPU or Ray actor starts.
+
+Why it exists: verl asserts most of these deep inside a Ray actor, minutes into start-up (or,
+for the ParSer-specific ones, never). Each failure here names the config keys and what to
+set. `parser.verl.train` runs `check_train_config` first; the config test runs it on every
+shipped config.
+
+    python -m parser.verl.train --config-name train/parser_4b data.train_batch_size=256   # -> rejected
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class TrainConfigError(ValueError):
+    """A training config that would fail (or silently misbehave) once launched."""
+
+
+def check_train_config(config: Any, require_gateway: bool = True) -> None:
+    """Raise `TrainConfigError` listing every problem found in a composed trainer config."""
+    problems: list[str] = []
+    v1 = config.trainer.v1
+    actor = config.actor_rollout_ref.actor
+    rollout = config.actor_rollout_ref.rollout
+
+    if not config.trainer.use_v1 or v1.trainer_mode != "separate_async":
+        problems.append("trainer.use_v1=true and trainer.v1.trainer_mode=separate_async are required (fully async)")
+    sync_step = int(v1.separate_async.parameter_sync_step)
+    mini = int(actor.ppo_mini_batch_size)
+    batch = int(config.data.train_batch_size)
+    if batch != sync_step * mini:
+        problems.append(
+            f"data.train_batch_size={batch} must equal trainer.v1.separate_async.parameter_sync_step ({sync_step}) x "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size ({mini}) = {sync_step * mini}: one training step is "
+            f"parameter_sync_step mini-batch updates followed by a weight sync. Set data.train_batch_size={sync_step * mini}."
+        )
+    if int(rollout.nnodes) <= 0 or int(rollout.n_gpus_per_node) <= 0:
+        problems.append("actor_rollout_ref.rollout.nnodes and n_gpus_per_node must be > 0 (the standalone rollout pool)")
+    if rollout.checkpoint_engine.backend == "naive":
+        problems.append("actor_rollout_ref.rollout.checkpoint_engine.backend=naive cannot sync weights to a separate "
+                        "rollout pool; use nccl")
+    if "grad_offload" in actor.megatron:
+        problems.append("actor_rollout_ref.actor.megatron.grad_offload does not exist in verl 0.9.1 "
+                        "(param_offload also frees gradient buffers); remove it")
+    if actor.loss_agg_mode != "seq-mean-token-mean":
+        problems.append(f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode}: the paper's objective is "
+                        "seq-mean-token-mean (1/|y_i| per trajectory)")
+    if not rollout.calculate_log_probs:
+        problems.append("actor_rollout_ref.rollout.calculate_log_probs=false: the rollout-vs-actor gap cannot be logged")
+    if int(rollout.response_length) + int(rollout.prompt_length) > int(actor.ppo_max_token_len_per_gpu) and actor.use_dynamic_bsz:
+        problems.append(
+            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} < prompt_length + "
+            f"response_length = {int(rollout.prompt_length) + int(rollout.response_length)}: one trajectory cannot fit"
+        )
+    if not rollout.agent.agent_loop_config_path:
+        problems.append("actor_rollout_ref.rollout.agent.agent_loop_config_path is not set (configs/train/agent_loop.yaml)")
+    parser_cfg = config.get("parser")
+    if parser_cfg is None:
+        problems.append("no `parser:` block (compose from configs/train/parser_base.yaml)")
+    else:
+        per_turn = int(parser_cfg.episode.max_tokens_per_turn)
+        if per_turn > int(rollout.response_length):
+            problems.append(f"parser.episode.max_tokens_per_turn={per_turn} > rollout.response_length={rollout.response_length}")
+        if require_gateway and not parser_cfg.get("gateway_url"):
+            problems.append("parser.gateway_url is not set: the subagents' gateway URL "
+                            "(export PARSER_GATEWAY_URL=http://host:port or pass parser.gateway_url=...)")
+    if problems:
+        raise TrainConfigError("training config rejected:\n  - " + "\n  - ".join(problems))

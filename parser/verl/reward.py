@@ -1,0 +1,60 @@
+"""The training reward: binary exact match of the lead's final answer (paper §2.3).
+
+Two doors, one definition (`parser.reward.exact_match`):
+- the agent loop scores its own trajectory (`score_answer`) and sets `reward_score`, so verl's
+  reward workers are skipped and dynamic sampling sees the reward as soon as a group finishes;
+- `compute_score` is verl's reward-manager signature, for the `reward.custom_reward_function`
+  path (`pkg://parser.verl.reward`, name `compute_score`). There `solution_str` is the decoded
+  *whole* response, observations included — a subagent's finding quoted in an observation
+  must never count as the lead's answer — so the answer is read from `extra_info`, where the
+  agent loop's `extra_fields` land (verl's naive reward manager merges them in).
+
+No verl import: this module is loaded by verl's reward workers and by plain tests alike.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from parser.reward import exact_match
+
+ANSWER_KEY = "parser_answer"  # extra_fields key the agent loop writes the extracted answer to
+
+
+def gold_answers(ground_truth: Any) -> list[str]:
+    """Gold answers as a list of strings, whatever container parquet/numpy handed over."""
+    if ground_truth is None:
+        return []
+    if isinstance(ground_truth, str):
+        return [ground_truth]
+    if hasattr(ground_truth, "tolist"):
+        ground_truth = ground_truth.tolist()
+    if isinstance(ground_truth, Iterable):
+        return [str(g) for g in ground_truth]
+    return [str(ground_truth)]
+
+
+def score_answer(answer: str | None, ground_truth: Any) -> float:
+    """1.0 if the lead's extracted answer exactly matches a gold answer, else 0.0 (no answer: 0)."""
+    golds = gold_answers(ground_truth)
+    if not golds:
+        raise ValueError("reward: no gold answers (reward_model.ground_truth is empty)")
+    return exact_match(answer, golds)
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict[str, Any] | None = None,
+    **_: Any,
+) -> dict[str, float]:
+    """verl reward-manager entry point. Returns {"score", "acc"}; "acc" is what verl's
+    validation tables report."""
+    if not extra_info or ANSWER_KEY not in extra_info:
+        raise KeyError(
+            f"parser.verl.reward.compute_score: extra_info has no {ANSWER_KEY!r} (data_source={data_source!r}). "
+            "The response text includes observation tokens, so it cannot be scored; run the rollout with "
+            "agent_name=parser_agent (parser.verl.agent_loop.ParserAgentLoop), which records the answer."
+        )
+    score = score_answer(extra_info[ANSWER_KEY], ground_truth)
+    return {"score": score, "acc": score}

@@ -1,0 +1,57 @@
+"""verl's async replay buffer, unchanged, plus ParSer's per-step metrics on what it samples.
+
+Why it exists: verl 0.9.1's v1 trainer logs fixed fields per step (reward, lengths, turns,
+staleness) but has no hook for an agent loop's own statistics. The replay buffer is the one
+documented plugin point whose returned metrics go straight into the step's log
+(`trainer.v1.sampler.custom_sampler`), and it is where a step's trajectories are chosen. So
+this subclass calls verl's `ReplayBufferAsync.sample` — staleness control, dynamic-sampling
+eviction and refill all stay verl's — then reads the sampled trajectories' `parser_stats`
+from TransferQueue and adds `parser.verl.metrics.step_metrics` to the returned metrics.
+
+    trainer.v1.sampler.custom_sampler.path=pkg://parser.verl.sampler
+    trainer.v1.sampler.custom_sampler.name=ParserReplayBuffer
+    trainer.v1.sampler.sampler_kwargs.dynamic_sampling=${algorithm.filter_groups.enable}
+    trainer.v1.sampler.sampler_kwargs.filter_groups_metric=${algorithm.filter_groups.metric}
+
+verl hands a custom sampler no `filter_groups_metric` (custom samplers "own their filtering"),
+so dynamic sampling is passed through `sampler_kwargs` from `algorithm.filter_groups` — one
+switch for both paths.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import transfer_queue as tq
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+
+from parser.verl.metrics import step_metrics
+
+logger = logging.getLogger(__name__)
+
+
+class ParserReplayBuffer(ReplayBufferAsync):
+    def __init__(self, *args: Any, sampler_kwargs: Any = None, **kwargs: Any):
+        sampler_kwargs = dict(sampler_kwargs or {})
+        if sampler_kwargs.get("dynamic_sampling"):
+            kwargs.setdefault("filter_groups_metric", str(sampler_kwargs.get("filter_groups_metric") or "reward"))
+        super().__init__(*args, sampler_kwargs=sampler_kwargs, **kwargs)
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int):
+        batch, metrics = super().sample(global_steps, partition_id, batch_size)
+        if partition_id == "train" and batch.keys:
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=partition_id, select_fields=["extra_fields"])
+            metrics.update(metrics_from_extra_fields(data["extra_fields"]))
+        return batch, metrics
+
+
+def metrics_from_extra_fields(extra_fields: Any) -> dict[str, float]:
+    """Step metrics from the `extra_fields` of sampled trajectories (dicts, or a NonTensorStack)."""
+    rows = extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
+    rows = [r for r in rows if isinstance(r, dict)]
+    stats = [r.get("parser_stats") for r in rows if r.get("parser_stats")]
+    rewards = [r["reward_extra_info"]["acc"] for r in rows if "acc" in (r.get("reward_extra_info") or {})]
+    if len(stats) < len(rows):
+        logger.warning("%d of %d sampled trajectories carry no parser_stats (not from parser_agent?)",
+                       len(rows) - len(stats), len(rows))
+    return step_metrics(stats, rewards)

@@ -1,0 +1,91 @@
+"""verl's rollout client (`AgentLoopBase.server_manager`) seen as a ParSer `Backend`.
+
+Why it exists: the episode engine talks to every model through `Backend.generate`; during
+training the lead is served by verl's SGLang replicas, reached only through
+`server_manager.generate(request_id, prompt_ids=..., sampling_params=...)` (verl 0.9.1
+`LLMServerClient` / `FullyAsyncLLMServerClient`), which returns a `TokenOutput` with
+`token_ids`, `log_probs` and `stop_reason`. This adapter is that translation and nothing else.
+
+Who decides what:
+- verl owns the sampling *policy*: `temperature`, `top_p`, `top_k`, `repetition_penalty` and
+  `logprobs` come from the dict verl hands the agent loop (rollout.* for training,
+  rollout.val_kwargs.* for validation), so validation really is greedy.
+- the engine owns the per-turn *budget*: `max_tokens` = min(2048, what is left of
+  rollout.response_length), set on every call (verl would otherwise default it to the whole
+  response length).
+- one `request_id` per trajectory: verl's sticky sessions keep every turn of a trajectory on
+  the replica that already holds its KV prefix. The engine passes the id the agent loop gave
+  `EpisodeEngine.run(..., request_id=)` on every turn; the adapter refuses a call without one.
+
+It never raises on model output. An `aborted` stop reason (a weight sync interrupted the
+request and partial rollout is off) is a transport failure: `BackendError(retryable=True)`.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from parser.backends.base import BackendError, Completion, Prompt, SamplingParams
+
+# verl's sampling keys that the adapter passes through untouched.
+POLICY_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "logprobs")
+
+
+class ServerManagerBackend:
+    """`Backend` over verl's server manager (token-id prompts only), for one sampling policy."""
+
+    def __init__(self, server_manager: Any, sampling_params: Mapping[str, Any]):
+        self.server_manager = server_manager
+        self.policy = {k: sampling_params[k] for k in POLICY_KEYS if k in sampling_params}
+
+    def sampling_dict(self, sampling: SamplingParams) -> dict[str, Any]:
+        params = {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "logprobs": sampling.return_logprobs,
+        }
+        params.update(self.policy)
+        params["max_tokens"] = sampling.max_new_tokens
+        if sampling.stop:
+            params["stop"] = list(sampling.stop)
+        if sampling.seed is not None:
+            params["seed"] = sampling.seed
+        return params
+
+    async def generate(
+        self,
+        prompt: Prompt,
+        sampling: SamplingParams,
+        *,
+        routing_key: str | None = None,
+        request_id: str | None = None,
+    ) -> Completion:
+        if isinstance(prompt, str) or (prompt and not isinstance(prompt[0], int)):
+            raise BackendError(
+                "ServerManagerBackend takes token-id prompts only (the lead's exact token stream); "
+                f"got {type(prompt[0] if prompt else prompt).__name__}",
+                retryable=False,
+            )
+        if not request_id:
+            raise BackendError("ServerManagerBackend needs the trajectory's request_id (sticky session)", retryable=False)
+        prompt_ids = [int(t) for t in prompt]
+        params = self.sampling_dict(sampling)
+        output = await self.server_manager.generate(request_id, prompt_ids=prompt_ids, sampling_params=params)
+        stop_reason = getattr(output, "stop_reason", None)
+        if stop_reason in ("aborted", "abort"):
+            raise BackendError(f"verl rollout aborted request {request_id} (weight sync?)", retryable=True)
+        token_ids = [int(t) for t in output.token_ids]
+        logprobs = [float(x) for x in output.log_probs] if output.log_probs else None
+        hit_limit = stop_reason == "length" or len(token_ids) >= sampling.max_new_tokens
+        extra = getattr(output, "extra_fields", None) or {}
+        return Completion(
+            text="",  # the engine decodes token_ids with the lead tokenizer itself
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason="length" if hit_limit else "stop",
+            prompt_tokens=len(prompt_ids),
+            cached_tokens=int(extra.get("num_cached_tokens") or 0),
+        )
+
+    async def aclose(self) -> None:
+        """Nothing to close: verl owns the client."""

@@ -1,0 +1,142 @@
+"""Every shipped training config composes with verl 0.9.1's schema and says what Table 9 says.
+
+    .venv/bin/pytest tests/test_verl_configs_on_cpu.py -q
+
+Composition goes through Hydra exactly as `python -m parser.verl.train` does (our configs/ dir,
+verl's configs via `hydra.searchpath`), then through verl's own `validate_config` and its
+dataclass schema (`omega_conf_to_dataclass`), so a renamed or removed verl key fails here.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("verl")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.errors import ConfigCompositionException  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from parser.episode import EpisodeConfig  # noqa: E402
+from parser.verl.agent_loop import episode_config  # noqa: E402
+from parser.verl.config_checks import TrainConfigError, check_train_config  # noqa: E402
+from parser.verl.train import CONFIG_DIR, prepare  # noqa: E402
+
+SHIPPED = sorted(f"train/{p.stem}" for p in (CONFIG_DIR / "train").glob("parser_*.yaml") if p.stem != "parser_base")
+GATEWAY = "parser.gateway_url=http://127.0.0.1:30000"
+
+
+def compose_config(name: str, overrides: list[str] = ()):  # type: ignore[assignment]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name=name, overrides=list(overrides))
+
+
+def test_shipped_configs_are_the_4b_and_9b_runs():
+    assert SHIPPED == ["train/parser_4b", "train/parser_9b"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_config_composes_and_passes_verl_validation(name):
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    from verl.workers.config import McoreActorConfig, RolloutConfig
+
+    config = prepare(compose_config(name, [GATEWAY]))
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    assert need_reference_policy(config) and not need_critic(config)  # KL loss needs the ref; GRPO has no critic
+
+    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+    algorithm = omega_conf_to_dataclass(config.algorithm)
+    assert isinstance(actor, McoreActorConfig) and isinstance(rollout, RolloutConfig) and isinstance(algorithm, AlgoConfig)
+
+    # Table 9, actor optimisation
+    assert actor.optim.optimizer == "adam" and actor.optim.lr == 1e-6
+    assert actor.optim.lr_warmup_steps == 15 and actor.optim.lr_decay_style == "constant"
+    assert tuple(actor.optim.betas) == (0.9, 0.999) and actor.optim.weight_decay == 0.01
+    assert actor.optim.clip_grad == 1.0
+    assert actor.ppo_mini_batch_size == 128  # prompts; the workers multiply by rollout.n
+    assert (actor.clip_ratio, actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.2, 0.2)
+    assert actor.entropy_coeff == 0
+    assert actor.use_kl_loss and actor.kl_loss_coef == 1e-3 and actor.kl_loss_type == "low_var_kl"
+    assert actor.loss_agg_mode == "seq-mean-token-mean"
+    # Megatron backend
+    mg = actor.megatron
+    assert (mg.tensor_model_parallel_size, mg.pipeline_model_parallel_size, mg.context_parallel_size,
+            mg.expert_model_parallel_size) == (1, 1, 1, 1)
+    assert mg.param_offload and mg.optimizer_offload and mg.dtype == "bfloat16"
+    assert actor.strategy == "megatron"
+    # asynchronous training
+    assert rollout.name == "sglang" and rollout.mode == "async" and rollout.gpu_memory_utilization == 0.8
+    assert (rollout.nnodes, rollout.n_gpus_per_node) == (1, 4)
+    assert (config.trainer.nnodes, config.trainer.n_gpus_per_node) == (1, 2)
+    assert rollout.checkpoint_engine.backend == "nccl"
+    t = config.trainer
+    assert t.use_v1 and t.v1.trainer_mode == "separate_async"
+    assert t.v1.separate_async.parameter_sync_step == 4 and t.v1.sampler.max_off_policy_threshold == 2
+    assert config.data.train_batch_size == 4 * 128
+    assert config.algorithm.filter_groups.enable and t.v1.sampler.sampler_kwargs.dynamic_sampling
+    assert t.save_freq == 10 and t.resume_mode == "auto"
+    # lead agent
+    assert algorithm.adv_estimator == "grpo" and rollout.n == 5
+    assert (rollout.temperature, rollout.top_p, rollout.top_k) == (1.0, 1.0, -1)
+    assert rollout.calculate_log_probs
+    # episode (the engine's config, bounded by verl's response length)
+    ep = episode_config(OmegaConf.to_container(config.parser.episode), rollout.response_length)
+    assert isinstance(ep, EpisodeConfig)
+    assert (ep.max_turns, ep.max_tokens_per_turn, ep.chunk_size) == (9, 2048, 512)
+    assert (ep.subagent_temperature, ep.subagent_max_tokens) == (0.7, 512)
+    assert ep.max_response_tokens == config.data.max_response_length
+    # plugin points resolve to our code
+    assert config.reward.custom_reward_function.path == "pkg://parser.verl.reward"
+    assert os.path.isabs(config.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+
+
+def test_model_paths_differ_by_size():
+    paths = {name: compose_config(name, [GATEWAY]).actor_rollout_ref.model.path for name in SHIPPED}
+    assert paths == {"train/parser_4b": "Qwen/Qwen3.5-4B", "train/parser_9b": "Qwen/Qwen3.5-9B"}
+
+
+def test_agent_loop_yaml_registers_parser_agent():
+    from hydra.utils import get_class
+
+    entries = OmegaConf.load(CONFIG_DIR / "train" / "agent_loop.yaml")
+    (entry,) = [e for e in entries if e.name == "parser_agent"]
+    cls = get_class(entry._target_)
+    from verl.experimental.agent_loop import AgentLoopBase
+
+    assert issubclass(cls, AgentLoopBase)
+
+
+def test_batch_invariant_fails_with_a_clear_message():
+    config = compose_config("train/parser_4b", [GATEWAY, "data.train_batch_size=256"])
+    with pytest.raises(TrainConfigError, match=r"data.train_batch_size=256 must equal .*parameter_sync_step \(4\) x .*"
+                                               r"ppo_mini_batch_size \(128\) = 512"):
+        prepare(config)
+
+
+def test_missing_gateway_is_rejected(monkeypatch):
+    monkeypatch.delenv("PARSER_GATEWAY_URL", raising=False)
+    config = compose_config("train/parser_4b")
+    with pytest.raises(TrainConfigError, match="parser.gateway_url is not set"):
+        prepare(config)
+
+
+def test_gateway_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("PARSER_GATEWAY_URL", "http://10.0.0.7:30000")
+    config = prepare(compose_config("train/parser_4b"))
+    assert config.parser.gateway_url == "http://10.0.0.7:30000"
+
+
+def test_removed_grad_offload_key_fails_hydra_validation():
+    with pytest.raises(ConfigCompositionException, match="grad_offload"):
+        compose_config("train/parser_4b", [GATEWAY, "actor_rollout_ref.actor.megatron.grad_offload=true"])
+
+
+def test_naive_weight_sync_is_rejected():
+    config = compose_config("train/parser_4b", [GATEWAY, "actor_rollout_ref.rollout.checkpoint_engine.backend=naive"])
+    with pytest.raises(TrainConfigError, match="naive"):
+        check_train_config(config)
