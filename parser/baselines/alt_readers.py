@@ -11,13 +11,14 @@ from typing import Any, Mapping
 
 from parser.methods import MethodResult, Models, Sample, register_method
 from parser.parser_method import ParSerMethod
-from parser.readers import build_reader
 
 
 class _ReaderVariant:
     reader_type = "direct"
 
     def __init__(self, models: Models, *, episode: Mapping[str, Any] | None = None, reader: Mapping[str, Any] | None = None):
+        from parser.readers import build_reader  # parser.readers imports parser.baselines: import late
+
         self.reader = build_reader({"type": self.reader_type, **(reader or {})}, models)
         self.inner = ParSerMethod(models, episode=dict(episode or {}), reader=self.reader)
 

@@ -1,0 +1,105 @@
+"""Alternative ParSer subagents (paper Table 5) inside the real episode engine.
+
+    .venv/bin/pytest tests/test_dci_reader_on_cpu.py -q
+
+The lead and the subagents are one scripted model (only the model is faked); the engine,
+gather, chunking, the DCI sandbox and its grep processes are real. The DCI subagent greps its
+own chunk for the queried name and replies with JSON only when its chunk holds it, so the
+lead's observation must contain exactly the chunks that mention the name.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+
+from parser.backends.base import Completion
+from parser.chunking import chunk_document
+from parser.methods import Models, Sample, build_method
+from parser.readers import DCIReader, ThinkingReader
+
+
+class ScriptedModel:
+    def __init__(self, script):
+        self.script, self.prompts = script, []
+
+    async def generate(self, prompt, sampling, *, routing_key=None, request_id=None):
+        text = prompt if isinstance(prompt, str) else None
+        self.prompts.append(text)
+        return Completion(text=self.script(text, prompt), finish_reason="stop")
+
+    async def aclose(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def sample():
+    from data_prep.synthetic_world import build_synthetic_eval
+
+    row = build_synthetic_eval(num_questions=1, lengths=(30,), seed=5)[0]
+    return Sample.from_record(row)
+
+
+def test_parser_with_dci_subagents_finds_the_right_chunks(sample, tiny_tokenizer):
+    name = sample.context.split("\n")[1]  # the first paragraph's title: an entity of the world
+    query_call = f'<tool_call>{{"name": "query_agents", "arguments": {{"query": "Who is {name}?"}}}}</tool_call>'
+
+    def script(text, prompt):
+        if text is None:  # the lead: token ids from the engine
+            decoded = tiny_tokenizer.decode(prompt)
+            return "</think><answer>done</answer><|im_end|>" if "<tool_response>" in decoded else "plan</think>" + query_call + "<|im_end|>"
+        if "Query: Who is" in text and "<tool_response>" not in text:  # a DCI subagent's first turn
+            return f'</think><tool_call>{{"name": "bash", "arguments": {{"command": "grep -rl \'{name}\' ."}}}}</tool_call>'
+        hits = re.findall(r"doc_(\d+)\.txt", text.rsplit("<tool_response>", 1)[-1])
+        if hits:
+            return json.dumps({"evidence": f"Document {int(hits[0])}", "answer": f"found in doc {int(hits[0])}"})
+        return '{"answer": "unknown"}'
+
+    model = ScriptedModel(script)
+    models = Models(model, tiny_tokenizer, model, tiny_tokenizer)
+    method = build_method("parser_dci", models, episode={"chunk_size": 600, "max_turns": 3, "lead_temperature": 0.0})
+    result = asyncio.run(method.run(sample))
+    chunks = chunk_document(sample.context, tiny_tokenizer, 600)
+    holding = {c.index for c in chunks if name in c.text}
+    query = result.record["turns"][0]["queries"][0]
+    assert result.answer == "done" and result.steps == 2 and len(chunks) > 2
+    assert 0 < len(holding) < len(chunks)  # some chunks hold the name, others must stay silent
+    reported = {int(a.split("_")[1]) for f in query["findings"] for a in [f["agent"], *f["merged_agents"]]}
+    assert reported == holding
+    root = method.reader.root
+    assert root.exists() and not any(root.iterdir())  # the sample's chunk corpora are gone
+    asyncio.run(method.aclose())
+    assert not root.exists()
+
+
+def test_dci_reader_reuses_one_corpus_per_chunk(sample, tiny_tokenizer):
+    model = ScriptedModel(lambda text, prompt: '{"answer": "unknown"}')
+    reader = DCIReader(model, tiny_tokenizer)
+    chunk = chunk_document(sample.context, tiny_tokenizer, 600)[1]
+    for query in ("a?", "b?"):
+        reply = asyncio.run(reader.read(query, chunk, "doc-1"))
+        assert reply.text == '{"answer": "unknown"}' and reply.completion_tokens > 0
+    assert len(reader._sandboxes) == 1
+    files = sorted(p.name for p in next(iter(reader._sandboxes.values())).root.iterdir())
+    assert files == [f"doc_{i:05d}.txt" for i in chunk.paragraph_ids]
+    reader.close()
+
+
+def test_thinking_reader_hands_gather_only_the_reply(tiny_tokenizer):
+    from parser.chunking import Chunk
+    from parser.gather import parse_reply
+
+    chunk = Chunk(0, "Document 1:\nLake Y\nLake Y lies north.", (1,), 10)
+    replies = iter([
+        'Maybe {"answer": "guess"}? No.</think>\n{"evidence": "Lake Y lies north.", "answer": "north"}',
+        'thinking {"answer": "guess"} and cut off',
+    ])
+    model = ScriptedModel(lambda text, prompt: next(replies))
+    reader = ThinkingReader(model, tiny_tokenizer)
+    first = asyncio.run(reader.read("Where is Lake Y?", chunk, "d"))
+    assert parse_reply(first.text) == ("north", "Lake Y lies north.")
+    assert model.prompts[0].endswith("<think>\n")  # thinking is on
+    second = asyncio.run(reader.read("Where is Lake Y?", chunk, "d"))
+    assert second.text == "" and parse_reply(second.text) is None
