@@ -24,6 +24,7 @@ import collections
 import csv
 import io
 import math
+import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -114,8 +115,11 @@ def _fmt(x: float | None) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
 
 
-def _length_header(L: int) -> str:
-    return f"{L} ({paper_numbers.TOKENS[L]})" if L in paper_numbers.TOKENS else str(L)
+def _length_header(L: int, dataset: str = "") -> str:
+    """Paragraph count, plus the paper's approximate token length for its own datasets."""
+    if dataset in paper_numbers.SUB_EM and L in paper_numbers.TOKENS:
+        return f"{L} ({paper_numbers.TOKENS[L]})"
+    return str(L)
 
 
 def table_to_markdown(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -149,9 +153,9 @@ def table_to_csv(header: Sequence[str], body: Sequence[Sequence[str]], extra: Se
     return buf.getvalue()
 
 
-def accuracy_rows(table: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def accuracy_rows(table: dict[str, Any], dataset: str) -> tuple[list[str], list[list[str]]]:
     lengths = table["lengths"]
-    header = ["Backbone", "Method", *(_length_header(L) for L in lengths), "Max δ", "Avg."]
+    header = ["Backbone", "Method", *(_length_header(L, dataset) for L in lengths), "Max δ", "Avg."]
     body = [[backbone, label, *(_fmt(values.get(L)) for L in lengths), _fmt(delta), _fmt(avg)]
             for backbone, label, values, delta, avg, _ in table["lines"]]
     return header, body
@@ -238,8 +242,8 @@ def plot_accuracy(tables: dict[str, dict[str, Any]], fig_dir: Path) -> list[Path
             style = "--" if label.endswith("(paper)") else "-o"
             ax.plot(xs, [values[x] for x in xs], style, label=f"{label} · {backbone}", alpha=0.6 if style == "--" else 1)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(table["lengths"], [_length_header(L) for L in table["lengths"]], rotation=30, fontsize=8)
-        ax.set_xlabel("document length: paragraphs (~tokens)")
+        ax.set_xticks(table["lengths"], [_length_header(L, dataset) for L in table["lengths"]], rotation=30, fontsize=8)
+        ax.set_xlabel("document length (paragraphs)")
         ax.set_ylabel("Sub_EM (%)")
         ax.set_title(f"Accuracy vs length · {DATASET_TITLES.get(dataset, dataset)}")
         ax.legend(fontsize=7)
@@ -329,7 +333,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
     tables = accuracy_table(rows, with_paper)
     md, tex, csv_parts = [], [], []
     for dataset, table in tables.items():
-        header, body = accuracy_rows(table)
+        header, body = accuracy_rows(table, dataset)
         title = f"Accuracy (Sub_EM %) · {DATASET_TITLES.get(dataset, dataset)}"
         md.append(f"## {title}\n\n" + table_to_markdown(header, body))
         tex.append(table_to_latex(header, body, title))
@@ -405,7 +409,9 @@ def _join_csv(parts: Sequence[str]) -> str:
 
 
 def _slug(path: Path) -> str:
-    return "_".join(path.resolve().parts[-3:]).replace(" ", "_")
+    """A file name for a run directory: its last three path parts, safe characters only."""
+    parts = [p for p in path.resolve().parts[-3:] if p not in ("/", "")]
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts)) or "run"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

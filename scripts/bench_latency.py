@@ -1,0 +1,91 @@
+"""CPU latency bench: ParSer vs the sequential-memory baseline (MemAgent), the paper's Table 2 /
+Figure 3 at CPU scale.
+
+Both methods run through `eval.run` on the same synthetic-world samples at a few lengths with a
+real small instruct model (SmolLM2-135M, shipped offline by a PyPI package), one run,
+concurrency 1. Printed per length: amortized seconds per sample (subset wall time / subset
+size, as in the paper), mean sequential steps (ParSer: lead turns; MemAgent: chunks + 1), and
+the MemAgent/ParSer ratios — all from this one invocation. If no "memagent" method is
+registered yet, ParSer is timed alone and the ratios are skipped. Each method writes a normal
+eval run directory, so `python -m eval.report outputs/bench` draws the speedup plot.
+
+    .venv/bin/python scripts/bench_latency.py                         # ~ a few minutes on 2 cores
+    .venv/bin/python scripts/bench_latency.py dataset.lengths=[16,64] dataset.num_questions=1
+    .venv/bin/python scripts/bench_latency.py --methods parser        # any registered methods
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from eval.report import latency_table, load, speedups, table_to_markdown  # noqa: E402
+from eval.run import evaluate  # noqa: E402
+from eval.paper_numbers import ROW_NAMES  # noqa: E402
+
+CONFIGS = ROOT / "configs"
+
+
+def method_available(name: str) -> bool:
+    from parser import methods
+
+    try:
+        import parser.baselines  # noqa: F401
+    except ImportError:
+        pass
+    import parser.parser_method  # noqa: F401
+
+    return name in methods._REGISTRY and (CONFIGS / "eval" / "method" / f"{name}_cpu.yaml").exists()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of configs/eval/bench_cpu.yaml")
+    ap.add_argument("--methods", nargs="+", default=["parser", "memagent"], help="first one is the reference")
+    ap.add_argument("--out", default="outputs/bench", help="run directories go here (replaced)")
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    out = Path(args.out)
+    if out.exists():
+        shutil.rmtree(out)  # one invocation = one measurement; never mix with an older run
+    methods = [m for m in args.methods if method_available(m)]
+    for m in set(args.methods) - set(methods):
+        print(f"[bench] method {m!r} is not registered (or has no configs/eval/method/{m}_cpu.yaml); skipped")
+    rows = {}
+    start = time.perf_counter()
+    with initialize_config_dir(config_dir=str(CONFIGS / "eval"), version_base="1.3"):
+        for m in methods:
+            rows[m] = ROW_NAMES.get(m, m)
+            cfg = compose("bench_cpu", overrides=[f"hydra.searchpath=[file://{CONFIGS}]", f"method={m}_cpu",
+                                                  f"report.row={rows[m]}", f"out_dir={out / m}", *args.overrides])
+            print(f"[bench] {m}: lengths {list(cfg.dataset.lengths)}, {cfg.dataset.num_questions} samples each")
+            status = asyncio.run(evaluate(cfg))
+            if status:
+                print(f"[bench] {m}: some samples failed; see {out / m}/errors.jsonl")
+
+    results, timings = load([out / m for m in methods])
+    latency = latency_table(results, timings)
+    header = ["method", "length (paragraphs)", "s/sample", "steps", "samples"]
+    print("\n" + table_to_markdown(header, [[e["row"], str(e["length"]), f"{e['amortized_s']:.2f}", f"{e['steps']:.1f}",
+                                             str(e["samples"])] for e in latency]))
+    ratios = speedups(latency, parser_row=rows[methods[0]]) if methods else []
+    if ratios:
+        print(table_to_markdown(["baseline", "length", "time ratio (baseline / ParSer)", "steps ratio"],
+                                [[s["baseline"], str(s["length"]), f"{s['speedup']:.2f}x", f"{s['steps_ratio']:.2f}x"]
+                                 for s in ratios]))
+    print(f"[bench] total {time.perf_counter() - start:.0f} s; run directories under {out}/ "
+          f"(python -m eval.report {out} --out {out}/report)")
+
+
+if __name__ == "__main__":
+    main()
