@@ -1,0 +1,347 @@
+"""In-process transformers backend: the CPU default, with a per-prefix KV cache.
+
+Why it exists: the episode engine must run end to end on a laptop/CI CPU with real models
+(tiny random Qwen3/Qwen3.5, SmolLM2, or any small hub checkpoint), returning what a SGLang
+server returns: token ids, per-token logprobs, finish reason, prompt and cached token counts.
+
+    backend = TransformersBackend(model, tokenizer)
+    backend = TransformersBackend.from_pretrained("Qwen/Qwen3-0.6B")      # real users (hub/local)
+    c = await backend.generate(ids_or_text, SamplingParams(max_new_tokens=64, temperature=0),
+                               routing_key="doc7:3")
+
+Prefix cache (the CPU analogue of SGLang's RadixCache). Subagent prompts are
+`instructions + chunk + query` and come back every round with a new query; the lead's prompt
+grows by one turn per round. Each cache entry is keyed by `routing_key` (subagents:
+"doc_id:chunk_index"), else `request_id` (the lead's trajectory), else one shared slot, and
+holds the model state after the previous prompt (plus the tokens generated from it). The
+reusable length is the longest common prefix of the new prompt with that entry's tokens.
+- Attention layers: the KV cache is cropped to the reuse point.
+- Linear-attention (recurrent) layers, as in Qwen3.5's Gated DeltaNet, fold the whole prefix
+  into a fixed-size state that cannot be cropped. We keep snapshots of that state at chosen
+  positions and resume from the latest snapshot at or before the common prefix: at the exact
+  common-prefix boundary once it is known (from the second prompt of a key on, the
+  instructions+chunk prefix is never recomputed), every `checkpoint_every` tokens during
+  prefill (so the second prompt recomputes less than that many prefix tokens), and at the
+  end of the cached tokens (the lead's next turn extends its previous one).
+The cache is bounded by entry count and total cached tokens (LRU).
+
+Logprobs: of each chosen token under log_softmax(logits / temperature) (temperature 1 for
+greedy), before top-k/top-p filtering: SGLang's default (`SGLANG_RETURN_ORIGINAL_LOGPROB`
+unset) and what verl's actor recomputes. `logprobs_before_temperature=True` gives
+log_softmax(logits) instead. Sampling order: temperature, top-k, top-p, then a draw from a
+per-request `torch.Generator` seeded with `SamplingParams.seed`.
+
+Output conventions (SGLang's): `token_ids` include the EOS/<|im_end|> token that ended the
+turn, `text` does not (special tokens are skipped, tags like <think>/<tool_call> are kept); a
+stop string ends generation and is cut from `text`, while `token_ids` keep the tokens
+generated up to and including the one that completed it.
+
+Concurrency: generation is blocking torch code; it runs in a worker thread under a lock, so
+the asyncio loop stays responsive and concurrent calls are serialized safely.
+
+Must never: download from a hub when offline (from_pretrained honours HF_HUB_OFFLINE).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import threading
+from typing import Any, Sequence
+
+import torch
+
+from parser.backends.base import BackendError, Completion, Prompt, SamplingParams
+
+try:  # transformers >= 5: layer-wise caches
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+except ImportError:  # pragma: no cover - older transformers: no hybrid models, no prefix reuse of recurrent state
+    from transformers.cache_utils import DynamicCache
+
+    DynamicLayer = DynamicSlidingWindowLayer = LinearAttentionCacheLayerMixin = ()  # type: ignore[assignment]
+
+EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+@dataclasses.dataclass
+class _Entry:
+    tokens: list[int]  # the tokens whose state `cache` holds
+    cache: Any  # transformers Cache
+    snapshots: dict[int, list[Any]]  # position -> per-layer recurrent state (hybrid models only)
+
+
+class TransformersBackend:
+    """`Backend` over an in-process causal LM. See the module docstring for the cache."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_cache_entries: int = 64,  # higher: more chunks keep their prefix warm, more memory
+        max_cached_tokens: int = 262_144,  # total tokens held across entries (KV memory bound)
+        checkpoint_every: int = 256,  # recurrent-state snapshots during prefill (hybrid models)
+        logprobs_before_temperature: bool = False,
+        name: str = "transformers",
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_cache_entries = max_cache_entries
+        self.max_cached_tokens = max_cached_tokens
+        self.checkpoint_every = max(1, int(checkpoint_every))
+        self.logprobs_before_temperature = logprobs_before_temperature
+        self.name = name
+        self.device = next(model.parameters()).device
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self._entries: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._rng = torch.Generator().manual_seed(0)  # for requests without a seed
+
+    @classmethod
+    def from_pretrained(
+        cls, path_or_name: str, *, tokenizer: Any = None, dtype: Any = "auto", device: str = "cpu", **kwargs: Any
+    ) -> "TransformersBackend":
+        """Load a causal LM and its tokenizer (hub name or local dir), eval mode."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model_kwargs = kwargs.pop("model_kwargs", {})
+        tok = tokenizer or AutoTokenizer.from_pretrained(path_or_name)
+        model = AutoModelForCausalLM.from_pretrained(path_or_name, dtype=dtype, **model_kwargs).to(device)
+        return cls(model.eval(), tok, **kwargs)
+
+    # ------------------------------------------------------------------ Backend protocol
+    async def generate(
+        self,
+        prompt: Prompt,
+        sampling: SamplingParams,
+        *,
+        routing_key: str | None = None,
+        request_id: str | None = None,
+    ) -> Completion:
+        ids = self.encode_prompt(prompt)
+        key = routing_key if routing_key is not None else (request_id if request_id is not None else "")
+        return await asyncio.to_thread(self.generate_ids, ids, sampling, key)
+
+    async def aclose(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    # ------------------------------------------------------------------ blocking core
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        items = list(prompt)
+        if items and isinstance(items[0], dict):
+            ids = self.tokenizer.apply_chat_template(items, tokenize=True, add_generation_prompt=True)
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return [int(t) for t in items]
+
+    def generate_ids(self, ids: list[int], sampling: SamplingParams, key: str = "") -> Completion:
+        """Blocking generate for one prompt of token ids (thread-safe)."""
+        if not ids:
+            raise BackendError("TransformersBackend: empty prompt", retryable=False)
+        if sampling.max_new_tokens < 1:
+            raise BackendError(f"TransformersBackend: max_new_tokens={sampling.max_new_tokens} < 1", retryable=False)
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit and len(ids) + sampling.max_new_tokens > limit:
+            raise BackendError(
+                f"TransformersBackend: prompt {len(ids)} + max_new_tokens {sampling.max_new_tokens} "
+                f"exceeds max_position_embeddings {limit}", retryable=False)
+        with self._lock, torch.inference_mode():
+            entry, cached, logits = self._prefill(ids, key)
+            out_ids, logprobs, finish, text = self._decode(entry, logits, sampling)
+            self._store(key, entry)
+        return Completion(
+            text=text,
+            token_ids=out_ids,
+            logprobs=logprobs if sampling.return_logprobs else None,
+            finish_reason=finish,
+            prompt_tokens=len(ids),
+            cached_tokens=cached,
+            worker=self.name,
+        )
+
+    # ------------------------------------------------------------------ prefix cache
+    def _prefill(self, ids: list[int], key: str) -> tuple[_Entry, int, torch.Tensor]:
+        """Resume from the longest reusable prefix of `key`'s entry, run the rest of the
+        prompt, and return (entry now holding the whole prompt, reused tokens, last logits)."""
+        old = self._entries.pop(key, None)
+        common = _common_prefix(old.tokens, ids) if old is not None else 0
+        common = min(common, len(ids) - 1)  # the last prompt token must run to give logits
+        start = 0
+        if old is not None and common > 0:
+            start = self._rewind(old, common)
+        entry = old if start > 0 else _Entry([], DynamicCache(config=self.model.config), {})
+        entry.tokens = ids[:start]
+        hybrid = self._is_hybrid(entry.cache)
+        cuts = {len(ids)}
+        if hybrid:
+            if common > start:
+                cuts.add(common)  # the exact common-prefix boundary: resumed from, from now on
+            first = (start // self.checkpoint_every + 1) * self.checkpoint_every
+            cuts.update(range(first, len(ids), self.checkpoint_every))
+        logits = None
+        pos = start
+        for cut in sorted(c for c in cuts if c > start):
+            logits = self._forward(entry.cache, ids[pos:cut])
+            pos = cut
+            entry.tokens = ids[:pos]
+            if hybrid and pos < len(ids):
+                entry.snapshots[pos] = _snapshot(entry.cache)
+        if hybrid and common > 0 and common in entry.snapshots:
+            # Once the shared boundary is known, earlier checkpoints only help a prompt that
+            # diverges sooner, which a per-chunk key does not see: free their memory.
+            for p in [p for p in entry.snapshots if p < common]:
+                del entry.snapshots[p]
+        return entry, start, logits
+
+    def _rewind(self, entry: _Entry, common: int) -> int:
+        """Bring `entry.cache` back to the state after `common` tokens (or the latest
+        reachable point before it); returns that point (0 = nothing reusable)."""
+        cache = entry.cache
+        if any(isinstance(layer, DynamicSlidingWindowLayer) for layer in cache.layers):
+            return 0  # a sliding window has already forgotten what a crop would need
+        if not self._is_hybrid(cache):
+            cache.crop(common)
+            return common
+        # Drop snapshots that the new prompt no longer shares; the live state counts as a
+        # snapshot at the end of the cached tokens.
+        for pos in [p for p in entry.snapshots if p > common]:
+            del entry.snapshots[pos]
+        if len(entry.tokens) <= common:
+            return len(entry.tokens)
+        point = max(entry.snapshots, default=0)
+        if point == 0:
+            return 0
+        for layer, state in zip(cache.layers, entry.snapshots[point]):
+            if isinstance(layer, DynamicLayer):
+                DynamicLayer.crop(layer, point)
+            if state is not None:
+                _restore(layer, state)
+        return point
+
+    def _store(self, key: str, entry: _Entry) -> None:
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        total = sum(len(e.tokens) for e in self._entries.values())
+        while self._entries and (len(self._entries) > self.max_cache_entries or total > self.max_cached_tokens):
+            _, evicted = self._entries.popitem(last=False)
+            total -= len(evicted.tokens)
+
+    @staticmethod
+    def _is_hybrid(cache: Any) -> bool:
+        return bool(LinearAttentionCacheLayerMixin) and any(
+            isinstance(layer, LinearAttentionCacheLayerMixin) for layer in getattr(cache, "layers", ())
+        )
+
+    def cache_info(self) -> dict[str, Any]:
+        """What the prefix cache holds (for tests and benchmarks)."""
+        with self._lock:
+            return {key: {"tokens": len(e.tokens), "snapshots": sorted(e.snapshots)} for key, e in self._entries.items()}
+
+    # ------------------------------------------------------------------ model calls
+    def _forward(self, cache: Any, ids: Sequence[int]) -> torch.Tensor:
+        x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float()
+
+    def _decode(self, entry: _Entry, logits: torch.Tensor, s: SamplingParams) -> tuple[list[int], list[float], str, str]:
+        gen = None
+        if s.temperature > 0:
+            gen = torch.Generator().manual_seed(s.seed) if s.seed is not None else self._rng
+        out: list[int] = []
+        logprobs: list[float] = []
+        finish, text = "length", None
+        for step in range(s.max_new_tokens):
+            token, logprob = self._choose(logits, s, gen)
+            out.append(token)
+            logprobs.append(logprob)
+            if token in self.eos_ids:
+                finish = "stop"
+                break
+            if s.stop:
+                decoded = self._text(out)
+                hit = _find_stop(decoded, s.stop)
+                if hit is not None:
+                    finish, text = "stop", decoded[:hit]
+                    break
+            if step + 1 < s.max_new_tokens:
+                logits = self._forward(entry.cache, [token])
+                entry.tokens.append(token)
+        if text is None:
+            text = self._text(out[:-1] if finish == "stop" else out)
+        return out, logprobs, finish, text
+
+    def _choose(self, logits: torch.Tensor, s: SamplingParams, gen: torch.Generator | None) -> tuple[int, float]:
+        if s.temperature <= 0:
+            token = int(torch.argmax(logits))
+            return token, float(torch.log_softmax(logits, -1)[token])
+        scaled = logits / s.temperature
+        logp = torch.log_softmax(logits if self.logprobs_before_temperature else scaled, -1)
+        filtered = scaled.clone()
+        if s.top_k is not None and 0 < s.top_k < filtered.numel():
+            kth = torch.topk(filtered, s.top_k).values[-1]
+            filtered[filtered < kth] = float("-inf")
+        if s.top_p < 1.0:
+            sorted_logits, order = torch.sort(filtered, descending=True)
+            probs = torch.softmax(sorted_logits, -1)
+            # drop a token when the mass before it already reaches top_p (keeps at least one)
+            drop = torch.cumsum(probs, -1) - probs >= s.top_p
+            filtered[order[drop]] = float("-inf")
+        probs = torch.softmax(filtered, -1)
+        token = int(torch.multinomial(probs, 1, generator=gen))
+        return token, float(logp[token])
+
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+# ---------------------------------------------------------------------- helpers
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if configured is not None:
+        ids.update([configured] if isinstance(configured, int) else configured)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in EOS_TOKENS if t in vocab)
+    return ids
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _snapshot(cache: Any) -> list[Any]:
+    """Copies of every recurrent layer's state (None for pure attention layers)."""
+    states = []
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin) and layer.has_previous_state:
+            states.append((
+                layer.conv_states.clone() if layer.is_conv_states_initialized else None,
+                layer.recurrent_states.clone() if layer.is_recurrent_states_initialized else None,
+            ))
+        else:
+            states.append(None)
+    return states
+
+
+def _restore(layer: Any, state: tuple[Any, Any]) -> None:
+    conv, recurrent = state
+    if conv is not None:
+        layer.conv_states.copy_(conv)
+    if recurrent is not None:
+        layer.recurrent_states.copy_(recurrent)
+    layer.has_previous_state = True
+
+
+def _find_stop(text: str, stops: Sequence[str]) -> int | None:
+    hits = [text.find(stop) for stop in stops if stop]
+    hits = [h for h in hits if h >= 0]
+    return min(hits) if hits else None
