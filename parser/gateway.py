@@ -204,7 +204,8 @@ def router_launch(router: Mapping[str, Any], worker_urls: Sequence[str], python:
             argv = [python, "-m", "parser.gateway", "router", *common]
         else:
             argv = [python, "-m", "sglang_router.launch_router", *common]
-    return Launch("router", argv, http_url(host, port), ready_path="/readiness",
+    env = {str(k): str(v) for k, v in _get(router, "env", {}).items()}
+    return Launch("router", argv, http_url(host, port), env, ready_path="/readiness",
                   metrics_url=http_url(host, args["prometheus_port"]))
 
 
