@@ -2,7 +2,7 @@
 
     python -m parser.demo                   # GPU + model hub: Qwen3.5-4B lead and subagents
                                             # CPU / offline: SmolLM2-135M-Instruct from a PyPI package
-    python -m parser.demo backend=tiny_cpu  # tiny random model, seconds
+    python -m parser.demo models=tiny_cpu   # tiny random model, seconds
 
 It builds a small long-context sample from the synthetic world (fictional, so no model can
 answer from memory), runs the `parser` method — the same episode engine training and eval use —
@@ -63,7 +63,7 @@ def print_result(sample: Sample, result: MethodResult, score: float) -> None:
 
 
 async def run_demo(cfg: DictConfig) -> list[dict[str, Any]]:
-    preset, reason = choose_backend(cfg.backend)
+    preset, reason = choose_backend(cfg.models)
     print(f"models: {preset} ({reason})")
     models_cfg = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "backend" / f"{preset}.yaml"))
     episode = OmegaConf.to_container(cfg.episode)

