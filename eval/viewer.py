@@ -89,7 +89,7 @@ def render_trajectory(record: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def render_sample(row: dict[str, Any], anchor: str) -> str:
+def render_sample(row: dict[str, Any], anchor: str, open_: bool = False) -> str:
     score = row.get("sub_em")
     record = row.get("record") or {}
     summary = (f'{_mark(score)} <code>{esc(row.get("sample_id"))}</code> · L={esc(row.get("length"))} · run {esc(row.get("run"))}'
@@ -106,7 +106,7 @@ def render_sample(row: dict[str, Any], anchor: str) -> str:
         body.append(render_trajectory(record))
     elif record:
         body.append(f"<pre>{esc(json.dumps(record, indent=1, ensure_ascii=False, default=str))}</pre>")
-    return f'<details class="sample" id="{anchor}"><summary>{summary}</summary>\n' + "\n".join(body) + "\n</details>"
+    return f'<details class="sample" id="{anchor}"{" open" if open_ else ""}><summary>{summary}</summary>\n' + "\n".join(body) + "\n</details>"
 
 
 def render_page(rows: Sequence[dict[str, Any]], title: str) -> str:
@@ -118,9 +118,9 @@ def render_page(rows: Sequence[dict[str, Any]], title: str) -> str:
     for i, r in enumerate(rows):
         anchor = f"s{i}"
         index.append(f'<tr><td>{_mark(r.get("sub_em"))}</td><td><a href="#{anchor}">{esc(r.get("sample_id"))}</a></td>'
-                     f'<td>{esc(r.get("length"))}</td><td>{esc(r.get("run"))}</td><td>{esc(r.get("prediction"))}</td>'
+                     f'<td>{esc(r.get("length"))}</td><td>{esc(r.get("run"))}</td><td>{esc(r.get("prediction", "—") or "—")}</td>'
                      f'<td>{esc(" | ".join(map(str, r.get("answers", []))))}</td><td>{esc(r.get("steps"))}</td></tr>')
-        samples.append(render_sample(r, anchor))
+        samples.append(render_sample(r, anchor, open_=i == 0))  # the first one open: the page shows a trajectory
     index.append("</table>")
     head = rows[0] if rows else {}
     return ("<!doctype html><html><head><meta charset='utf-8'>"

@@ -1,0 +1,72 @@
+"""Every shipped eval config composes, names a registered method, and resolves its paths.
+
+So no config under configs/eval/ rots: each primary config (default, tiny_cpu, bench_cpu) with
+each dataset and method option is composed through Hydra exactly as `python -m eval.run`
+would, and the episode section must be a valid `EpisodeConfig`.
+
+    .venv/bin/pytest tests/test_eval_configs_on_cpu.py -q
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from eval.datasets import load_subsets
+from parser.episode import EpisodeConfig
+from parser.methods import _REGISTRY, build_method  # noqa: F401  (build_method imports the registrations)
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+EVAL = CONFIGS / "eval"
+PRIMARY = sorted(p.stem for p in EVAL.glob("*.yaml") if not p.stem.startswith("ruler"))
+DATASETS = sorted(p.stem for p in (EVAL / "dataset").glob("*.yaml"))
+METHODS = sorted(p.stem for p in (EVAL / "method").glob("*.yaml"))
+
+
+def _compose(name: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(EVAL), version_base="1.3"):
+        return compose(name, overrides=[f"hydra.searchpath=[file://{CONFIGS}]", *overrides])
+
+
+@pytest.mark.parametrize("name", PRIMARY)
+def test_primary_configs_compose(name):
+    cfg = _compose(name)
+    container = OmegaConf.to_container(cfg, resolve=True)
+    assert {"lead", "subagent"} <= set(container["models"])
+    assert container["runs"] >= 1 and container["concurrency"] >= 1
+    assert container["out_dir"] and "${" not in container["out_dir"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_method_options_name_registered_methods(method):
+    import parser.baselines  # noqa: F401
+    import parser.parser_method  # noqa: F401
+
+    cfg = OmegaConf.to_container(_compose("default", f"method={method}").method, resolve=True)
+    assert cfg["name"] in _REGISTRY
+    if "episode" in cfg:
+        EpisodeConfig(**cfg["episode"])  # unknown or misspelled keys fail here
+
+
+def test_eval_preset_is_the_papers():
+    episode = EpisodeConfig(**OmegaConf.to_container(_compose("default").method.episode, resolve=True))
+    assert (episode.max_turns, episode.chunk_size, episode.lead_temperature, episode.subagent_temperature) == (12, 4096, 0.0, 0.7)
+    assert _compose("default").runs == 3
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_dataset_options_compose(dataset):
+    cfg = OmegaConf.to_container(_compose("default", f"dataset={dataset}").dataset, resolve=True)
+    assert cfg["name"] and cfg["source"] in {"synthetic", "files", "conditions", "synthetic_controlled"}
+    if cfg["source"] == "files":
+        assert "{length}" in cfg["path"] and len(cfg["lengths"]) >= 1
+    if cfg["source"] == "conditions":
+        assert len(cfg["subsets"]) >= 2
+
+
+def test_missing_data_file_names_the_file(tmp_path):
+    cfg = {"name": "hotpotqa", "source": "files", "path": str(tmp_path / "eval_{length}.json"), "lengths": [50]}
+    with pytest.raises(FileNotFoundError, match="eval_50.json"):
+        load_subsets(cfg)
