@@ -89,16 +89,15 @@ def prefix_share(prompt: str, query: str) -> float:
     return cut / len(prompt) if cut > 0 else 0.0
 
 
-def instruction_share(render: Callable[[str], str] | None = None) -> float:
-    """Share of a typical prompt taken by the fixed instructions (same for every chunk).
+def instruction_share(workload: Workload, render: Callable[[str], str] | None = None) -> float:
+    """Share of a typical prompt's text taken by the fixed instructions (same for every chunk).
 
     cache_aware compares the matched prefix against the whole text: if this share exceeds
-    `--cache-threshold`, every chunk "matches" the first worker and lands there.
+    `--cache-threshold`, every chunk "matches" the first worker's tree and lands there.
     """
-    marker = "\u2063CHUNK\u2063"
-    text = prompts.render("subagent", chunk=marker, query="")
-    text = render(text) if render else text
-    return text.index(marker) / max(1, len(text) - len(marker))
+    chunk = workload.chunk_texts()[0]
+    prompt = subagent_prompts(Workload(**{**dataclasses.asdict(workload), "chunks": 1}), 0, render)[0]
+    return prompt.index(chunk) / len(prompt)
 
 
 # ---------------------------------------------------------------------------- measurement
@@ -299,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             return await run_workload(backend, workload, render=render, worker_urls=args.workers,
                                       max_attempts=args.max_attempts, num_workers=args.num_workers)
 
-    share = instruction_share(render)
+    share = instruction_share(workload, render)
     print(f"gateway {args.gateway}: T={args.chunks} chunks x K={args.rounds} rounds, "
           f"instructions are {share:.1%} of a prompt's text"
           + ("  (above cache_aware's default 0.3 threshold: expect every chunk on one worker)" if share > 0.3 else ""))

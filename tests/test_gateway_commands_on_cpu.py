@@ -149,3 +149,20 @@ def test_serve_script_dry_run_prints_commands_and_starts_nothing(tmp_path):
     assert [line.split("]")[0][1:] for line in lines] == ["worker0", "worker1", "router"]
     assert "CUDA_VISIBLE_DEVICES=1 " in lines[1] and "--port 30002" in lines[1]
     assert not list(tmp_path.glob("worker*.log")) and not (tmp_path / "router.log").exists()  # nothing started
+
+
+def test_report_flags_instructions_that_would_swamp_cache_aware():
+    """cache_aware follows a tree only above `cache_threshold` (0.3) of the text: with short
+    chunks the shared instructions alone pass it and every chunk lands on one worker (measured:
+    64 chunks of 25 words -> all on one of 3 workers; 300 words -> spread 1.02)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gateway_report", ROOT / "scripts" / "gateway_report.py")
+    report = importlib.util.module_from_spec(spec)
+    sys.modules["gateway_report"] = report
+    spec.loader.exec_module(report)
+    assert report.instruction_share(report.Workload(chunk_words=25)) > 0.3
+    assert report.instruction_share(report.Workload(chunk_words=300)) < 0.15
+    prompts = report.subagent_prompts(report.Workload(chunks=3, chunk_words=50), 1)
+    assert len(set(p[: p.rindex("Query:")] for p in prompts)) == 3  # one reusable prefix per chunk
+    assert all(p.endswith(report.Workload().query(1)) for p in prompts)  # the query comes last
