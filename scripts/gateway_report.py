@@ -241,7 +241,7 @@ async def run_workload(
 def summary(stats: Sequence[RoundStats]) -> dict[str, Any]:
     """Rounds 2+ pooled: the figures the README calls healthy or not."""
     later = [s for s in stats if s.round >= 2]
-    loc = [s.locality for s in later if s.locality is not None]
+    measured = [s for s in later if s.locality is not None]
     spreads = [s.spread for s in stats if s.spread is not None]
     prompt = sum(s.prompt_tokens for s in later)
     return {
@@ -249,7 +249,8 @@ def summary(stats: Sequence[RoundStats]) -> dict[str, Any]:
         "requests": sum(s.requests for s in stats),
         "failed": sum(s.failed for s in stats),
         "retries": sum(s.retries for s in stats),
-        "locality_round2plus": (sum(l * s.requests for l, s in zip(loc, later)) / sum(s.requests for s in later)) if loc else None,
+        "locality_round2plus": (sum(s.locality * s.requests for s in measured) / sum(s.requests for s in measured))
+        if measured else None,
         "max_spread": max(spreads) if spreads else None,
         "cached_share_round2plus": sum(s.cached_tokens for s in later) / prompt if prompt else None,
         "ideal_cached_share": later[0].ideal_cached_share if later else None,
