@@ -215,7 +215,7 @@ class EpisodeEngine:
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(cfg.max_attempts),
-                wait=wait_exponential_jitter(initial=cfg.retry_backoff_s, max=30.0),
+                wait=wait_exponential_jitter(multiplier=cfg.retry_backoff_s, max=30.0, jitter=cfg.retry_backoff_s),
                 retry=retry_if_exception(_retryable),
                 reraise=True,
             ):
