@@ -198,3 +198,30 @@ def test_dci_agent_finalizes_when_turns_run_out(samples, tiny_tokenizer):
     result = run(build_method("dci", models_for(model, tiny_tokenizer), agent={"max_turns": 3}).run(samples[(12, 0)]))
     assert result.answer == "Anna" and result.steps == 4 and result.record["stop_reason"] == "finalize"
     assert "<tools>" not in model.prompts[-1]  # the finalize turn offers no tools
+
+
+def test_tool_loop_compacts_old_results_and_continues_cut_turns(tiny_tokenizer):
+    from parser.baselines.tool_agent import ToolAgent, ToolAgentConfig
+
+    call = '<tool_call>{"name": "echo", "arguments": {"n": 1}}</tool_call>'
+
+    class Cut(ScriptedModel):
+        async def generate(self, prompt, sampling, **kw):
+            completion = await super().generate(prompt, sampling, **kw)
+            if "half a thought" in completion.text:
+                completion.finish_reason = "length"
+            return completion
+
+    script = ["</think>" + call, "</think>" + call, "half a thought", "</think>" + call, "</think><answer>A</answer>"]
+    model = Cut(lambda p, i: script[i])
+
+    async def echo(arguments):
+        return "R" * 100
+
+    config = ToolAgentConfig(max_turns=6, compact_after_chars=250, keep_recent_results=2)
+    agent = ToolAgent(model, tiny_tokenizer, {"echo": echo}, [], config)
+    result = run(agent.run("system", "question"))
+    assert result.answer == "A" and result.steps == 5
+    assert "cut off at the token limit" in model.prompts[3]
+    tool_results = [m["content"] for m in result.messages if m["role"] == "tool"]
+    assert tool_results[0].startswith("[older tool result removed") and tool_results[1:] == ["R" * 100] * 2
