@@ -5,7 +5,7 @@ run and be tested on a laptop without a GPU. This puts the in-process `Transform
 (or any other Backend) behind the endpoints an SGLang worker exposes, so the gateway and the
 HTTP client see the same wire format as in production:
 
-    GET  /health  /health_generate  /get_model_info  /get_server_info  /v1/models
+    GET  /health  /health_generate  /get_model_info  /get_server_info  /get_load  /v1/models
     POST /generate              SGLang native schema (text / input_ids, meta_info incl. cached_tokens)
     POST /v1/completions        OpenAI completions (text or token-id prompt, logprobs)
     POST /v1/chat/completions   OpenAI chat; renders the tokenizer's chat template and honours
@@ -150,6 +150,7 @@ class ModelServer:
         self.worker_id = worker_id
         self.context_length = context_length
         self.inflight = 0
+        self.inflight_tokens = 0  # prompt tokens of running requests (the router's load signal)
         self.started = time.time()
 
     def app(self) -> web.Application:
@@ -160,6 +161,7 @@ class ModelServer:
         app.router.add_get("/health_generate", route(self.health_generate))
         app.router.add_get("/get_model_info", self.model_info)
         app.router.add_get("/get_server_info", self.server_info)
+        app.router.add_get("/get_load", self.load)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/generate", route(self.generate))
         app.router.add_post("/v1/completions", route(self.completions))
@@ -221,6 +223,11 @@ class ModelServer:
             "uptime_s": time.time() - self.started,
         })
 
+    async def load(self, request: web.Request) -> web.Response:
+        # SGLang's shape (one entry per DP rank); sglang-router sums num_tokens for power_of_two
+        return json_response([{"dp_rank": 0, "num_reqs": self.inflight, "num_waiting_reqs": 0,
+                               "num_tokens": self.inflight_tokens}])
+
     async def models(self, request: web.Request) -> web.Response:
         return json_response({"object": "list", "data": [{
             "id": self.model_name, "object": "model", "created": int(self.started),
@@ -236,17 +243,28 @@ class ModelServer:
         return web.Response(text="Cache flushed.\n")
 
     # -------------------------------------------------------------- generation
+    def _count(self, prompt: str | list[int]) -> int:
+        if not isinstance(prompt, str):
+            return len(prompt)
+        if self.tokenizer is None:
+            return 0
+        return len(self.tokenizer.encode(prompt, add_special_tokens=False))
+
     async def _run(self, request: web.Request, prompt: Any, sampling: SamplingParams) -> Completion:
-        comp = await self.backend.generate(
-            prompt, sampling,
-            routing_key=request.headers.get("X-Routing-Key"),
-            request_id=request.headers.get("X-Request-Id"),
-        )
+        n_prompt = self._count(prompt)
+        self.inflight_tokens += n_prompt
+        try:
+            comp = await self.backend.generate(
+                prompt, sampling,
+                routing_key=request.headers.get("X-Routing-Key"),
+                request_id=request.headers.get("X-Request-Id"),
+            )
+        finally:
+            self.inflight_tokens -= n_prompt
         if not comp.token_ids and self.tokenizer is not None and comp.text:
             comp.token_ids = list(self.tokenizer.encode(comp.text, add_special_tokens=False))
-        if not comp.prompt_tokens and self.tokenizer is not None:
-            comp.prompt_tokens = (len(prompt) if not isinstance(prompt, str)
-                                  else len(self.tokenizer.encode(prompt, add_special_tokens=False)))
+        if not comp.prompt_tokens:
+            comp.prompt_tokens = n_prompt
         return comp
 
     def _token_text(self, token_id: int) -> str:

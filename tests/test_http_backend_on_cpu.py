@@ -9,6 +9,7 @@ import asyncio
 import socket
 import time
 
+import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -276,3 +277,26 @@ def test_one_backend_across_event_loops(loopback):
     backend = HttpBackend(loopback.url)
     assert run(backend.generate("a", SP)).text == ABSTENTION
     assert run(generate_once(backend, "b", SP)).text == ABSTENTION
+
+
+def test_loopback_reports_load_while_busy(fresh_loopback):
+    """The router's load probe (/get_load) sees a request that is still being answered."""
+    fresh_loopback.worker.delay_s = 0.5
+    backend = HttpBackend(fresh_loopback.url)
+
+    async def probe_during_request():
+        task = asyncio.create_task(backend.generate("x" * 40, SP))
+        await asyncio.sleep(0.2)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(fresh_loopback.url + "/get_load") as r:
+                busy = await r.json()
+        await task
+        async with aiohttp.ClientSession() as s:
+            async with s.get(fresh_loopback.url + "/get_load") as r:
+                idle = await r.json()
+        await backend.aclose()
+        return busy, idle
+
+    busy, idle = run(probe_during_request())
+    assert busy == [{"dp_rank": 0, "num_reqs": 1, "num_waiting_reqs": 0, "num_tokens": 40}]
+    assert idle[0]["num_reqs"] == 0 and idle[0]["num_tokens"] == 0

@@ -174,6 +174,8 @@ def test_info_endpoints(server):
     info = call("GET", server.url + "/get_server_info")[2]
     assert info["dp_size"] == 1 and info["model_path"] == "tiny-qwen3.5"
     assert call("GET", server.url + "/v1/models")[2]["data"][0]["id"] == "tiny-qwen3.5"
+    assert call("GET", server.url + "/get_load")[2] == [
+        {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
 
 
 @pytest.mark.parametrize("path, body, field", [

@@ -14,7 +14,7 @@ HTTP status, or dropping the connection without an answer.
 
 In-process: `with start_loopback("w1") as h: h.url; h.worker.records`.
 Endpoints: POST /generate, /v1/completions, /v1/chat/completions; GET /health,
-/get_model_info, /get_server_info, /v1/models, /records; POST /reset.
+/get_model_info, /get_server_info, /get_load, /v1/models, /records; POST /reset.
 """
 from __future__ import annotations
 
@@ -85,6 +85,8 @@ class LoopbackWorker:
         self.keep_records = keep_records
         self.records: list[RequestRecord] = []
         self.count = 0
+        self.inflight = 0
+        self.inflight_len = 0
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024**2)
@@ -97,6 +99,9 @@ class LoopbackWorker:
             app.router.add_get(path, lambda r, info=info: json_response(info))
         app.router.add_get("/v1/models", lambda r: json_response(
             {"object": "list", "data": [{"id": "loopback", "object": "model"}]}))
+        app.router.add_get("/get_load", lambda r: json_response([{
+            "dp_rank": 0, "num_reqs": self.inflight, "num_waiting_reqs": 0,
+            "num_tokens": self.inflight_len}]))
         app.router.add_get("/records", self.dump_records)
         app.router.add_post("/reset", self.reset)
         return app
@@ -129,7 +134,13 @@ class LoopbackWorker:
                 prompt_len=len(prompt), time=time.time(),
             ))
         if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+            self.inflight += 1
+            self.inflight_len += len(prompt)
+            try:
+                await asyncio.sleep(self.delay_s)
+            finally:
+                self.inflight -= 1
+                self.inflight_len -= len(prompt)
         if n <= self.fail_first or (self.fail_every and n % self.fail_every == 0):
             if self.fail_mode == "drop":
                 request.transport.close()  # no status line: the client sees a disconnect
