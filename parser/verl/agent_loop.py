@@ -37,8 +37,7 @@ from uuid import uuid4
 from omegaconf import DictConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
-from parser.backends.base import Backend
-from parser.backends.http import HttpBackend
+from parser.backends import build_backend
 from parser.chunking import chunk_document
 from parser.episode import EpisodeConfig, EpisodeEngine
 from parser.reader import SubagentReader
@@ -107,37 +106,23 @@ def episode_config(settings: Mapping[str, Any], response_length: int) -> Episode
     return EpisodeConfig(**settings, max_response_tokens=response_length)
 
 
-def build_subagent_backend(settings: Mapping[str, Any]) -> Backend:
-    """The gateway client: one pooled HTTP session per rollout worker."""
-    url = settings.get("gateway_url")
-    if not url:
-        raise ValueError("parser.gateway_url is not set: the subagents' gateway (sglang-router) URL")
-    client = dict(settings.get("subagent", {}).get("client", {}))
-    return HttpBackend(str(url), **client)
-
-
 class _WorkerState:
     """Per rollout-worker objects shared by every trajectory it runs (verl instantiates a new
     agent loop per trajectory): the gateway session, the subagent reader, and one engine per
     (event loop, sampling policy) so `EpisodeConfig.max_concurrency` bounds the whole worker."""
 
-    def __init__(self, settings: Mapping[str, Any], tokenizer: Any, response_length: int):
+    def __init__(self, settings: Mapping[str, Any], response_length: int):
         self.config = episode_config(settings.get("episode", {}), response_length)
-        subagent = settings.get("subagent", {})
-        path = subagent.get("tokenizer")
-        if path:
-            from transformers import AutoTokenizer
-
-            self.subagent_tokenizer = AutoTokenizer.from_pretrained(path)
-        else:
-            self.subagent_tokenizer = tokenizer  # same model family: one tokenizer for both
-        self.backend = build_subagent_backend(settings)
+        if not settings.get("gateway_url"):
+            raise ValueError("parser.gateway_url is not set: the subagents' gateway (sglang-router) URL")
+        # the gateway client and the subagent tokenizer (chunks are counted in its tokens)
+        self.backend, self.subagent_tokenizer = build_backend(settings["subagent"])
         self.reader = SubagentReader(
             self.backend,
             self.subagent_tokenizer,
             temperature=self.config.subagent_temperature,
             max_new_tokens=self.config.subagent_max_tokens,
-            thinking=bool(subagent.get("thinking", False)),
+            thinking=bool(settings.get("subagent_thinking", False)),
             prompt_version=self.config.prompt_version,
         )
         self.engines: dict[tuple[int, tuple], EpisodeEngine] = {}
@@ -153,10 +138,17 @@ class _WorkerState:
 _STATE: dict[str, _WorkerState] = {}
 
 
-def _worker_state(settings: Mapping[str, Any], tokenizer: Any, response_length: int) -> _WorkerState:
-    key = repr((sorted(settings.items()), id(tokenizer), response_length))
+async def close_worker_state() -> None:
+    """Close the gateway sessions of this process (tests; Ray workers just exit)."""
+    while _STATE:
+        _, state = _STATE.popitem()
+        await state.backend.aclose()
+
+
+def _worker_state(settings: Mapping[str, Any], response_length: int) -> _WorkerState:
+    key = repr((sorted(settings.items()), response_length))
     if key not in _STATE:
-        _STATE[key] = _WorkerState(settings, tokenizer, response_length)
+        _STATE[key] = _WorkerState(settings, response_length)
     return _STATE[key]
 
 
@@ -198,7 +190,7 @@ class ParserAgentLoop(AgentLoopBase):
         self.settings = OmegaConf.to_container(settings, resolve=True) if isinstance(settings, DictConfig) else dict(settings)
         self.response_length = int(self.rollout_config.response_length)
         self.prompt_length = int(self.rollout_config.prompt_length)
-        self.state = _worker_state(self.settings, self.tokenizer, self.response_length)
+        self.state = _worker_state(self.settings, self.response_length)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         inputs = episode_inputs(kwargs)

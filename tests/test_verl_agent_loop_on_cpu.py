@@ -1,0 +1,218 @@
+"""The ParSer agent loop inside verl 0.9.1's own rollout worker, on CPU, no Ray, no GPU.
+
+    .venv/bin/pytest tests/test_verl_agent_loop_on_cpu.py -q
+
+verl's `AgentLoopWorker` is built from the shipped 4B config (shrunk to a tiny model), so our
+loop is Hydra-instantiated from configs/train/agent_loop.yaml exactly as on a cluster; the lead
+is a tiny real Qwen3.5 model in process behind the server-manager contract (tests/verl_fakes.py),
+the subagents are real loopback HTTP servers, and the result goes through verl's own
+post-processing (`_agent_loop_postprocess`, `_postprocess`) and reward-manager code.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+import torch
+
+pytest.importorskip("verl")
+
+from verl_fakes import (  # noqa: E402
+    ANSWER,
+    NEEDLE,
+    SCRIPT,
+    WRONG_SCRIPT,
+    ScriptedServerManager,
+    TinyModelServerManager,
+    dataset_row,
+    run_verl_worker,
+    save_tiny_model,
+    train_config,
+)
+
+from parser.testing.loopback import start_loopback  # noqa: E402
+from parser.verl.metrics import step_metrics  # noqa: E402
+from parser.verl.reward import ANSWER_KEY, compute_score  # noqa: E402
+
+QUESTIONS = ["Who directed the film Zorvan?", "Which person directed Zorvan?"]
+
+
+@pytest.fixture(scope="module")
+def loopback():
+    with start_loopback("subagent-w1", needle=NEEDLE, needle_answer=ANSWER) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_qwen3_5_model, tiny_tokenizer, tmp_path_factory):
+    return save_tiny_model(tiny_qwen3_5_model, tiny_tokenizer, str(tmp_path_factory.mktemp("tiny-lead")))
+
+
+@pytest.fixture(scope="module")
+def scripted(loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
+    """Two prompts x two trajectories (one right, one wrong answer per group), through verl."""
+    loopback.worker.records.clear()
+    config = train_config(loopback.url, model_dir)
+    manager = ScriptedServerManager(tiny_qwen3_5_model, tiny_tokenizer, scripts=[SCRIPT, WRONG_SCRIPT])
+    rows = [dataset_row(i // 2, QUESTIONS[i // 2]) for i in range(4)]
+    out = run_verl_worker(config, manager, rows)
+    return out, manager, list(loopback.worker.records), config
+
+
+def _trajectories(out, manager):
+    """Per output row: its request id, found by matching the first lead prompt."""
+    prompts = out.batch["prompts"]
+    attention = out.batch["attention_mask"]
+    first_calls = {}
+    for req in manager.requests:
+        first_calls.setdefault(req.request_id, req)
+    rows = []
+    for i in range(len(out)):
+        prompt = prompts[i][attention[i, : prompts.shape[1]].bool()].tolist()
+        matches = [r for r in first_calls.values() if r.prompt_ids == prompt and r.request_id not in rows]
+        rows.append(matches[0].request_id)
+    return rows
+
+
+def test_rewards_answers_and_score_position(scripted):
+    out, manager, _, _ = scripted
+    answers = list(out.non_tensor_batch[ANSWER_KEY])
+    assert sorted(answers) == sorted([ANSWER, "Anna Berg"] * 2)
+    scores = out.batch["rm_scores"]
+    response_len = out.batch["attention_mask"][:, out.batch["prompts"].shape[1]:].sum(-1)
+    for i, answer in enumerate(answers):
+        expected = 1.0 if answer == ANSWER else 0.0
+        assert scores[i].sum().item() == expected
+        assert scores[i, response_len[i] - 1].item() == expected  # verl puts it on the last token
+        assert out.non_tensor_batch["acc"][i] == expected
+
+
+def test_mask_is_one_exactly_on_lead_generated_tokens(scripted, tiny_tokenizer):
+    out, manager, _, _ = scripted
+    ids = dict(zip(range(len(out)), _trajectories(out, manager)))
+    for i, request_id in ids.items():
+        calls = [r for r in manager.requests if r.request_id == request_id]
+        assert len(calls) == 2  # one request id for the whole trajectory (sticky session)
+        generated = [manager.script_ids(request_id, t, calls[0].prompt_ids)[0] for t in range(2)]
+        mask = out.batch["response_mask"][i]
+        responses = out.batch["responses"][i]
+        valid = out.batch["attention_mask"][i, out.batch["prompts"].shape[1]:].bool()
+        assert responses[mask.bool()].tolist() == generated[0] + generated[1]
+        # the only 0-mask tokens inside the response are the observation between the two turns
+        n0, n1 = len(generated[0]), len(generated[1])
+        assert mask[valid].tolist() == [1] * n0 + [0] * (int(valid.sum()) - n0 - n1) + [1] * n1
+        observation = tiny_tokenizer.decode(responses[valid][n0:-n1].tolist())
+        assert "tool" in observation and ANSWER in observation  # the finding reached the lead
+        assert NEEDLE not in tiny_tokenizer.decode(out.batch["prompts"][i].tolist())  # never the chunk in the prompt
+        # append-only: turn 2's prompt is exactly prompt + turn 1 + observation
+        prompt = out.batch["prompts"][i][out.batch["attention_mask"][i, : out.batch["prompts"].shape[1]].bool()]
+        assert calls[1].prompt_ids == prompt.tolist() + responses[valid][: int(valid.sum()) - n1].tolist()
+        assert not mask[~valid].any()
+
+
+def test_rollout_logprobs_sit_on_lead_tokens(scripted, tiny_qwen3_5_model):
+    from verl_fakes import sequence_logprobs
+
+    out, manager, _, _ = scripted
+    for i, request_id in enumerate(_trajectories(out, manager)):
+        calls = [r for r in manager.requests if r.request_id == request_id]
+        mask = out.batch["response_mask"][i].bool()
+        logprobs = out.batch["rollout_log_probs"][i]
+        expected = list(itertools.chain.from_iterable(
+            sequence_logprobs(tiny_qwen3_5_model, c.prompt_ids, manager.script_ids(request_id, t, calls[0].prompt_ids)[0])
+            for t, c in enumerate(calls)))
+        assert torch.allclose(logprobs[mask], torch.tensor(expected), atol=1e-6)
+        assert (logprobs[~mask] == 0).all()
+
+
+def test_verl_sampling_policy_and_turn_budget_reach_the_server(scripted):
+    out, manager, _, config = scripted
+    rollout = config.actor_rollout_ref.rollout
+    for req in manager.requests:
+        params = req.sampling_params
+        assert (params["temperature"], params["top_p"], params["top_k"]) == (rollout.temperature, rollout.top_p, rollout.top_k)
+        assert params["logprobs"] is True
+    # per-turn budget: min(2048, what is left of rollout.response_length=2048), never verl's default
+    first, second = manager.requests[0], [r for r in manager.requests if r.request_id == manager.requests[0].request_id][1]
+    assert first.sampling_params["max_tokens"] == 2048
+    assert second.sampling_params["max_tokens"] == 2048 - (len(second.prompt_ids) - len(first.prompt_ids))
+    assert len({r.request_id for r in manager.requests}) == len(out) == 4
+
+
+def test_subagents_answer_over_http_with_chunk_routing_keys(scripted):
+    out, _, records, _ = scripted
+    stats = list(out.non_tensor_batch["parser_stats"])
+    chunks = int(stats[0]["subagent_calls"])  # one query per trajectory
+    assert chunks > 1 and len(records) == 4 * chunks
+    keys = {r.routing_key for r in records}
+    assert keys == {f"doc-{d}:{c}" for d in (0, 1) for c in range(chunks)}
+    assert all(r.path == "/generate" for r in records)
+
+
+def test_step_metrics_from_the_batch(scripted):
+    out, _, _, _ = scripted
+    metrics = step_metrics(list(out.non_tensor_batch["parser_stats"]), list(out.non_tensor_batch["acc"]))
+    assert metrics["parser/turns/mean"] == 2 and metrics["parser/queries_per_turn"] == 0.5
+    assert metrics["parser/replies_per_query"] == 1.0  # only the needle's chunk answers
+    assert metrics["parser/invalid_action_rate"] == 0 and metrics["parser/subagent_failures"] == 0
+    assert metrics["parser/reward/mean"] == 0.5 and metrics["parser/answered"] == 1.0
+    assert metrics["parser/lead_tokens_per_turn"] > 0
+
+
+def test_reward_manager_path_scores_the_answer_not_the_observation(scripted, tiny_tokenizer):
+    """verl's naive reward manager with our compute_score, fed the way verl's agent loop feeds
+    it (extra_fields as `tool_extra_fields`). The decoded response quotes the subagents' finding
+    ("Miro Tal") even in the wrong trajectory; only the extracted answer decides."""
+    import numpy as np
+    from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+
+    out, _, _, config = scripted
+
+    async def score_all() -> list[float]:
+        manager = NaiveRewardManager(config, tiny_tokenizer, compute_score)  # binds the running loop
+        scores = []
+        for i in range(len(out)):
+            item = out[i : i + 1]
+            item.non_tensor_batch["tool_extra_fields"] = np.array([{ANSWER_KEY: out.non_tensor_batch[ANSWER_KEY][i]}])
+            item.non_tensor_batch["extra_info"] = np.array([dict(out.non_tensor_batch["extra_info"][i])])
+            scores.append((await manager.run_single(item))["reward_score"])
+        return scores
+
+    for i in range(len(out)):
+        assert ANSWER in tiny_tokenizer.decode(out.batch["responses"][i].tolist(), skip_special_tokens=True)
+    assert asyncio.run(score_all()) == out.batch["rm_scores"].sum(-1).tolist()
+
+
+def test_compute_score_refuses_rows_without_the_extracted_answer():
+    with pytest.raises(KeyError, match="parser_answer"):
+        compute_score("synthetic", "... Miro Tal ...", [ANSWER], {"index": 0})
+
+
+def test_validation_is_greedy(loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
+    config = train_config(loopback.url, model_dir)
+    manager = ScriptedServerManager(tiny_qwen3_5_model, tiny_tokenizer)
+    out = run_verl_worker(config, manager, [dataset_row(0)], validate=True)
+    assert {r.sampling_params["temperature"] for r in manager.requests} == {0}
+    assert out.batch["rm_scores"].sum().item() == 1.0
+
+
+def test_free_running_tiny_model_and_response_length_cut(loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
+    """A random-weight lead: whatever it emits, the episode runs to its end, the mask is 1 on
+    exactly the tokens the server produced, and rollout.response_length is never exceeded."""
+    config = train_config(loopback.url, model_dir, [
+        "parser.episode.max_turns=2", "parser.episode.max_tokens_per_turn=12", "data.max_response_length=40",
+    ])
+    manager = TinyModelServerManager(tiny_qwen3_5_model, tiny_tokenizer)
+    out = run_verl_worker(config, manager, [dataset_row(0)])
+    assert out.batch["responses"].shape[1] == 40
+    mask = out.batch["response_mask"][0].bool()
+    valid = out.batch["attention_mask"][0, out.batch["prompts"].shape[1]:].bool()
+    produced = [ids for _, ids in manager.outputs]
+    assert 1 <= len(produced) <= 2 and all(r.sampling_params["max_tokens"] <= 12 for r in manager.requests)
+    assert int(valid.sum()) <= 40
+    # every 1-mask token was produced by the server for this trajectory, in order (cut at 40)
+    lead_tokens = out.batch["responses"][0][mask].tolist()
+    assert lead_tokens == list(itertools.chain.from_iterable(produced))[: len(lead_tokens)] and lead_tokens
+    stats = out.non_tensor_batch["parser_stats"][0]
+    assert stats["turns"] == len(produced)
