@@ -11,7 +11,7 @@ machine wall-clock rates swing, and the CPU-time ratio (bare / HttpBackend) is t
 measure of the client's own overhead. Prompts are the real subagent template (instructions ->
 chunk -> query) wrapped in a Qwen chat template, with chunks of ~4 characters per token.
 
-    .venv/bin/python scripts/bench_scatter.py                       # ~30 s on 2 cores
+    .venv/bin/python scripts/bench_scatter.py        # 15 s on 2 idle cores, ~60 s on busy ones
     .venv/bin/python scripts/bench_scatter.py --workers 4 --rounds 5 --api completions
 """
 from __future__ import annotations
