@@ -281,20 +281,22 @@ def qa_draft(task: RulerTask, rng: random.Random, counter: TokenCounter, budget:
         raise ValueError(f"{task.name}: qa needs the synthetic world")
     question = world.questions[index]
     own = own_indices(question, world.corpus)
+    # As the reference: the gold paragraphs always, then the question's own distractors (its
+    # "more_context"), then random corpus paragraphs, as many as the budget takes; shuffled.
+    gold = [own[g] for g in dict.fromkeys(question.gold)]
     free = len(world.corpus) - len(own)
     k = min(free, int(budget / (sum(world.paragraph_tokens) / len(world.paragraph_tokens)) * 1.3) + 8)
-    docs = own + draw_distractors(rng, len(world.corpus), set(own), k)
-    # "Document {i}:\n" + paragraph + the blank line: ~6 tokens over the paragraph itself
-    cum = _cumulative([world.paragraph_tokens[d] + 6 for d in docs])
+    docs = gold + [d for d in own if d not in gold] + draw_distractors(rng, len(world.corpus), set(own), k)
+    cum = _cumulative([world.paragraph_tokens[d] + 6 for d in docs])  # + "Document {i}:\n" and the blank line
     shuffle_seed = rng.getrandbits(64)
 
     def build(n: int) -> str:
-        chosen = docs[:len(own) + n]
+        chosen = docs[:len(gold) + n]
         random.Random(shuffle_seed).shuffle(chosen)
         return render_paragraphs([world.corpus[d] for d in chosen])
 
     return Draft(task.template.format(query=question.question), task.answer_prefix, list(question.answers), build,
-                 lambda n: cum[len(own) + n], k, max(world.paragraph_tokens[d] for d in docs) + 6)
+                 lambda n: cum[len(gold) + n], len(docs) - len(gold), max(world.paragraph_tokens[d] for d in docs) + 6)
 
 
 DRAFTS = {"niah": niah_draft, "variable_tracking": vt_draft, "freq_words_extraction": fwe_draft, "qa": qa_draft}
