@@ -139,13 +139,9 @@ def _insert(items: list[str], positions: Sequence[int], extra: Sequence[str]) ->
 
 
 @functools.lru_cache(maxsize=16)
-def _unit_tokens_cached(backend_id: int, counter: "TokenCounter", unit: str, joiner: str) -> float:
-    return (counter.count(joiner.join([unit] * 65)) - counter.count(unit)) / 64
-
-
 def _unit_tokens(counter: TokenCounter, unit: str, joiner: str) -> float:
     """Tokens one more repeated unit adds in context (merges across the joiner included)."""
-    return _unit_tokens_cached(id(counter.backend), counter, unit, joiner)
+    return (counter.count(joiner.join([unit] * 65)) - counter.count(unit)) / 64
 
 
 def _cumulative(counts: Sequence[int]) -> list[int]:
