@@ -144,3 +144,20 @@ def test_synthetic_config_runs_end_to_end(tmp_path):
     out = run(cfg)
     assert sorted(p.name for p in tmp_path.glob("*.json")) == ["eval_20.json", "eval_20.json.card.json", "eval_40.json", "eval_40.json.card.json"]
     assert len(json.loads(out[40].read_text())) == 3
+
+
+def test_train_set_recipe_with_filter_on_the_tiny_model(tmp_path):
+    pytest.importorskip("parser.backends.transformers")
+    import pyarrow.parquet as pq
+
+    path = recipes.train_set(
+        source={"name": "synthetic", "num_questions": 8, "seed": 3, "num_paragraphs": 400}, out_dir=str(tmp_path),
+        name="syn_train", length=30, keep=5, knowledge_filter={
+            "backend": {"type": "transformers", "model": "tiny-qwen3.5"}, "samples": 1, "concurrency": 4,
+            "sampling": {"max_new_tokens": 4}})
+    table = pq.read_table(path).to_pylist()
+    card = json.loads(Path(str(path) + ".card.json").read_text())
+    assert card["counts"]["filter_asked"] == 8 and card["counts"]["filter_kept"] + card["counts"]["filter_dropped"] == 8
+    assert len(table) == min(5, card["counts"]["filter_kept"])
+    assert all(r["extra_info"]["num_docs"] == 30 and r["agent_name"] == AGENT_NAME for r in table)
+    assert len((tmp_path / "syn_train.filter.jsonl").read_text().splitlines()) == 8
