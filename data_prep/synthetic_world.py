@@ -166,6 +166,8 @@ class World:
                 s.append(f"{he} was married to {a['spouse']}. ")
             s.append(f"{he} {rng.choice(['studied', 'trained', 'worked for several years'])} in {rng.choice(self.cities).name} "
                      f"and was known for {rng.choice(['an austere style', 'long collaborations', 'a prolific output', 'experimental work', 'public lectures'])}. ")
+            s.append(f"{'His' if a['sex'] == 'm' else 'Her'} early work was influenced by {rng.choice(self.people).name}, "
+                     f"and in {a['born'][0] + rng.randint(20, 35)} {he.lower()} received the {self._word(2, 2).capitalize()} Prize. ")
             if a["died"]:
                 s.append(f"{he} died in {rng.choice(self.cities).name} at the age of {a['died'][0] - a['born'][0]}. ")
             return s
@@ -173,15 +175,19 @@ class World:
             return [f"{e.name} is a {a['year']} {self.entities[a['country']].attrs['demonym']} {a['genre']} directed by {a['director']}. ",
                     f"It was produced by {a['studio']} and premiered in {rng.choice(self.cities).name}. ",
                     f"The film runs {rng.randint(78, 171)} minutes and was shot in {rng.randint(20, 90)} days. ",
-                    f"Critics praised its {rng.choice(['score', 'cinematography', 'ensemble cast', 'editing', 'screenplay'])}. "]
+                    f"Critics praised its {rng.choice(['score', 'cinematography', 'ensemble cast', 'editing', 'screenplay'])}, "
+                    f"and it earned {rng.randint(2, 90)} million in its first year. ",
+                    f"The screenplay was adapted from a {rng.choice(['novel', 'play', 'short story', 'memoir'])} by {rng.choice(self.people).name}. "]
         if e.kind == "org":
             return [f"{e.name} is an organisation founded in {a['founded']} by {a['founder']}. ",
                     f"Its headquarters are in {a['hq']}. ",
-                    f"It employs about {rng.randint(2, 90) * 10} people and is known for its {rng.choice(['archives', 'productions', 'grants', 'publications'])}. "]
+                    f"It employs about {rng.randint(2, 90) * 10} people and is known for its {rng.choice(['archives', 'productions', 'grants', 'publications'])}. ",
+                    f"In {a['founded'] + rng.randint(3, 30)} it opened a second office in {rng.choice(self.cities).name}. "]
         if e.kind == "city":
             return [f"{e.name} is a city in {a['country']}, founded in {a['founded']}. ",
                     f"It has a population of about {a['population']:,}. ",
-                    f"The city lies on the {rng.choice(['river', 'coast', 'plateau', 'lake shore'])} and is known for its {rng.choice(['markets', 'bridges', 'university', 'festival', 'harbour'])}. "]
+                    f"The city lies on the {rng.choice(['river', 'coast', 'plateau', 'lake shore'])} and is known for its {rng.choice(['markets', 'bridges', 'university', 'festival', 'harbour'])}. ",
+                    f"Its oldest building, the {rng.choice(_FILM_ADJ)} {rng.choice(_FILM_NOUN)}, dates from {a['founded'] + rng.randint(5, 200)}. "]
         return [f"{e.name} is a country with its capital at {rng.choice(self.cities).name}. ",
                 f"Its people are called {a['demonym']}s. "]
 
