@@ -22,7 +22,6 @@ Reproducible: sample i of (task, length) depends only on (seed, task, length, i)
 """
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
 import itertools
@@ -111,7 +110,7 @@ class Draft:
     answer_prefix: str
     outputs: list[str]
     build: Callable[[int], str]  # haystack size -> context
-    estimate: Callable[[int], int]  # haystack size -> estimated context tokens (monotone)
+    estimate: Callable[[int], float]  # haystack size -> estimated context tokens (monotone)
     n_max: int
     unit_max: int  # tokens of the largest haystack unit (sets the lower tolerance)
 
@@ -205,7 +204,7 @@ def niah_draft(task: RulerTask, rng: random.Random, counter: TokenCounter, budge
         return "\n".join(_insert(list(units[:n]), [int(f * n) for f in fractions], needles))
 
     return Draft(text, prefix, outputs, build_lines, lambda n: cum[n] + needle_tokens, n_max,
-                 max(b - a for a, b in zip(cum, cum[1:])))
+                 math.ceil(max(b - a for a, b in zip(cum, cum[1:]))))
 
 
 def vt_draft(task: RulerTask, rng: random.Random, counter: TokenCounter, budget: int, world: WorldText | None,
@@ -217,22 +216,21 @@ def vt_draft(task: RulerTask, rng: random.Random, counter: TokenCounter, budget:
         if name not in names:
             names.append(name)
     value = str(rng.randint(10000, 99998))
-    lines: list[str] = []
+    all_chains: list[list[str]] = []  # the first chain is the one asked about
     for c in range(chains):
         v = names[c * (hops + 1):(c + 1) * (hops + 1)]
         chain = [f"VAR {v[0]} = {value if c == 0 else rng.randint(10000, 99998)}"]
         chain += [f"VAR {v[j + 1]} = VAR {v[j]} " for j in range(hops)]  # trailing space as in RULER
-        lines.append(chain)  # type: ignore[arg-type]
-    fractions = [sorted(rng.random() for _ in chain) for chain in lines]
+        all_chains.append(chain)
+    fractions = [sorted(rng.random() for _ in chain) for chain in all_chains]
     noise = NOISE + "\n"
     unit = _unit_tokens(counter, noise, " ")
-    chain_tokens = sum(counter.counts([x + " " for chain in lines for x in chain]))
+    chain_tokens = sum(counter.counts([x + " " for chain in all_chains for x in chain]))
 
     def build(n: int) -> str:
         sentences = [noise] * n
-        for chain, fr in zip(lines, fractions):
-            positions = sorted(int(f * len(sentences)) for f in fr)
-            sentences = _insert(sentences, positions, chain)  # type: ignore[arg-type]
+        for chain, fr in zip(all_chains, fractions):
+            sentences = _insert(sentences, sorted(int(f * len(sentences)) for f in fr), chain)
         return " ".join(sentences).replace(". \n", ".\n")
 
     text = task.template.format(query=value)
