@@ -9,8 +9,11 @@ result rows and draws the task x length heat map.
 
 Scoring, as MemAgent's ``taskutils/memory_eval/ruler_general.py``: non-QA tasks get
 `string_match_all`; `qa_*` tasks get Sub_EM (`parser.reward.sub_em`) against all golds, or
-against the first gold only with ``qa_golds=first`` (what that script does). A missing
-prediction scores 0.
+against the first gold only with ``ruler.qa_golds=first`` (what that script does). A missing
+prediction scores 0. The eval rows keep their ordinary `sub_em` too; the heat map uses this score.
+
+Each task is its own `evaluate` call, so models are built once per task (cheap for HTTP
+backends; an in-process engine restarts ten times).
 
     python -m eval.ruler                                   # configs/eval/ruler.yaml: generate missing files, eval, report
     python -m eval.ruler --config-name ruler_tiny_cpu      # CPU smoke test: tiny models, two small lengths
