@@ -216,3 +216,44 @@ def test_free_running_tiny_model_and_response_length_cut(loopback, model_dir, ti
     assert lead_tokens == list(itertools.chain.from_iterable(produced))[: len(lead_tokens)] and lead_tokens
     stats = out.non_tensor_batch["parser_stats"][0]
     assert stats["turns"] == len(produced)
+
+
+def test_v1_path_output_and_replay_buffer_metrics(loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
+    """The v1 (TransferQueue) trainer stores `AgentLoopOutput.as_dict()`; our replay buffer reads
+    the sampled rows' extra_fields back into step metrics. Built as verl's worker builds it."""
+    import hydra
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from parser.verl.agent_loop import close_worker_state
+    from parser.verl.sampler import ParserReplayBuffer, metrics_from_extra_fields
+
+    config = train_config(loopback.url, model_dir)
+    manager = ScriptedServerManager(tiny_qwen3_5_model, tiny_tokenizer)
+    (entry,) = OmegaConf.load(config.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+
+    async def one():
+        loop = hydra.utils.instantiate(
+            config=entry, trainer_config=DictConfigWrap(config), server_manager=manager, tokenizer=tiny_tokenizer,
+            processor=None, hf_model_type=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data),
+            tools=ToolListWrap([]),
+        )
+        try:
+            return await loop.run({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}, **dataset_row(0))
+        finally:
+            await close_worker_state()
+
+    output = asyncio.run(one())
+    stored = output.as_dict()
+    assert stored["rm_scores"][-1] == 1.0 and stored["rm_scores"][:-1].abs().sum() == 0
+    assert stored["rollout_log_probs"].shape == stored["responses"].shape == stored["response_mask"].shape
+    metrics = metrics_from_extra_fields([stored["extra_fields"]])
+    assert metrics["parser/reward/mean"] == 1.0 and metrics["parser/queries_per_turn"] == 0.5
+
+    buffer = ParserReplayBuffer(
+        trainer_mode="separate_async", trainer_config=config.trainer.v1.separate_async,
+        max_off_policy_threshold=2, max_off_policy_strategy="drop", refill_fn=lambda n: None,
+        sampler_kwargs=config.trainer.v1.sampler.sampler_kwargs,
+    )
+    assert buffer.filter_groups_metric == "reward"  # dynamic sampling reaches verl's eviction logic
