@@ -103,7 +103,11 @@ def episode_config(settings: Mapping[str, Any], response_length: int) -> Episode
     settings = dict(settings)
     if settings.pop("max_response_tokens", None) not in (None, response_length):
         raise ValueError("parser.episode.max_response_tokens must stay null: it is actor_rollout_ref.rollout.response_length")
-    return EpisodeConfig(**settings, max_response_tokens=response_length)
+    config = EpisodeConfig(**settings, max_response_tokens=response_length)
+    if config.eval_only_options():
+        raise ValueError(f"parser.episode: {', '.join(config.eval_only_options())} re-render the agent's history "
+                         "(eval-only): the trajectory would have no token view to train on; unset them for training")
+    return config
 
 
 class _WorkerState:
