@@ -87,7 +87,7 @@ class WorldText:
 
 def build_world_text(counter: TokenCounter, *, max_length: int, num_questions: int, seed: int) -> WorldText:
     """A world big enough that one essay haystack / one qa document set of `max_length` tokens
-    never repeats a paragraph (~85 tokens per paragraph; sized with a 30% margin)."""
+    never repeats a paragraph (paragraphs run ~110 tokens; 1 per 60 target tokens is a wide margin)."""
     from data_prep.synthetic_world import synthetic_source
 
     num_paragraphs = max(2000, math.ceil(max_length / 60) + 500)

@@ -53,8 +53,8 @@ def test_lengths_are_exact_and_within_tolerance(files, tokenizer, task, length):
     spec = TASKS[task]
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     # Up to one haystack unit may be left over: a sentence or needle line (<= 64 tokens; a
-    # uuid-to-uuid needle line is ~80), a qa document (<= 160).
-    unit = 160 if spec.is_qa else 96 if task == "niah_multikey_3" else 64
+    # uuid-to-uuid needle line is ~80), a qa document (synthetic-world paragraphs reach ~170).
+    unit = 200 if spec.is_qa else 96 if task == "niah_multikey_3" else 64
     slack = max(0.02 * length, unit)
     rows = rows_of(files, task, length)
     assert [r["index"] for r in rows] == list(range(SAMPLES))
