@@ -96,7 +96,7 @@ def render_sample(row: dict[str, Any], anchor: str, open_: bool = False) -> str:
                + (f' · {esc(row.get("condition"))}' if row.get("condition") else "")
                + f' — {esc(row.get("question"))}')
     body = [f'<p><b>Question:</b> {esc(row.get("question"))}</p>',
-            f'<p><b>Prediction:</b> {esc(row.get("prediction"))} {_mark(score)} &nbsp; <b>Gold:</b> '
+            f'<p><b>Prediction:</b> {esc(row.get("prediction")) or "<i>(no answer)</i>"} {_mark(score)} &nbsp; <b>Gold:</b> '
             f'{esc(" | ".join(map(str, row.get("answers", []))))}</p>',
             f'<p class="meta">Sub_EM {esc(score)} · EM {esc(row.get("em"))} · {esc(row.get("steps"))} steps · '
             f'{esc(row.get("wall_s"))} s · lead {esc(row.get("lead_output_tokens"))} / subagents '

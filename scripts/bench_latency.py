@@ -10,7 +10,7 @@ registered yet, ParSer is timed alone and the ratios are skipped. Each method wr
 eval run directory, so `python -m eval.report outputs/bench` draws the speedup plot.
 
     .venv/bin/python scripts/bench_latency.py                         # ~ a few minutes on 2 cores
-    .venv/bin/python scripts/bench_latency.py dataset.lengths=[16,64] dataset.num_questions=1
+    .venv/bin/python scripts/bench_latency.py dataset.lengths=[12,48] dataset.num_questions=2
     .venv/bin/python scripts/bench_latency.py --methods parser        # any registered methods
 """
 from __future__ import annotations
