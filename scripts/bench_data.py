@@ -15,6 +15,11 @@ synthetic world with the real Qwen3 tokenizer:
 
 Prints paragraphs/s and tokens/s for both and their ratio, then the sizes written.
 
+Measured (2 shared CPU cores, load average ~10, default flags, ~4 min in all): 1,632,000
+paragraphs / 192.6M tokens / 48,154 chunks; fast path 11.3K paragraphs/s, 1.33M tokens/s;
+baseline 886 paragraphs/s; 12.7x; 575 MiB of JSONL written. About 80% of the fast path is
+`parser.chunking.split_paragraphs`' delimiter regex (~0.45 s per 6,400-paragraph document).
+
     .venv/bin/python scripts/bench_data.py                          # full grid, 128 questions
     .venv/bin/python scripts/bench_data.py --questions 16 --lengths 50,100,200 --no-write
 """
