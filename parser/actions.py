@@ -1,5 +1,7 @@
-"""Parse one lead-agent generation into thinking, queries and/or a final answer.
+"""Parse one agent generation into thinking, tool calls and/or a final answer.
 
+Every tool-using agent of the project (the ParSer lead, agentic RAG, the DCI agent and the DCI
+subagent) runs through `parser.episode.EpisodeEngine`, and this is the one parser it uses.
 Two tool-call dialects are accepted so the engine serves both model families:
 
 * Qwen3.5 (XML, "qwen3_coder" style)::
@@ -16,14 +18,16 @@ Two tool-call dialects are accepted so the engine serves both model families:
 
     <tool_call>{"name": "query_agents", "arguments": {"query": "Who directed Film X?"}}</tool_call>
 
-The final answer is the last ``<answer>…</answer>`` after the thinking. A generation with
-neither a usable call nor an answer gets `error` set; the engine then appends the invalid-action
-hint and continues (paper Algorithm 1). This module never raises on model output.
+`parse_tool_calls` reads calls to any tool; `parse_lead_output` keeps the calls to the tools the
+agent was offered (`tool_names`), and the final answer, the last ``<answer>…</answer>`` after the
+thinking. A generation with neither a usable call nor an answer gets `error` set; the engine then
+appends the invalid-action hint and continues (paper Algorithm 1). Never raises on model output.
 """
 from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any, Iterable
 
 import json_repair
 import orjson
@@ -38,11 +42,18 @@ _XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL
 
 
 @dataclasses.dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclasses.dataclass
 class LeadAction:
     thinking: str
-    queries: list[str]
+    queries: list[str]  # the `query` of each query_agents call (ParSer's scatter)
     answer: str | None
     error: str | None = None
+    calls: list[ToolCall] = dataclasses.field(default_factory=list)  # every usable call, in order
 
 
 def split_thinking(text: str) -> tuple[str, str]:
@@ -53,21 +64,16 @@ def split_thinking(text: str) -> tuple[str, str]:
     return head.replace("<think>", "", 1).strip(), rest
 
 
-def _parse_call(body: str, closed: bool) -> tuple[str | None, str | None]:
-    """(query, problem) for one tool-call body in either dialect.
+def _parse_call(body: str, closed: bool) -> tuple[ToolCall | None, str | None]:
+    """(call, problem) for one tool-call body in either dialect.
 
     JSON is repaired leniently only inside a closed `<tool_call>`; a call cut off by the token
-    limit must parse as it stands, so a half-written query is never sent.
+    limit must parse as it stands, so a half-written argument is never used.
     """
     function = _XML_FUNCTION.search(body)
     if function:
-        name = function.group(1).strip()
-        params = {k.strip(): v.strip("\n") for k, v in _XML_PARAMETER.findall(function.group(2))}
-        if name != TOOL_NAME:
-            return None, f"unknown tool {name!r}"
-        if "query" not in params:
-            return None, "tool call without a complete <parameter=query> block"
-        return params["query"], None
+        params: dict[str, Any] = {k.strip(): v.strip("\n") for k, v in _XML_PARAMETER.findall(function.group(2))}
+        return ToolCall(function.group(1).strip(), params), None
     stripped = body.strip()
     if not stripped.startswith("{"):
         return None, "tool call is neither XML nor JSON"
@@ -77,33 +83,59 @@ def _parse_call(body: str, closed: bool) -> tuple[str | None, str | None]:
         return None, "truncated tool call"
     if not isinstance(call, dict):
         return None, "tool call JSON is not an object"
-    name = call.get("name")
+    if not isinstance(call.get("name"), str):
+        return None, "tool call JSON has no 'name'"
     arguments = call.get("arguments", call.get("parameters", {}))
     if isinstance(arguments, str):
         arguments = json_repair.loads(arguments)
-    if name != TOOL_NAME:
-        return None, f"unknown tool {name!r}"
-    if not isinstance(arguments, dict) or not isinstance(arguments.get("query"), str):
-        return None, "tool call has no string 'query' argument"
-    return arguments["query"], None
+    if not isinstance(arguments, dict):
+        return None, "tool call arguments are not an object"
+    return ToolCall(call["name"], arguments), None
 
 
-def parse_lead_output(text: str) -> LeadAction:
+def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
+    """Every tool call after the thinking (any tool name), and a problem per unusable call."""
+    calls, problems = [], []
+    for match in _TOOL_CALL.finditer(split_thinking(text)[1]):
+        call, problem = _parse_call(match.group(1), closed=match.group(0).endswith("</tool_call>"))
+        if call is None:
+            problems.append(problem or "unusable tool call")
+        else:
+            calls.append(call)
+    return calls, problems
+
+
+def _check_query(call: ToolCall) -> str | None:
+    query = call.arguments.get("query")
+    if "query" not in call.arguments:
+        return "tool call without a complete <parameter=query> block"
+    if not isinstance(query, str):
+        return "tool call has no string 'query' argument"
+    if not query.strip():
+        return "empty query"
+    return None
+
+
+def parse_lead_output(text: str, tool_names: Iterable[str] | None = (TOOL_NAME,)) -> LeadAction:
+    """Answer, or the usable calls to `tool_names` (None: any tool). An answer wins over calls."""
     thinking, action = split_thinking(text)
     answers = _ANSWER.findall(action)
     if answers:
         return LeadAction(thinking, [], answers[-1].strip())
-    queries, problems = [], []
-    for match in _TOOL_CALL.finditer(action):
-        query, problem = _parse_call(match.group(1), closed=match.group(0).endswith("</tool_call>"))
-        if problem:
+    allowed = None if tool_names is None else set(tool_names)
+    found, problems = parse_tool_calls(action)
+    calls = []
+    for call in found:
+        if allowed is not None and call.name not in allowed:
+            problems.append(f"unknown tool {call.name!r}")
+        elif call.name == TOOL_NAME and (problem := _check_query(call)):
             problems.append(problem)
-        elif query and query.strip():
-            queries.append(query.strip())
         else:
-            problems.append("empty query")
-    if queries:
-        return LeadAction(thinking, queries, None)
+            if call.name == TOOL_NAME:
+                call.arguments["query"] = call.arguments["query"].strip()
+            calls.append(call)
+    if calls:
+        return LeadAction(thinking, [c.arguments["query"] for c in calls if c.name == TOOL_NAME], None, calls=calls)
     if problems:
         return LeadAction(thinking, [], None, "; ".join(problems))
     if "<answer>" in action:

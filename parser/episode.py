@@ -1,21 +1,40 @@
-"""The episode engine: paper Algorithm 1, the one scatter–gather loop of the project.
+"""The episode engine: paper Algorithm 1, the one agent loop of the project.
 
-Training (the verl agent loop), eval, the baselines that reuse the lead, and the demo all run
-`EpisodeEngine.run`; behaviour differences are `EpisodeConfig` values, never a second loop.
+Training (the verl agent loop), eval, the tool-using baselines (agentic RAG, the DCI agent), the
+DCI subagent and the demo all run `EpisodeEngine`; behaviour differences are `EpisodeConfig`
+values or a `parser.tools.Toolset`, never a second loop.
 
-One turn: the lead generates from the exact token stream it has seen so far -> its output is
-parsed (`parser.actions`) -> an answer ends the episode; queries are scattered to every chunk's
-reader concurrently (queries of one turn concurrently too) -> replies are gathered into one
-observation per query (`parser.gather`) -> the observation is appended -> repeat until an answer
-or `max_turns`. Unusable output gets the invalid-action hint and the loop continues.
+    await engine.run(question, chunks, doc_id=...)        # ParSer: query_agents over the chunks
+    await engine.run_tools(question, toolset, doc_id=...)  # any tool set (RAG, DCI, ...)
+
+One turn: the agent generates from the exact token stream it has seen so far -> its output is
+parsed (`parser.actions`) -> an answer ends the episode; the turn's tool calls run concurrently
+(`Toolset.execute`; for ParSer each query is scattered to every chunk's reader and gathered into
+one observation) -> the observation is appended -> repeat until an answer or `max_turns`.
+Unusable output gets the tool set's invalid-action hint and the loop continues.
 
 The token view for training is built by *appending* what the model actually saw — never by
 re-rendering history (Qwen3.5's template drops earlier `<think>` blocks, which would break the
 prefix property). Generated tokens get mask 1; observation and template tokens mask 0. A turn
 cut at its token limit is closed with the end-of-turn token (mask 0) before the observation.
 
-Subagent failures are retried with backoff; what still fails is recorded in the trajectory and
-treated as an abstention — it never kills the episode. The lead never sees a chunk.
+Options for the baselines' reference protocols (all off by default, so ParSer and training are
+unchanged): `plain_reply_is_answer` (DCI: a reply without tool calls is the answer),
+`continue_cut_turns` (a turn cut at the token limit gets a continuation prompt), both compatible
+with the token view; and two that are **eval-only**:
+
+* `compact_after_chars` (DCI's zero-LLM compaction: once the tool results in the history exceed
+  N characters, all but the last `keep_recent_results` are replaced by a placeholder). It rewrites
+  history, so the next prompts are re-rendered from the compacted messages by the chat template
+  — what the reference's chat-completions server does — and `Trajectory.token_view_valid` is set
+  False. Why not keep the token view: any prompt that drops earlier tokens is not an extension
+  of the previous stream, so one trajectory would need several (prompt, response) segments, and
+  the training path (verl 0.9.1's `AgentLoopOutput`) takes exactly one. Compaction is a context
+  budget for 48-turn eval agents, not something we train with.
+* `finalize_turn` (after `max_turns` without an answer, one tool-free turn asks for the answer).
+  "Tool-free" means rendered without the tool schemas, which is again not the appended stream.
+
+`EpisodeConfig.eval_only_options()` names what is set; the verl agent loop refuses those.
 """
 from __future__ import annotations
 
@@ -24,14 +43,13 @@ import dataclasses
 import time
 from typing import Any
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
-
-from parser import gather, prompts
-from parser.actions import parse_lead_output, split_thinking
-from parser.backends.base import Backend, BackendError, SamplingParams
+from parser import prompts
+from parser.actions import LeadAction, parse_lead_output, split_thinking
+from parser.backends.base import Backend, SamplingParams
 from parser.chunking import Chunk
 from parser.reader import ChunkReader
-from parser.trajectory import Finding, QueryRecord, SubagentCall, Trajectory, Turn
+from parser.tools import QueryAgents, ScatterSettings, Toolset
+from parser.trajectory import Trajectory, Turn
 
 END_OF_TURN = "<|im_end|>"
 
@@ -58,33 +76,45 @@ class EpisodeConfig:
     max_attempts: int = 4  # per subagent request, for retryable errors (5xx, connection, timeout)
     retry_backoff_s: float = 0.5  # first backoff; grows exponentially with jitter
     prompt_version: str = prompts.DEFAULT_VERSION
+    # the baselines' protocols (module docstring); off for ParSer
+    plain_reply_is_answer: bool = False
+    continue_cut_turns: bool = False
+    finalize_turn: bool = False  # eval-only
+    compact_after_chars: int | None = None  # eval-only
+    keep_recent_results: int = 12
 
+    def eval_only_options(self) -> list[str]:
+        """The options set that make prompts other than the appended stream (no token view)."""
+        return [name for name, on in (("finalize_turn", self.finalize_turn),
+                                      ("compact_after_chars", self.compact_after_chars is not None)) if on]
 
-def _retryable(error: BaseException) -> bool:
-    return isinstance(error, asyncio.TimeoutError) or (isinstance(error, BackendError) and error.retryable)
+    def scatter_settings(self) -> ScatterSettings:
+        return ScatterSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ScatterSettings)})
 
 
 class LeadContext:
-    """The lead's token stream and chat messages, grown by appending only."""
+    """The agent's token stream and chat messages, grown by appending only."""
 
-    def __init__(self, tokenizer: Any, question: str, config: EpisodeConfig):
+    def __init__(self, tokenizer: Any, toolset: Toolset, question: str, config: EpisodeConfig):
         self.tokenizer = tokenizer
         self.config = config
         self.template_kwargs = {"enable_thinking": config.lead_thinking}
-        self.tools = prompts.lead_tools(config.prompt_version)
+        self.tools = toolset.schemas()
         self.messages: list[dict[str, Any]] = [
-            {"role": "system", "content": prompts.render("lead_system", config.prompt_version)},
-            {"role": "user", "content": prompts.render("lead_user", config.prompt_version, question=question)},
+            {"role": "system", "content": toolset.system_prompt()},
+            {"role": "user", "content": toolset.user_prompt(question)},
         ]
         self.prompt_ids: list[int] = self._encode(self._render(self.messages, add_generation_prompt=True))
         self.response_ids: list[int] = []
         self.response_mask: list[int] = []
         self.response_logprobs: list[float] = []
         self.end_of_turn_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+        self.rerendered = False  # an eval-only option rewrote history: prompts come from `messages`
 
-    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, with_tools: bool = True) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt, **self.template_kwargs
+            messages, tools=self.tools if with_tools else None, tokenize=False,
+            add_generation_prompt=add_generation_prompt, **self.template_kwargs,
         )
 
     def _encode(self, text: str) -> list[int]:
@@ -93,6 +123,12 @@ class LeadContext:
     @property
     def stream(self) -> list[int]:
         return self.prompt_ids + self.response_ids
+
+    def prompt(self, with_tools: bool = True) -> list[int]:
+        """What the next turn is generated from: the stream, unless history was rewritten."""
+        if self.rerendered or not with_tools:
+            return self._encode(self._render(self.messages, add_generation_prompt=True, with_tools=with_tools))
+        return self.stream
 
     def append_generation(self, token_ids: list[int], logprobs: list[float] | None) -> None:
         self.response_ids += token_ids
@@ -124,11 +160,23 @@ class LeadContext:
         self._append_context(self.observation_ids(messages))
         self.messages += messages
 
+    def compact(self, after_chars: int, keep_recent: int, placeholder: str) -> bool:
+        """DCI's compaction of older tool results; True if history changed (eval-only)."""
+        results = [m for m in self.messages if m["role"] == "tool"]
+        if sum(len(m["content"]) for m in results) <= after_chars:
+            return False
+        changed = False
+        for message in results[: max(len(results) - keep_recent, 0)]:
+            changed |= message["content"] != placeholder
+            message["content"] = placeholder
+        self.rerendered |= changed
+        return changed
+
 
 class EpisodeEngine:
-    """Runs episodes for one lead backend and one chunk reader; safe to share across tasks."""
+    """Runs episodes for one lead backend (and, for ParSer, one chunk reader); safe to share across tasks."""
 
-    def __init__(self, lead: Backend, lead_tokenizer: Any, reader: ChunkReader, config: EpisodeConfig | None = None):
+    def __init__(self, lead: Backend, lead_tokenizer: Any, reader: ChunkReader | None = None, config: EpisodeConfig | None = None):
         self.lead = lead
         self.tokenizer = lead_tokenizer
         self.reader = reader
@@ -138,50 +186,59 @@ class EpisodeEngine:
     def _count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def query_agents(self, chunks: list[Chunk], doc_id: str) -> QueryAgents:
+        """ParSer's tool set over one document's chunks, sharing this engine's concurrency bound."""
+        if self.reader is None:
+            raise ValueError("EpisodeEngine.run needs a chunk reader (EpisodeEngine(lead, tokenizer, reader, config))")
+        return QueryAgents(self.reader, chunks, doc_id, self.config.scatter_settings(), self._slots, self._count_tokens)
+
     async def run(self, question: str, chunks: list[Chunk], doc_id: str = "doc", request_id: str | None = None) -> Trajectory:
-        if not chunks:
-            raise ValueError(f"episode {doc_id!r} has no chunks to read")
+        """One ParSer episode (paper Algorithm 1) over `chunks`; the lead never sees them."""
+        trajectory = await self.run_tools(question, self.query_agents(chunks, doc_id), doc_id=doc_id, request_id=request_id)
+        trajectory.num_chunks = len(chunks)
+        return trajectory
+
+    async def run_tools(self, question: str, toolset: Toolset, *, doc_id: str = "doc", request_id: str | None = None,
+                        routing_key: str | None = None) -> Trajectory:
+        """One episode with any tool set. `request_id` keeps the episode on one server (default
+        `doc_id`); `routing_key`, if given, is sent with every generation (gateway pinning)."""
         cfg = self.config
         started = time.perf_counter()
-        context = LeadContext(self.tokenizer, question, cfg)
-        trajectory = Trajectory(question=question, doc_id=doc_id, num_chunks=len(chunks), prompt_ids=context.prompt_ids)
+        context = LeadContext(self.tokenizer, toolset, question, cfg)
+        trajectory = Trajectory(question=question, doc_id=doc_id, num_chunks=0, prompt_ids=context.prompt_ids)
+        ids = {"request_id": request_id or doc_id, **({"routing_key": routing_key} if routing_key is not None else {})}
         for turn_index in range(cfg.max_turns):
-            budget = cfg.max_tokens_per_turn
-            if cfg.max_response_tokens is not None:
-                budget = min(budget, cfg.max_response_tokens - len(context.response_ids))
-                if budget <= 0:
-                    trajectory.stop_reason = "response_length"
-                    break
-            sampling = SamplingParams(
-                max_new_tokens=budget, temperature=cfg.lead_temperature, top_p=cfg.lead_top_p, top_k=cfg.lead_top_k, return_logprobs=True
-            )
-            lead_started = time.perf_counter()
-            completion = await self.lead.generate(context.stream, sampling, request_id=request_id or doc_id)
-            lead_latency = time.perf_counter() - lead_started
-            token_ids = completion.token_ids or self.tokenizer.encode(completion.text, add_special_tokens=False)
-            text = completion.text if completion.text else self.tokenizer.decode(token_ids, skip_special_tokens=False)
-            text = text.removesuffix(END_OF_TURN)
-            context.append_generation(token_ids, completion.logprobs)
-            action = parse_lead_output(text)
-            context.messages.append({"role": "assistant", "content": split_thinking(text)[1].strip(), "reasoning_content": action.thinking})
-            turn = Turn(
-                index=turn_index, text=text, thinking=action.thinking, queries=[], answer=action.answer,
-                action_error=action.error, lead_tokens=len(token_ids), finish_reason=completion.finish_reason,
-                lead_latency_s=lead_latency,
-            )
+            budget = self._budget(context)
+            if budget <= 0:
+                trajectory.stop_reason = "response_length"
+                break
+            turn, action, content = await self._turn(context, context.prompt(), turn_index, budget, toolset.names, ids)
             trajectory.turns.append(turn)
             if action.answer is not None:
-                trajectory.answer = action.answer
-                trajectory.stop_reason = "answer"
+                trajectory.answer, trajectory.stop_reason = action.answer, "answer"
                 break
-            if action.queries:
-                scatter_started = time.perf_counter()
-                turn.queries = list(await asyncio.gather(*(self._scatter(q, chunks, doc_id) for q in action.queries)))
-                turn.scatter_latency_s = time.perf_counter() - scatter_started
-                observation = [{"role": "tool", "name": "query_agents", "content": q.observation} for q in turn.queries]
+            if action.calls:
+                tools_started = time.perf_counter()
+                result = await toolset.execute(action.calls)
+                turn.queries, turn.tool_calls = result.queries, result.calls
+                turn.scatter_latency_s = time.perf_counter() - tools_started
+                observation = result.messages
+            elif turn.finish_reason == "length" and cfg.continue_cut_turns:
+                observation = [{"role": "user", "content": prompts.render("continue", cfg.prompt_version)}]
+            elif cfg.plain_reply_is_answer and turn.finish_reason != "length" and content and "<tool_call>" not in content:
+                turn.action_error = None
+                trajectory.answer, trajectory.stop_reason = content, "plain_reply"
+                break
             else:
-                observation = [{"role": "user", "content": prompts.render("invalid_action", cfg.prompt_version)}]
+                error = action.error or "no tool call and no <answer> block"
+                observation = [{"role": "user", "content": toolset.invalid_action(error)}]
             context.append_observation(observation)
+            if action.calls and cfg.compact_after_chars is not None:
+                placeholder = prompts.render("compacted", cfg.prompt_version)
+                if context.compact(cfg.compact_after_chars, cfg.keep_recent_results, placeholder):
+                    trajectory.token_view_valid = False
+        if trajectory.stop_reason == "max_turns" and cfg.finalize_turn and self._budget(context) > 0:
+            await self._finalize(context, trajectory, ids)
         trajectory.messages = context.messages
         trajectory.response_ids = context.response_ids
         trajectory.response_mask = context.response_mask
@@ -189,44 +246,45 @@ class EpisodeEngine:
         trajectory.wall_s = time.perf_counter() - started
         return trajectory
 
-    async def _scatter(self, query: str, chunks: list[Chunk], doc_id: str) -> QueryRecord:
-        started = time.perf_counter()
-        calls = await asyncio.gather(*(self._read(query, chunk, doc_id) for chunk in chunks))
-        findings = []
-        for chunk, (call, text) in zip(chunks, calls):
-            parsed = gather.parse_reply(text) if call.status != "failed" else None
-            if parsed:
-                call.status, call.raw = "finding", text
-                findings.append(Finding(agent=f"agent_{chunk.index}", chunk_index=chunk.index, answer=parsed[0], evidence=parsed[1]))
-            elif call.status != "failed":
-                call.status = "abstain"
-        if self.config.merge_identical_answers:
-            findings = gather.merge_identical(findings)
-        observation, omitted = gather.render_observation(
-            query, findings, len(chunks), self._count_tokens, self.config.observation_token_budget, self.config.prompt_version
-        )
-        return QueryRecord(query, findings, [c for c, _ in calls], observation, omitted, time.perf_counter() - started)
+    def _budget(self, context: LeadContext) -> int:
+        budget = self.config.max_tokens_per_turn
+        if self.config.max_response_tokens is not None:
+            budget = min(budget, self.config.max_response_tokens - len(context.response_ids))
+        return budget
 
-    async def _read(self, query: str, chunk: Chunk, doc_id: str) -> tuple[SubagentCall, str]:
-        """One (query, chunk) request with timeout and retries; failures become a record."""
+    async def _turn(self, context: LeadContext, prompt: list[int], index: int, budget: int, tool_names: tuple[str, ...],
+                    ids: dict[str, str]) -> tuple[Turn, LeadAction, str]:
+        """Generate, append to the stream, parse. Returns the turn, its action and its reply text."""
         cfg = self.config
-        started = time.perf_counter()
-        attempts = 0
-        try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(cfg.max_attempts),
-                wait=wait_exponential_jitter(multiplier=cfg.retry_backoff_s, max=30.0, jitter=cfg.retry_backoff_s),
-                retry=retry_if_exception(_retryable),
-                reraise=True,
-            ):
-                with attempt:
-                    attempts += 1
-                    async with self._slots:
-                        reply = await asyncio.wait_for(self.reader.read(query, chunk, doc_id), cfg.request_timeout_s)
-        except Exception as error:  # noqa: BLE001 - any reader failure is recorded, never raised
-            message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-            return SubagentCall(chunk.index, "failed", attempts=attempts, latency_s=time.perf_counter() - started, error=message), ""
-        call = SubagentCall(
-            chunk.index, "pending", reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens, attempts, time.perf_counter() - started
+        sampling = SamplingParams(
+            max_new_tokens=budget, temperature=cfg.lead_temperature, top_p=cfg.lead_top_p, top_k=cfg.lead_top_k, return_logprobs=True
         )
-        return call, reply.text
+        lead_started = time.perf_counter()
+        completion = await self.lead.generate(prompt, sampling, **ids)
+        lead_latency = time.perf_counter() - lead_started
+        token_ids = completion.token_ids or self.tokenizer.encode(completion.text, add_special_tokens=False)
+        text = completion.text if completion.text else self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        text = text.removesuffix(END_OF_TURN)
+        context.append_generation(token_ids, completion.logprobs)
+        action = parse_lead_output(text, tool_names)
+        content = split_thinking(text)[1].strip()
+        context.messages.append({"role": "assistant", "content": content, "reasoning_content": action.thinking})
+        turn = Turn(
+            index=index, text=text, thinking=action.thinking, queries=[], answer=action.answer,
+            action_error=action.error, lead_tokens=len(token_ids), finish_reason=completion.finish_reason,
+            lead_latency_s=lead_latency, prompt_tokens=completion.prompt_tokens or len(prompt),
+        )
+        return turn, action, content
+
+    async def _finalize(self, context: LeadContext, trajectory: Trajectory, ids: dict[str, str]) -> None:
+        """One tool-free turn for the answer (eval-only: its prompt has no tool schemas)."""
+        context.append_observation([{"role": "user", "content": prompts.render("finalize", self.config.prompt_version)}])
+        trajectory.token_view_valid = False
+        turn, action, content = await self._turn(
+            context, context.prompt(with_tools=False), len(trajectory.turns), self._budget(context), (), ids
+        )
+        trajectory.turns.append(turn)
+        final = action.answer if action.answer is not None else (content if "<tool_call>" not in content else "")
+        if final:
+            turn.action_error = None
+            trajectory.answer, trajectory.stop_reason = final, "finalize"

@@ -2,36 +2,50 @@
 
 Eval, the latency bench and the demo reach ParSer only through this method, and the verl
 agent loop runs the same `EpisodeEngine`, so there is a single code path from data to answer.
+The chunk reader comes from the `reader` config section (`parser.readers.build_reader`), so the
+paper's Table 5 variants are config files, not code:
+
+    build_method("parser", models, episode={...})                                  # default subagents
+    build_method("parser", models, episode={...}, reader={"type": "thinking"})     # configs/method/parser_thinking.yaml
+    build_method("parser", models, episode={...}, reader={"type": "dci"})          # configs/method/parser_dci.yaml
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from parser.chunking import chunk_document
 from parser.episode import EpisodeConfig, EpisodeEngine
 from parser.methods import MethodResult, Models, Sample, register_method
-from parser.reader import SubagentReader
+from parser.readers import build_reader
 
 
 @register_method("parser")
 class ParSerMethod:
     name = "parser"
 
-    def __init__(self, models: Models, episode: dict[str, Any] | EpisodeConfig | None = None, reader: Any = None):
+    def __init__(self, models: Models, episode: Mapping[str, Any] | EpisodeConfig | None = None,
+                 reader: Mapping[str, Any] | Any = None):
+        """`reader`: a config section (`{type: subagent|thinking|dci, ...}`; the method builds the
+        reader and closes it on `aclose`) or a ready `ChunkReader` (the caller closes it)."""
         self.config = episode if isinstance(episode, EpisodeConfig) else EpisodeConfig(**(episode or {}))
         self.models = models
-        self.reader = reader or SubagentReader(
-            models.subagent,
-            models.subagent_tokenizer,
-            temperature=self.config.subagent_temperature,
-            max_new_tokens=self.config.subagent_max_tokens,
-            prompt_version=self.config.prompt_version,
-        )
+        self.owns_reader = reader is None or isinstance(reader, Mapping)
+        if self.owns_reader:
+            cfg = dict(reader or {})
+            if cfg.get("type", "subagent") == "subagent":  # the episode config's subagent settings by default
+                cfg = {"temperature": self.config.subagent_temperature, "max_new_tokens": self.config.subagent_max_tokens,
+                       "prompt_version": self.config.prompt_version, **cfg}
+            reader = build_reader(cfg, models)
+        self.reader = reader
         self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, self.reader, self.config)
 
     async def run(self, sample: Sample) -> MethodResult:
         chunks = chunk_document(sample.context, self.models.subagent_tokenizer, self.config.chunk_size)
-        trajectory = await self.engine.run(sample.question, chunks, doc_id=sample.id)
+        try:
+            trajectory = await self.engine.run(sample.question, chunks, doc_id=sample.id)
+        finally:
+            if hasattr(self.reader, "forget"):  # e.g. the DCI reader's per-chunk corpora
+                self.reader.forget(sample.id)
         stats = trajectory.stats()
         return MethodResult(
             answer=trajectory.answer,
@@ -43,4 +57,6 @@ class ParSerMethod:
         )
 
     async def aclose(self) -> None:
+        if self.owns_reader and hasattr(self.reader, "close"):
+            self.reader.close()
         await self.models.aclose()

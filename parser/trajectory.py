@@ -61,7 +61,9 @@ class Turn:
     lead_tokens: int
     finish_reason: str  # lead's: "stop" | "length"
     lead_latency_s: float
-    scatter_latency_s: float = 0.0
+    scatter_latency_s: float = 0.0  # time in the turn's tool calls (ParSer: the scatter-gather)
+    prompt_tokens: int = 0  # the prompt this turn was generated from
+    tool_calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # tools other than query_agents
 
 
 @dataclasses.dataclass
@@ -72,9 +74,11 @@ class Trajectory:
     messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     turns: list[Turn] = dataclasses.field(default_factory=list)
     answer: str | None = None
-    stop_reason: str = "max_turns"  # "answer" | "max_turns" | "response_length"
+    stop_reason: str = "max_turns"  # "answer" | "max_turns" | "response_length" | "plain_reply" | "finalize"
     wall_s: float = 0.0
-    # token view for training: built by appending, never by re-rendering
+    # token view for training: built by appending, never by re-rendering. False when an eval-only
+    # option (compaction, the tool-free finalize turn) made a prompt that is not the appended stream.
+    token_view_valid: bool = True
     prompt_ids: list[int] = dataclasses.field(default_factory=list)
     response_ids: list[int] = dataclasses.field(default_factory=list)
     response_mask: list[int] = dataclasses.field(default_factory=list)  # 1 = lead-generated

@@ -1,5 +1,5 @@
 """Lead action parsing over both tool-call dialects. Run: .venv/bin/pytest tests/test_actions_on_cpu.py -q"""
-from parser.actions import parse_lead_output
+from parser.actions import ToolCall, parse_lead_output, parse_tool_calls
 
 XML_CALL = "<tool_call>\n<function=query_agents>\n<parameter=query>\n{q}\n</parameter>\n</function>\n</tool_call>"
 JSON_CALL = '<tool_call>\n{{"name": "query_agents", "arguments": {{"query": "{q}"}}}}\n</tool_call>'
@@ -54,3 +54,26 @@ def test_one_good_call_among_bad_ones_is_used():
     text = "x</think><tool_call>garbage</tool_call>" + XML_CALL.format(q="ok?")
     action = parse_lead_output(text)
     assert action.queries == ["ok?"] and action.error is None
+
+
+def test_parse_tool_calls_reads_any_tool_in_both_dialects():
+    xml = "<tool_call>\n<function=bash>\n<parameter=command>\nrg -n 'Anna'\n</parameter>\n</function>\n</tool_call>"
+    hermes = '<tool_call>{"name": "read", "arguments": {"file": "doc_00001.txt", "offset": 5}}</tool_call>'
+    calls, problems = parse_tool_calls("plan <tool_call>{\"name\": \"bash\"}</tool_call></think>\n" + xml + hermes)
+    assert calls == [ToolCall("bash", {"command": "rg -n 'Anna'"}), ToolCall("read", {"file": "doc_00001.txt", "offset": 5})]
+    assert problems == []  # the call inside the thinking is not a call
+    calls, problems = parse_tool_calls('x</think><tool_call>{"name": "bash", "arguments": {"command": "rg')
+    assert calls == [] and problems == ["truncated tool call"]  # strict when cut off
+    calls, _ = parse_tool_calls("x</think><tool_call>{'name': 'bash', 'arguments': {'command': 'ls',}}</tool_call>")
+    assert calls == [ToolCall("bash", {"command": "ls"})]  # lenient inside a closed call
+
+
+def test_lead_output_keeps_only_the_offered_tools():
+    text = "x</think>" + XML_CALL.format(q="q?") + '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
+    default = parse_lead_output(text)
+    assert default.queries == ["q?"] and [c.name for c in default.calls] == ["query_agents"]
+    dci = parse_lead_output(text, tool_names=("read", "bash"))
+    assert dci.queries == [] and dci.calls == [ToolCall("bash", {"command": "ls"})] and dci.error is None
+    only_unknown = parse_lead_output('x</think><tool_call>{"name": "bash", "arguments": {}}</tool_call>', tool_names=("read",))
+    assert only_unknown.calls == [] and only_unknown.error == "unknown tool 'bash'"
+    assert parse_lead_output(text, tool_names=None).calls == default.calls + dci.calls

@@ -12,25 +12,37 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import tempfile
 from typing import Callable
 
 import pytest
 
 from parser.backends.base import Completion
 from parser.baselines.full_context import ContextOverflow
+from parser.baselines.dci_agent import SandboxTools
 from parser.baselines.memagent import TfidfRecall, extract_answer, last_boxed
-from parser.baselines.tool_agent import parse_turn
+from parser.dci import Sandbox
+from parser.episode import EpisodeConfig, EpisodeEngine
 from parser.methods import Models, Sample, build_method
+from parser.tools import FunctionTools
 
 
 class ScriptedModel:
-    """A Backend whose reply is `script(prompt_text, call_index)`; records every prompt."""
+    """A Backend whose reply is `script(prompt_text, call_index)`; records every prompt (as text).
 
-    def __init__(self, script: Callable[[str, int], str]):
-        self.script, self.prompts = script, []
+    Without a tokenizer it insists on chat-template text (full-context, MemAgent); with one it
+    insists on token ids — the episode engine's stream (agentic RAG, DCI) — and decodes them.
+    """
+
+    def __init__(self, script: Callable[[str, int], str], tokenizer=None):
+        self.script, self.prompts, self.tokenizer = script, [], tokenizer
 
     async def generate(self, prompt, sampling, *, routing_key=None, request_id=None):
-        assert isinstance(prompt, str), "baselines send chat-template text"
+        if self.tokenizer is None:
+            assert isinstance(prompt, str), "single-call baselines send chat-template text"
+        else:
+            assert not isinstance(prompt, str) and all(isinstance(t, int) for t in prompt), "the engine sends token ids"
+            prompt = self.tokenizer.decode(list(prompt), skip_special_tokens=False)
         self.prompts.append(prompt)
         return Completion(text=self.script(prompt, len(self.prompts) - 1), finish_reason="stop")
 
@@ -131,16 +143,6 @@ def test_answer_extraction_and_tfidf(tiny_tokenizer):
     assert recall.top1("", memories) is None
 
 
-# -- tool loop parsing -----------------------------------------------------------------------
-def test_parse_turn_reads_any_tool_in_both_dialects():
-    xml = "<tool_call>\n<function=bash>\n<parameter=command>\nrg -n 'Anna'\n</parameter>\n</function>\n</tool_call>"
-    hermes = '<tool_call>{"name": "read", "arguments": {"file": "doc_00001.txt", "offset": 5}}</tool_call>'
-    turn = parse_turn("plan</think>\n" + xml + hermes)
-    assert [(c.name, c.arguments) for c in turn.calls] == [("bash", {"command": "rg -n 'Anna'"}), ("read", {"file": "doc_00001.txt", "offset": 5})]
-    assert parse_turn("x</think><answer> Paris </answer>").answer == "Paris"
-    assert parse_turn('x</think><tool_call>{"name": "bash", "arguments": {"command": "rg').error == "truncated tool call"
-
-
 # -- agentic RAG ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def minilm():
@@ -156,7 +158,7 @@ def test_rag_retrieves_the_gold_paragraph_top3(samples, tiny_tokenizer, minilm):
     target = names[0][0] if names else gold_title
     query = f"When was {target} born?"
     call = f'<tool_call>{{"name": "retrieve_documents", "arguments": {{"query": "{query}"}}}}</tool_call>'
-    model = ScriptedModel(lambda p, i: ("plan</think>" + call) if i == 0 else "done</think><answer>x</answer>")
+    model = ScriptedModel(lambda p, i: ("plan</think>" + call) if i == 0 else "done</think><answer>x</answer>", tiny_tokenizer)
     method = build_method("rag", models_for(model, tiny_tokenizer, embedder=minilm), chunk_size=600)
     result = run(method.run(sample))
     assert result.answer == "x" and result.steps == 2 and result.record["stop_reason"] == "answer"
@@ -174,7 +176,7 @@ def test_rag_without_an_embedder_says_how_to_set_one(tiny_tokenizer):
         build_method("rag", models_for(ScriptedModel(lambda p, i: ""), tiny_tokenizer))
 
 
-# -- DCI agent --------------------------------------------------------------------------------
+# -- DCI agent and the engine's baseline options --------------------------------------------------------------------------------
 def test_dci_agent_searches_reads_and_answers(samples, tiny_tokenizer):
     sample = samples[(12, 1)]
     first_title = sample.context.split("\n")[1]
@@ -184,7 +186,7 @@ def test_dci_agent_searches_reads_and_answers(samples, tiny_tokenizer):
     )
     escape = '<tool_call>{"name": "bash", "arguments": {"command": "cat /etc/passwd | head"}}</tool_call>'
     script = ["look</think>" + calls, "hmm</think>" + escape, "ok</think>\nThe answer is Lake Y."]
-    model = ScriptedModel(lambda p, i: script[i])
+    model = ScriptedModel(lambda p, i: script[i], tiny_tokenizer)
     result = run(build_method("dci", models_for(model, tiny_tokenizer)).run(sample))
     assert result.steps == 3 and result.record["stop_reason"] == "plain_reply" and result.answer == "The answer is Lake Y."
     assert "./doc_00001.txt" in model.prompts[1] and f"     2\t{first_title}" in model.prompts[1]
@@ -194,15 +196,14 @@ def test_dci_agent_searches_reads_and_answers(samples, tiny_tokenizer):
 
 def test_dci_agent_finalizes_when_turns_run_out(samples, tiny_tokenizer):
     loop = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
-    model = ScriptedModel(lambda p, i: "still looking</think>" + loop if "You have used all your turns" not in p else "</think><answer>Anna</answer>")
-    result = run(build_method("dci", models_for(model, tiny_tokenizer), agent={"max_turns": 3}).run(samples[(12, 0)]))
+    model = ScriptedModel(lambda p, i: "still looking</think>" + loop if "You have used all your turns" not in p else "</think><answer>Anna</answer>", tiny_tokenizer)
+    result = run(build_method("dci", models_for(model, tiny_tokenizer), episode={"max_turns": 3}).run(samples[(12, 0)]))
     assert result.answer == "Anna" and result.steps == 4 and result.record["stop_reason"] == "finalize"
     assert "<tools>" not in model.prompts[-1]  # the finalize turn offers no tools
+    assert "<tools>" in model.prompts[0] and result.record["token_view_valid"] is False  # eval-only: no token view
 
 
-def test_tool_loop_compacts_old_results_and_continues_cut_turns(tiny_tokenizer):
-    from parser.baselines.tool_agent import ToolAgent, ToolAgentConfig
-
+def test_engine_compacts_old_results_and_continues_cut_turns(tiny_tokenizer):
     call = '<tool_call>{"name": "echo", "arguments": {"n": 1}}</tool_call>'
 
     class Cut(ScriptedModel):
@@ -212,16 +213,46 @@ def test_tool_loop_compacts_old_results_and_continues_cut_turns(tiny_tokenizer):
                 completion.finish_reason = "length"
             return completion
 
+    class Echo(FunctionTools):
+        tool_schemas: list = []
+
+        def __init__(self):
+            self.functions = {"echo": self.echo}
+
+        async def echo(self, arguments):
+            return "R" * 100
+
+        def system_prompt(self):
+            return "system"
+
+        def user_prompt(self, question):
+            return question
+
+        def invalid_action(self, error):
+            return f"invalid: {error}"
+
     script = ["</think>" + call, "</think>" + call, "half a thought", "</think>" + call, "</think><answer>A</answer>"]
-    model = Cut(lambda p, i: script[i])
-
-    async def echo(arguments):
-        return "R" * 100
-
-    config = ToolAgentConfig(max_turns=6, compact_after_chars=250, keep_recent_results=2)
-    agent = ToolAgent(model, tiny_tokenizer, {"echo": echo}, [], config)
-    result = run(agent.run("system", "question"))
-    assert result.answer == "A" and result.steps == 5
+    model = Cut(lambda p, i: script[i], tiny_tokenizer)
+    config = EpisodeConfig(max_turns=6, continue_cut_turns=True, compact_after_chars=250, keep_recent_results=2)
+    result = run(EpisodeEngine(model, tiny_tokenizer, config=config).run_tools("question", Echo()))
+    assert result.answer == "A" and result.num_turns == 5
     assert "cut off at the token limit" in model.prompts[3]
     tool_results = [m["content"] for m in result.messages if m["role"] == "tool"]
     assert tool_results[0].startswith("[older tool result removed") and tool_results[1:] == ["R" * 100] * 2
+    assert [len(t.tool_calls) for t in result.turns] == [1, 1, 0, 1, 0] and not result.token_view_valid
+    # before compaction the prompts are the appended stream; after it, the re-rendered history
+    assert model.prompts[3].startswith(model.prompts[2]) and "R" * 100 + "\n</tool_response>" in model.prompts[3]
+    assert model.prompts[4].count("[older tool result removed") == 1
+
+
+def test_token_view_options_keep_the_stream(tiny_tokenizer):
+    """plain_reply_is_answer and continue_cut_turns append; the token view stays valid."""
+    model = ScriptedModel(lambda p, i: '{"answer": "unknown"}', tiny_tokenizer)
+    with tempfile.TemporaryDirectory() as directory:
+        tools = SandboxTools(Sandbox(directory), "dci_subagent")
+        config = EpisodeConfig(plain_reply_is_answer=True, continue_cut_turns=True, lead_thinking=False)
+        result = run(EpisodeEngine(model, tiny_tokenizer, config=config).run_tools("Who?", tools))
+    assert result.answer == '{"answer": "unknown"}' and result.stop_reason == "plain_reply" and result.token_view_valid
+    assert result.turns[0].action_error is None
+    stream = tiny_tokenizer.decode(result.prompt_ids + result.response_ids, skip_special_tokens=False)
+    assert stream.startswith(model.prompts[0]) and "Query: Who?" in model.prompts[0]

@@ -15,7 +15,8 @@ import pytest
 
 from parser.methods import MethodResult, Models, Sample, build_method
 
-SHORT = {"max_new_tokens": 12}
+SHORT = {"max_tokens_per_turn": 12}
+PARSER_EPISODE = {"max_turns": 2, "max_tokens_per_turn": 12, "chunk_size": 1500}
 
 
 @pytest.fixture(scope="module")
@@ -31,20 +32,22 @@ def models(tiny_backend, tiny_tokenizer):
     return Models(tiny_backend, tiny_tokenizer, tiny_backend, tiny_tokenizer)
 
 
+# report label -> (registered method, its config section); the ParSer variants are config only
 METHODS = {
-    "full_context": {"max_new_tokens": 12, "followup_max_new_tokens": 8, "max_context_tokens": 100_000},
-    "memagent": {"chunk_size": 1500, "max_memory_tokens": 12, "max_answer_tokens": 8},
-    "rememr1": {"chunk_size": 1500, "max_memory_tokens": 12, "max_answer_tokens": 8},
-    "rag": {"chunk_size": 1024, "embedder": {"model": "minilm"}, "agent": {"max_turns": 2, **SHORT}},
-    "dci": {"agent": {"max_turns": 2, **SHORT}},
-    "parser_thinking": {"episode": {"max_turns": 2, "max_tokens_per_turn": 12, "chunk_size": 1500}, "reader": {"max_new_tokens": 12}},
-    "parser_dci": {"episode": {"max_turns": 2, "max_tokens_per_turn": 12, "chunk_size": 1500}, "reader": {"agent": {"max_turns": 1, **SHORT}}},
+    "full_context": ("full_context", {"max_new_tokens": 12, "followup_max_new_tokens": 8, "max_context_tokens": 100_000}),
+    "memagent": ("memagent", {"chunk_size": 1500, "max_memory_tokens": 12, "max_answer_tokens": 8}),
+    "rememr1": ("rememr1", {"chunk_size": 1500, "max_memory_tokens": 12, "max_answer_tokens": 8}),
+    "rag": ("rag", {"chunk_size": 1024, "embedder": {"model": "minilm"}, "episode": {"max_turns": 2, **SHORT}}),
+    "dci": ("dci", {"episode": {"max_turns": 2, **SHORT}}),
+    "parser_thinking": ("parser", {"episode": PARSER_EPISODE, "reader": {"type": "thinking", "max_new_tokens": 12}}),
+    "parser_dci": ("parser", {"episode": PARSER_EPISODE, "reader": {"type": "dci", "episode": {"max_turns": 1, **SHORT}}}),
 }
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
-def test_each_method_runs_end_to_end_with_a_tiny_model(name, samples, models):
-    method = build_method(name, models, **METHODS[name])
+@pytest.mark.parametrize("label", sorted(METHODS))
+def test_each_method_runs_end_to_end_with_a_tiny_model(label, samples, models):
+    name, cfg = METHODS[label]
+    method = build_method(name, models, **cfg)
     result = asyncio.run(method.run(samples[10]))
     asyncio.run(method.aclose())
     assert isinstance(result, MethodResult) and result.steps >= 1 and result.wall_s > 0

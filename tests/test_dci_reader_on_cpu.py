@@ -22,12 +22,15 @@ from parser.readers import DCIReader, ThinkingReader
 
 
 class ScriptedModel:
-    def __init__(self, script):
-        self.script, self.prompts = script, []
+    """Replies `script(text, prompt)`; token-id prompts (the episode engine's) are decoded to `text`."""
+
+    def __init__(self, script, tokenizer):
+        self.script, self.tokenizer, self.prompts, self.routing_keys = script, tokenizer, [], []
 
     async def generate(self, prompt, sampling, *, routing_key=None, request_id=None):
-        text = prompt if isinstance(prompt, str) else None
+        text = prompt if isinstance(prompt, str) else self.tokenizer.decode(list(prompt), skip_special_tokens=False)
         self.prompts.append(text)
+        self.routing_keys.append(routing_key)
         return Completion(text=self.script(text, prompt), finish_reason="stop")
 
     async def aclose(self):
@@ -47,9 +50,9 @@ def test_parser_with_dci_subagents_finds_the_right_chunks(sample, tiny_tokenizer
     query_call = f'<tool_call>{{"name": "query_agents", "arguments": {{"query": "Who is {name}?"}}}}</tool_call>'
 
     def script(text, prompt):
-        if text is None:  # the lead: token ids from the engine
-            decoded = tiny_tokenizer.decode(prompt)
-            return "</think><answer>done</answer><|im_end|>" if "<tool_response>" in decoded else "plan</think>" + query_call + "<|im_end|>"
+        assert not isinstance(prompt, str)  # lead and DCI subagents both run in the episode engine
+        if "query_agents" in text:  # the lead (its system prompt offers query_agents)
+            return "</think><answer>done</answer><|im_end|>" if "<tool_response>" in text else "plan</think>" + query_call + "<|im_end|>"
         if "Query: Who is" in text and "<tool_response>" not in text:  # a DCI subagent's first turn
             return f'</think><tool_call>{{"name": "bash", "arguments": {{"command": "grep -rl \'{name}\' ."}}}}</tool_call>'
         hits = re.findall(r"doc_(\d+)\.txt", text.rsplit("<tool_response>", 1)[-1])
@@ -57,9 +60,9 @@ def test_parser_with_dci_subagents_finds_the_right_chunks(sample, tiny_tokenizer
             return json.dumps({"evidence": f"Document {int(hits[0])}", "answer": f"found in doc {int(hits[0])}"})
         return '{"answer": "unknown"}'
 
-    model = ScriptedModel(script)
+    model = ScriptedModel(script, tiny_tokenizer)
     models = Models(model, tiny_tokenizer, model, tiny_tokenizer)
-    method = build_method("parser_dci", models, episode={"chunk_size": 600, "max_turns": 3, "lead_temperature": 0.0})
+    method = build_method("parser", models, episode={"chunk_size": 600, "max_turns": 3, "lead_temperature": 0.0}, reader={"type": "dci"})
     result = asyncio.run(method.run(sample))
     chunks = chunk_document(sample.context, tiny_tokenizer, 600)
     holding = {c.index for c in chunks if name in c.text}
@@ -68,6 +71,8 @@ def test_parser_with_dci_subagents_finds_the_right_chunks(sample, tiny_tokenizer
     assert 0 < len(holding) < len(chunks)  # some chunks hold the name, others must stay silent
     reported = {int(a.split("_")[1]) for f in query["findings"] for a in [f["agent"], *f["merged_agents"]]}
     assert reported == holding
+    subagent_keys = {k for k, p in zip(model.routing_keys, model.prompts) if "query_agents" not in p}
+    assert subagent_keys == {f"{sample.id}:{c.index}" for c in chunks}  # each chunk's turns pinned to its key
     root = method.reader.root
     assert root.exists() and not any(root.iterdir())  # the sample's chunk corpora are gone
     asyncio.run(method.aclose())
@@ -75,7 +80,7 @@ def test_parser_with_dci_subagents_finds_the_right_chunks(sample, tiny_tokenizer
 
 
 def test_dci_reader_reuses_one_corpus_per_chunk(sample, tiny_tokenizer):
-    model = ScriptedModel(lambda text, prompt: '{"answer": "unknown"}')
+    model = ScriptedModel(lambda text, prompt: '{"answer": "unknown"}', tiny_tokenizer)
     reader = DCIReader(model, tiny_tokenizer)
     chunk = chunk_document(sample.context, tiny_tokenizer, 600)[1]
     for query in ("a?", "b?"):
@@ -96,7 +101,7 @@ def test_thinking_reader_hands_gather_only_the_reply(tiny_tokenizer):
         'Maybe {"answer": "guess"}? No.</think>\n{"evidence": "Lake Y lies north.", "answer": "north"}',
         'thinking {"answer": "guess"} and cut off',
     ])
-    model = ScriptedModel(lambda text, prompt: next(replies))
+    model = ScriptedModel(lambda text, prompt: next(replies), tiny_tokenizer)
     reader = ThinkingReader(model, tiny_tokenizer)
     first = asyncio.run(reader.read("Where is Lake Y?", chunk, "d"))
     assert parse_reply(first.text) == ("north", "Lake Y lies north.")

@@ -3,7 +3,8 @@
 The document is cut into fixed-size chunks (1,024 tokens, the same paragraph-packing as
 ParSer's chunking), embedded once per sample; each call returns the top 3 chunks by cosine
 similarity of L2-normalised embeddings, as a JSON observation (query; rank, score, index and
-text per chunk). ReAct loop, temperature 0, 2,048 new tokens a turn, at most 16 turns.
+text per chunk). The agent runs in the one episode engine (`parser.episode`) with the `RetrievalTools` tool
+set: ReAct loop, temperature 0, 2,048 new tokens a turn, at most 16 turns.
 
 Embedders (the `embedder` section of the models config, built by `build_embedder`):
 
@@ -23,9 +24,10 @@ import numpy as np
 import orjson
 
 from parser.baselines import templates
-from parser.baselines.tool_agent import ToolAgent, ToolAgentConfig
 from parser.chunking import chunk_document
+from parser.episode import EpisodeConfig, EpisodeEngine
 from parser.methods import MethodResult, Models, Sample, register_method
+from parser.tools import FunctionTools
 
 QWEN3_QUERY_INSTRUCTION = "Instruct: Given a question, retrieve passages that answer the question\nQuery:"
 
@@ -102,40 +104,61 @@ class Retriever:
         return [{"rank": r + 1, "score": round(float(scores[i]), 4), "index": int(i), "text": self.chunks[i]} for r, i in enumerate(order)]
 
 
+class RetrievalTools(FunctionTools):
+    """`retrieve_documents(query)`: the top-k chunks as a JSON observation (query; rank, score, index, text)."""
+
+    def __init__(self, retriever: Retriever, version: str = templates.DEFAULT_VERSION):
+        self.retriever, self.version = retriever, version
+        self.functions = {"retrieve_documents": self.retrieve_documents}
+        self.tool_schemas = templates.tools("retrieve_documents", version=version)
+
+    async def retrieve_documents(self, arguments: dict[str, Any]) -> str:
+        query = arguments.get("query")
+        if not isinstance(query, str) or not query.strip():
+            return "Error: retrieve_documents needs a non-empty 'query' string"
+        return orjson.dumps({"query": query, "results": self.retriever.search(query)}).decode()
+
+    def system_prompt(self) -> str:
+        return templates.render("rag_system", self.version)
+
+    def user_prompt(self, question: str) -> str:
+        return templates.render("rag_user", self.version, question=question)
+
+    def invalid_action(self, error: str) -> str:
+        return templates.render("invalid_action", self.version, error=error)
+
+
+# The reference ReAct loop: greedy, thinking, 2,048 tokens a turn, 16 turns, cut turns continued,
+# one tool-free finalize turn. Keys are `EpisodeConfig` fields; `episode` in the config overrides.
+RAG_EPISODE = {"max_turns": 16, "max_tokens_per_turn": 2048, "lead_temperature": 0.0, "lead_thinking": True,
+               "continue_cut_turns": True, "finalize_turn": True}
+
+
 @register_method("rag")
 class AgenticRAGMethod:
     name = "rag"
 
     def __init__(self, models: Models, *, chunk_size: int = 1024, top_k: int = 3, embedder: Mapping[str, Any] | str | None = None,
-                 agent: Mapping[str, Any] | None = None):
+                 episode: Mapping[str, Any] | None = None, prompt_version: str = templates.DEFAULT_VERSION):
         """`embedder` (this method's config) is used when the models config has none."""
         if models.embedder is None:
             if embedder is None:
                 raise ValueError("rag: no embedder: set method.embedder or models.embedder (e.g. {model: minilm})")
             models.embedder = build_embedder(embedder)
         self.models = models
-        self.chunk_size, self.top_k = chunk_size, top_k
-        self.config = ToolAgentConfig(**{"max_turns": 16, "max_new_tokens": 2048, "temperature": 0.0, **(agent or {})})
+        self.chunk_size, self.top_k, self.prompt_version = chunk_size, top_k, prompt_version
+        self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, config=EpisodeConfig(**{**RAG_EPISODE, **(episode or {})}))
 
     async def run(self, sample: Sample) -> MethodResult:
         started = time.perf_counter()
         chunks = [c.text for c in chunk_document(sample.context, self.models.lead_tokenizer, self.chunk_size)]
-        retriever = Retriever(self.models.embedder, chunks, self.top_k)
+        tools = RetrievalTools(Retriever(self.models.embedder, chunks, self.top_k), self.prompt_version)
         index_s = time.perf_counter() - started
-
-        async def retrieve_documents(arguments: dict[str, Any]) -> str:
-            query = arguments.get("query")
-            if not isinstance(query, str) or not query.strip():
-                return "Error: retrieve_documents needs a non-empty 'query' string"
-            return orjson.dumps({"query": query, "results": retriever.search(query)}).decode()
-
-        version = self.config.prompt_version
-        agent = ToolAgent(self.models.lead, self.models.lead_tokenizer, {"retrieve_documents": retrieve_documents},
-                          templates.tools("retrieve_documents", version=version), self.config)
-        run = await agent.run(templates.render("rag_system", version), templates.render("rag_user", version, question=sample.question), request_id=sample.id)
+        trajectory = await self.engine.run_tools(sample.question, tools, doc_id=sample.id)
+        trajectory.num_chunks = len(chunks)
         return MethodResult(
-            answer=run.answer, steps=run.steps, wall_s=time.perf_counter() - started, lead_output_tokens=run.output_tokens,
-            record={"num_chunks": len(chunks), "index_s": index_s, "stop_reason": run.stop_reason, "turns": run.turns},
+            answer=trajectory.answer, steps=trajectory.num_turns, wall_s=time.perf_counter() - started,
+            lead_output_tokens=int(trajectory.stats()["lead_tokens"]), record={**trajectory.to_dict(), "index_s": index_s},
         )
 
     async def aclose(self) -> None:

@@ -1,7 +1,8 @@
 """The baselines' prompts, as data: `parser/prompts/baselines/<version>/<name>.txt` + `tools.json`.
 
 Kept apart from the lead's `parser/prompts/v1/` so a change to a baseline prompt never changes
-ParSer's prompt version (and the other way round). Templates are `str.format` strings.
+ParSer's prompt version (and the other way round). Templates are `str.format` strings. The
+engine's own turns (continuation, finalize, compaction placeholder) are in `parser.prompts`.
 
     render("memagent_update", question=q, memory=m, chunk=c)
 """
@@ -27,10 +28,7 @@ FIELDS = {
     "dci_user": {"question"},
     "dci_subagent_system": set(),
     "dci_subagent_user": {"query"},
-    "finalize": set(),
-    "continue": set(),
     "invalid_action": {"error"},
-    "compacted": set(),
 }
 
 

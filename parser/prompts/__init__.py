@@ -29,6 +29,11 @@ FIELDS = {
     "observation": {"query", "num_findings", "num_agents", "findings"},
     "observation_empty": {"query", "num_agents"},
     "omitted": {"count"},
+    # engine turns that only eval-time options use (`EpisodeConfig.continue_cut_turns`,
+    # `finalize_turn`, `compact_after_chars`); every tool set shares them
+    "continue": set(),
+    "finalize": set(),
+    "compacted": set(),
 }
 
 

@@ -1,32 +1,36 @@
-"""Alternative chunk readers for ParSer (paper Table 5), beside the default `parser.reader.SubagentReader`.
+"""Chunk readers for ParSer (paper Table 5), built from the `reader` section of a method config.
 
-They implement the same `ChunkReader` protocol, so the same lead agent and the one episode
-engine coordinate them without retraining:
+They implement the `parser.reader.ChunkReader` protocol, so the same lead agent and the one
+episode engine coordinate them without retraining:
 
-    from parser.readers import build_reader
-    reader = build_reader({"type": "dci"}, models)     # or {"type": "thinking"}, {"type": "direct"}
-    method = build_method("parser", models=models, episode=cfg, reader=reader)
+    reader = build_reader({"type": "subagent"}, models)   # the default frozen subagent (parser.reader)
+    reader = build_reader({"type": "thinking", "max_new_tokens": 4096}, models)
+    reader = build_reader({"type": "dci", "episode": {"max_turns": 8}}, models)
+    method = build_method("parser", models=models, episode=cfg, reader={"type": "dci"})
+
+A reader may have `forget(doc_id)` (drop one document's state after its episode) and `close()`.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from parser.reader import SubagentReader
 from parser.readers.dci import DCIReader
 from parser.readers.thinking import ThinkingReader
 
-__all__ = ["DCIReader", "ThinkingReader", "build_reader"]
+__all__ = ["DCIReader", "ThinkingReader", "build_reader", "READER_TYPES"]
+
+READER_TYPES = ("subagent", "thinking", "dci")
 
 
 def build_reader(cfg: Mapping[str, Any], models: Any) -> Any:
     """A reader over the subagent model from a config section (`type` + the reader's kwargs)."""
     cfg = dict(cfg)
-    kind = cfg.pop("type", "direct")
-    if kind == "direct":
-        from parser.reader import SubagentReader
-
+    kind = cfg.pop("type", "subagent")
+    if kind == "subagent":
         return SubagentReader(models.subagent, models.subagent_tokenizer, **cfg)
     if kind == "thinking":
         return ThinkingReader(models.subagent, models.subagent_tokenizer, **cfg)
     if kind == "dci":
         return DCIReader(models.subagent, models.subagent_tokenizer, **cfg)
-    raise ValueError(f"reader config: unknown type {kind!r} (expected direct, thinking or dci)")
+    raise ValueError(f"reader config: unknown type {kind!r} (expected one of {', '.join(READER_TYPES)})")

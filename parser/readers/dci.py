@@ -1,13 +1,14 @@
 """The DCI subagent (paper Table 5): a chunk reader that searches its chunk with `rg`/`read`.
 
 Each chunk is written once to its own corpus directory (one file per paragraph) under a
-temporary folder owned by the reader, and every query about that chunk runs a short DCI tool
-loop (`parser.baselines.tool_agent`) confined to it by `parser.dci.Sandbox`. The final reply is
-the same JSON the default subagent gives (`{"evidence": ..., "answer": ...}` or
-`{"answer": "unknown"}`), so `parser.gather` and the lead are unchanged.
+temporary folder owned by the reader, and every query about that chunk is a short DCI episode of
+the one engine (`parser.episode.EpisodeEngine.run_tools` with `SandboxTools`), confined to the
+chunk by `parser.dci.Sandbox`. The final reply is the same JSON the default subagent gives
+(`{"evidence": ..., "answer": ...}` or `{"answer": "unknown"}`), so `parser.gather` and the lead
+are unchanged.
 
-    reader = DCIReader(models.subagent, models.subagent_tokenizer)
-    method = build_method("parser", models=models, episode=..., reader=reader)
+    reader = build_reader({"type": "dci", "episode": {"max_turns": 8}}, models)
+    method = build_method("parser", models=models, episode=..., reader={"type": "dci"})
 """
 from __future__ import annotations
 
@@ -19,24 +20,25 @@ from typing import Any, Mapping
 
 from parser.backends.base import Backend
 from parser.baselines import templates
-from parser.baselines.dci_agent import sandbox_tools
-from parser.baselines.tool_agent import ToolAgent, ToolAgentConfig
+from parser.baselines.dci_agent import SandboxTools
 from parser.chunking import Chunk
 from parser.dci import Sandbox, materialize_corpus
+from parser.episode import EpisodeConfig, EpisodeEngine
 from parser.reader import ReaderReply
 
-DCI_READER_DEFAULTS = {
-    "max_turns": 8, "max_new_tokens": 2048, "temperature": 0.0, "thinking": False, "plain_reply_is_answer": True,
-    "finalize": True, "compact_after_chars": 240_000, "keep_recent_results": 12,
+# the DCI agent's protocol, smaller: 8 non-thinking greedy turns of 2,048 tokens per (query, chunk)
+DCI_READER_EPISODE = {
+    "max_turns": 8, "max_tokens_per_turn": 2048, "lead_temperature": 0.0, "lead_thinking": False,
+    "plain_reply_is_answer": True, "continue_cut_turns": True, "finalize_turn": True,
+    "compact_after_chars": 240_000, "keep_recent_results": 12,
 }
 
 
 class DCIReader:
     def __init__(self, backend: Backend, tokenizer: Any, *, command_timeout_s: float = 30.0, workdir: str | None = None,
-                 agent: Mapping[str, Any] | None = None):
-        self.backend, self.tokenizer = backend, tokenizer
-        self.command_timeout_s = command_timeout_s
-        self.config = ToolAgentConfig(**{**DCI_READER_DEFAULTS, **(agent or {})})
+                 episode: Mapping[str, Any] | None = None, prompt_version: str = templates.DEFAULT_VERSION):
+        self.command_timeout_s, self.prompt_version = command_timeout_s, prompt_version
+        self.engine = EpisodeEngine(backend, tokenizer, config=EpisodeConfig(**{**DCI_READER_EPISODE, **(episode or {})}))
         self.root = Path(tempfile.mkdtemp(prefix="dci-chunks-", dir=workdir))
         self._sandboxes: dict[tuple[str, int], Sandbox] = {}
 
@@ -49,12 +51,11 @@ class DCIReader:
         return self._sandboxes[key]
 
     async def read(self, query: str, chunk: Chunk, doc_id: str) -> ReaderReply:
-        version = self.config.prompt_version
-        agent = ToolAgent(self.backend, self.tokenizer, sandbox_tools(self.sandbox(chunk, doc_id)),
-                          templates.tools("read", "bash", version=version), self.config)
-        run = await agent.run(templates.render("dci_subagent_system", version), templates.render("dci_subagent_user", version, query=query),
-                              request_id=f"{doc_id}:{chunk.index}")
-        return ReaderReply(run.answer or "", prompt_tokens=run.prompt_tokens, completion_tokens=run.output_tokens)
+        tools = SandboxTools(self.sandbox(chunk, doc_id), "dci_subagent", self.prompt_version)
+        key = f"{doc_id}:{chunk.index}"
+        trajectory = await self.engine.run_tools(query, tools, doc_id=key, routing_key=key)
+        return ReaderReply(trajectory.answer or "", prompt_tokens=sum(t.prompt_tokens for t in trajectory.turns),
+                           completion_tokens=sum(t.lead_tokens for t in trajectory.turns))
 
     def forget(self, doc_id: str) -> None:
         """Delete one document's chunk corpora (call when its episode is over)."""

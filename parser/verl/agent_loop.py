@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
-import os
 from typing import Any, Mapping
 from uuid import uuid4
 
@@ -46,10 +44,7 @@ from parser.verl.metrics import trajectory_metrics
 from parser.verl.reward import ANSWER_KEY, score_answer
 from parser.verl.server_manager import ServerManagerBackend
 
-logger = logging.getLogger(__name__)
-logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
-
-AGENT_NAME = "parser_agent"
+AGENT_NAME = "parser_agent"  # configs/train/agent_loop.yaml `name`; the dataset's agent_name
 
 
 @dataclasses.dataclass

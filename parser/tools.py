@@ -1,0 +1,192 @@
+"""Tool sets: what an agent run by `parser.episode.EpisodeEngine` can call, and what it is told.
+
+The engine owns the loop (generate -> parse -> execute -> append -> repeat) and the token view;
+a `Toolset` owns everything tool-specific: the schemas given to the chat template, the system
+and user prompts, the invalid-action hint, and `execute(calls)`, which turns the turn's calls
+into observation messages (one `tool` message per call, in call order) plus records for the
+trajectory. So ParSer, agentic RAG and the DCI agent/subagent share one loop:
+
+    engine = EpisodeEngine(lead, tokenizer, reader, config)
+    await engine.run(question, chunks, doc_id=...)             # ParSer: QueryAgents over chunks
+    await engine.run_tools(question, RetrievalTools(...))      # parser.baselines.rag
+    await engine.run_tools(question, SandboxTools(...))        # parser.baselines.dci_agent
+
+`QueryAgents` is ParSer's one tool, the scatter–gather of paper Algorithm 1: each query goes to
+every chunk's reader concurrently (queries of one turn too), with a per-request timeout and
+retries with backoff for retryable errors; what still fails is recorded as a failed call and
+treated as an abstention — it never kills the episode. Replies are gathered into one bounded
+observation per query (`parser.gather`). The lead never sees a chunk.
+
+`FunctionTools` is the base for tool sets made of plain async functions (`arguments -> text`):
+a failing function becomes an "Error: ..." observation, never an exception.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any, Awaitable, Callable, Protocol
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from parser import gather, prompts
+from parser.actions import TOOL_NAME, ToolCall
+from parser.backends.base import BackendError
+from parser.chunking import Chunk
+from parser.reader import ChunkReader
+from parser.trajectory import Finding, QueryRecord, SubagentCall
+
+
+@dataclasses.dataclass
+class ToolResult:
+    """What one turn's calls produced: the observation messages and the trajectory records."""
+
+    messages: list[dict[str, Any]]
+    queries: list[QueryRecord] = dataclasses.field(default_factory=list)  # -> Turn.queries
+    calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # -> Turn.tool_calls
+
+
+class Toolset(Protocol):
+    names: tuple[str, ...]  # the tools the agent may call; calls to other names are invalid actions
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """OpenAI-style function schemas for `apply_chat_template(tools=...)`."""
+        ...
+
+    def system_prompt(self) -> str: ...
+
+    def user_prompt(self, question: str) -> str: ...
+
+    def invalid_action(self, error: str) -> str:
+        """The hint appended after a turn with neither a usable call nor an answer."""
+        ...
+
+    async def execute(self, calls: list[ToolCall]) -> ToolResult: ...
+
+
+def _retryable(error: BaseException) -> bool:
+    return isinstance(error, asyncio.TimeoutError) or (isinstance(error, BackendError) and error.retryable)
+
+
+@dataclasses.dataclass
+class ScatterSettings:
+    """The `EpisodeConfig` values the scatter uses (kept apart so this module needs no engine)."""
+
+    prompt_version: str = prompts.DEFAULT_VERSION
+    observation_token_budget: int = 4096
+    merge_identical_answers: bool = True
+    request_timeout_s: float = 300.0
+    max_attempts: int = 4
+    retry_backoff_s: float = 0.5
+
+
+class QueryAgents:
+    """ParSer's `query_agents(query)` over one document's chunks (one instance per episode).
+
+    `slots` bounds the subagent requests in flight; the engine shares one semaphore across all
+    its episodes. `count_tokens` measures the observation budget in the lead's tokens.
+    """
+
+    names = (TOOL_NAME,)
+
+    def __init__(self, reader: ChunkReader, chunks: list[Chunk], doc_id: str, settings: ScatterSettings,
+                 slots: asyncio.Semaphore, count_tokens: Callable[[str], int]):
+        if not chunks:
+            raise ValueError(f"episode {doc_id!r} has no chunks to read")
+        self.reader, self.chunks, self.doc_id = reader, chunks, doc_id
+        self.settings, self.slots, self.count_tokens = settings, slots, count_tokens
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return prompts.lead_tools(self.settings.prompt_version)
+
+    def system_prompt(self) -> str:
+        return prompts.render("lead_system", self.settings.prompt_version)
+
+    def user_prompt(self, question: str) -> str:
+        return prompts.render("lead_user", self.settings.prompt_version, question=question)
+
+    def invalid_action(self, error: str) -> str:
+        return prompts.render("invalid_action", self.settings.prompt_version)
+
+    async def execute(self, calls: list[ToolCall]) -> ToolResult:
+        queries = list(await asyncio.gather(*(self.scatter(c.arguments["query"]) for c in calls)))
+        return ToolResult([{"role": "tool", "name": TOOL_NAME, "content": q.observation} for q in queries], queries=queries)
+
+    async def scatter(self, query: str) -> QueryRecord:
+        started = time.perf_counter()
+        calls = await asyncio.gather(*(self._read(query, chunk) for chunk in self.chunks))
+        findings = []
+        for chunk, (call, text) in zip(self.chunks, calls):
+            parsed = gather.parse_reply(text) if call.status != "failed" else None
+            if parsed:
+                call.status, call.raw = "finding", text
+                findings.append(Finding(agent=f"agent_{chunk.index}", chunk_index=chunk.index, answer=parsed[0], evidence=parsed[1]))
+            elif call.status != "failed":
+                call.status = "abstain"
+        if self.settings.merge_identical_answers:
+            findings = gather.merge_identical(findings)
+        observation, omitted = gather.render_observation(
+            query, findings, len(self.chunks), self.count_tokens, self.settings.observation_token_budget, self.settings.prompt_version
+        )
+        return QueryRecord(query, findings, [c for c, _ in calls], observation, omitted, time.perf_counter() - started)
+
+    async def _read(self, query: str, chunk: Chunk) -> tuple[SubagentCall, str]:
+        """One (query, chunk) request with timeout and retries; failures become a record."""
+        cfg = self.settings
+        started = time.perf_counter()
+        attempts = 0
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(cfg.max_attempts),
+                wait=wait_exponential_jitter(multiplier=cfg.retry_backoff_s, max=30.0, jitter=cfg.retry_backoff_s),
+                retry=retry_if_exception(_retryable),
+                reraise=True,
+            ):
+                with attempt:
+                    attempts += 1
+                    async with self.slots:
+                        reply = await asyncio.wait_for(self.reader.read(query, chunk, self.doc_id), cfg.request_timeout_s)
+        except Exception as error:  # noqa: BLE001 - any reader failure is recorded, never raised
+            message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            return SubagentCall(chunk.index, "failed", attempts=attempts, latency_s=time.perf_counter() - started, error=message), ""
+        call = SubagentCall(
+            chunk.index, "pending", reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens, attempts, time.perf_counter() - started
+        )
+        return call, reply.text
+
+
+ToolFn = Callable[[dict[str, Any]], Awaitable[str]]
+
+
+class FunctionTools:
+    """A tool set of async functions `arguments -> observation text`, run concurrently per turn.
+
+    Subclasses set `functions` (name -> function), `tool_schemas`, and the three prompts.
+    """
+
+    functions: dict[str, ToolFn]
+    tool_schemas: list[dict[str, Any]]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.functions)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return self.tool_schemas
+
+    async def _call(self, call: ToolCall) -> tuple[str, dict[str, Any]]:
+        started = time.perf_counter()
+        error = None
+        try:
+            result = await self.functions[call.name](call.arguments)
+        except Exception as exc:  # noqa: BLE001 - a tool failure is an observation, never a crash
+            error = f"{type(exc).__name__}: {exc}"
+            result = f"Error: {error}"
+        record = {"name": call.name, "arguments": call.arguments, "result_chars": len(result),
+                  "latency_s": time.perf_counter() - started, "error": error}
+        return result, record
+
+    async def execute(self, calls: list[ToolCall]) -> ToolResult:
+        done = await asyncio.gather(*(self._call(c) for c in calls))
+        messages = [{"role": "tool", "name": c.name, "content": result} for c, (result, _) in zip(calls, done)]
+        return ToolResult(messages, calls=[record for _, record in done])
