@@ -127,7 +127,7 @@ def _ids(tokenizer) -> dict[str, int]:
     return {"eos": eos, "pad": pad, "stop": [eos, eot] if eot is not None and eot != eos else [eos]}
 
 
-def _finish(model, tokenizer, seed: int):
+def _finish(model, tokenizer):
     ids = _ids(tokenizer)
     model.generation_config.eos_token_id = ids["stop"]
     model.generation_config.pad_token_id = ids["pad"]
@@ -154,18 +154,19 @@ def _common(tokenizer) -> dict:
     )
 
 
-def tiny_qwen3(tokenizer=None, *, seed: int = 0):
-    """A random-weight `Qwen3ForCausalLM` (hidden 64, 2 attention layers), eval mode."""
+def tiny_qwen3(tokenizer=None, *, seed: int = 0, **overrides):
+    """A random-weight `Qwen3ForCausalLM` (hidden 64, 2 attention layers), eval mode.
+    `overrides` change config fields (e.g. head_dim=64 for GPU attention kernels)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tokenizer = tokenizer or byte_bpe_tokenizer()
     torch.manual_seed(seed)
-    config = Qwen3Config(**_common(tokenizer))
-    return _finish(Qwen3ForCausalLM(config), tokenizer, seed)
+    config = Qwen3Config(**{**_common(tokenizer), **overrides})
+    return _finish(Qwen3ForCausalLM(config), tokenizer)
 
 
-def tiny_qwen3_5(tokenizer=None, *, seed: int = 0):
+def tiny_qwen3_5(tokenizer=None, *, seed: int = 0, **overrides):
     """A random-weight `Qwen3_5ForCausalLM` (hidden 64; one gated-delta-net linear-attention
     layer then one full-attention layer, like Qwen3.5's 3:1 hybrid stack in miniature), eval
     mode. Its cache mixes recurrent state (not croppable) with KV (croppable)."""
@@ -174,13 +175,14 @@ def tiny_qwen3_5(tokenizer=None, *, seed: int = 0):
 
     tokenizer = tokenizer or byte_bpe_tokenizer()
     torch.manual_seed(seed)
-    config = Qwen3_5TextConfig(
+    config = Qwen3_5TextConfig(**{
         **_common(tokenizer),
-        layer_types=["linear_attention", "full_attention"],
-        linear_conv_kernel_dim=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-    )
-    return _finish(Qwen3_5ForCausalLM(config), tokenizer, seed)
+        "layer_types": ["linear_attention", "full_attention"],
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        **overrides,
+    })
+    return _finish(Qwen3_5ForCausalLM(config), tokenizer)
