@@ -106,7 +106,9 @@ def test_keys_do_not_share_entries_and_the_lru_is_bounded(tiny_qwen3_5_model, ti
     assert list(backend.cache_info()) == ["b", "c"]
     assert backend.generate_ids(prompt, short, key="a").cached_tokens == 0  # evicted
     assert backend.generate_ids(prompt, short, key="c").cached_tokens > 0
-    tight = TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer, max_cached_tokens=len(prompt) + 5)
+    one_entry = backend.cache_info()["c"]["bytes"]
+    assert one_entry > 0
+    tight = TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer, max_cache_bytes=int(one_entry * 1.5))
     tight.generate_ids(prompt, short, key="a")
     tight.generate_ids(prompt, short, key="b")
     assert list(tight.cache_info()) == ["b"]

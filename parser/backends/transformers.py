@@ -23,7 +23,7 @@ reusable length is the longest common prefix of the new prompt with that entry's
   instructions+chunk prefix is never recomputed), every `checkpoint_every` tokens during
   prefill (so the second prompt recomputes less than that many prefix tokens), and at the
   end of the cached tokens (the lead's next turn extends its previous one).
-The cache is bounded by entry count and total cached tokens (LRU).
+The cache is bounded by entry count and by bytes held (LRU).
 
 Logprobs: of each chosen token under log_softmax(logits / temperature) (temperature 1 for
 greedy), before top-k/top-p filtering: SGLang's default (`SGLANG_RETURN_ORIGINAL_LOGPROB`
@@ -80,7 +80,7 @@ class TransformersBackend:
         tokenizer: Any,
         *,
         max_cache_entries: int = 64,  # higher: more chunks keep their prefix warm, more memory
-        max_cached_tokens: int = 262_144,  # total tokens held across entries (KV memory bound)
+        max_cache_bytes: int = 2 << 30,  # KV + recurrent state held across entries (LRU beyond)
         checkpoint_every: int = 256,  # recurrent-state snapshots during prefill (hybrid models)
         logprobs_before_temperature: bool = False,
         name: str = "transformers",
@@ -88,7 +88,7 @@ class TransformersBackend:
         self.model = model
         self.tokenizer = tokenizer
         self.max_cache_entries = max_cache_entries
-        self.max_cached_tokens = max_cached_tokens
+        self.max_cache_bytes = max_cache_bytes
         self.checkpoint_every = max(1, int(checkpoint_every))
         self.logprobs_before_temperature = logprobs_before_temperature
         self.name = name
@@ -224,10 +224,10 @@ class TransformersBackend:
     def _store(self, key: str, entry: _Entry) -> None:
         self._entries[key] = entry
         self._entries.move_to_end(key)
-        total = sum(len(e.tokens) for e in self._entries.values())
-        while self._entries and (len(self._entries) > self.max_cache_entries or total > self.max_cached_tokens):
+        total = sum(_nbytes(e) for e in self._entries.values())
+        while self._entries and (len(self._entries) > self.max_cache_entries or total > self.max_cache_bytes):
             _, evicted = self._entries.popitem(last=False)
-            total -= len(evicted.tokens)
+            total -= _nbytes(evicted)
 
     @staticmethod
     def _is_hybrid(cache: Any) -> bool:
@@ -238,7 +238,8 @@ class TransformersBackend:
     def cache_info(self) -> dict[str, Any]:
         """What the prefix cache holds (for tests and benchmarks)."""
         with self._lock:
-            return {key: {"tokens": len(e.tokens), "snapshots": sorted(e.snapshots)} for key, e in self._entries.items()}
+            return {key: {"tokens": len(e.tokens), "snapshots": sorted(e.snapshots), "bytes": _nbytes(e)}
+                    for key, e in self._entries.items()}
 
     # ------------------------------------------------------------------ model calls
     def _forward(self, cache: Any, ids: Sequence[int]) -> torch.Tensor:
@@ -308,6 +309,16 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     vocab = tokenizer.get_vocab()
     ids.update(vocab[t] for t in EOS_TOKENS if t in vocab)
     return ids
+
+
+def _nbytes(entry: _Entry) -> int:
+    """Memory held by one entry: attention KV, recurrent state, and its snapshots."""
+    tensors = []
+    for layer in entry.cache.layers:
+        tensors += [getattr(layer, name, None) for name in ("keys", "values", "conv_states", "recurrent_states")]
+    for states in entry.snapshots.values():
+        tensors += [t for state in states if state is not None for t in state]
+    return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
