@@ -1,0 +1,122 @@
+"""The one engine with another tool set and the baselines' options, on the real Qwen3.5 template.
+
+Only the model is scripted; the engine, the DCI tool set, its sandbox (real `grep` processes),
+the prompts and the token bookkeeping are real. Run:
+    .venv/bin/pytest tests/test_episode_toolsets_on_cpu.py -q
+"""
+import asyncio
+
+import pytest
+
+from parser import prompts
+from parser.backends.base import Completion
+from parser.baselines import templates
+from parser.baselines.dci_agent import SandboxTools
+from parser.dci import Sandbox, materialize_corpus
+from parser.episode import EpisodeConfig, EpisodeEngine
+
+DOCUMENT = "Document 1:\nZorvan\nZorvan is a film directed by Miro Tal.\n\nDocument 2:\nLake Y\nLake Y lies north."
+GREP = "<tool_call>\n<function=bash>\n<parameter=command>\ngrep -rl Zorvan .\n</parameter>\n</function>\n</tool_call>"
+READ = '<tool_call>{"name": "read", "arguments": {"file": "doc_00001.txt"}}</tool_call>'
+
+
+class ScriptedModel:
+    """Replays (text, finish) pairs as token ids, recording every prompt."""
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer, self.script = tokenizer, script
+        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.prompts, self.generated, self.kwargs = [], [], []
+
+    async def generate(self, prompt, sampling, **kwargs):
+        text, finish = self.script[len(self.prompts)]
+        self.prompts.append(list(prompt))
+        self.kwargs.append(kwargs)
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + ([self.end] if finish == "stop" else [])
+        self.generated.append(ids)
+        return Completion(text="", token_ids=ids, logprobs=[-0.25] * len(ids), finish_reason=finish)
+
+    async def aclose(self):
+        pass
+
+
+def run_dci(tokenizer, tmp_path, script, **options):
+    sandbox = Sandbox(materialize_corpus(DOCUMENT, tmp_path / "corpus"))
+    model = ScriptedModel(tokenizer, script)
+    engine = EpisodeEngine(model, tokenizer, config=EpisodeConfig(**options))
+    trajectory = asyncio.run(engine.run_tools("Who directed Zorvan?", SandboxTools(sandbox), doc_id="d", routing_key="d:0"))
+    return trajectory, model
+
+
+@pytest.fixture(scope="module")
+def appended(qwen3_5_tokenizer, tmp_path_factory):
+    script = [
+        ("I will search.\n</think>\n\n" + GREP + "\n" + READ, "stop"),  # two tools in one turn
+        ("The file says the director is", "length"),  # cut: continuation prompt
+        ("Found it.\n</think>\n\nMiro Tal", "stop"),  # a plain reply is the answer
+    ]
+    trajectory, model = run_dci(qwen3_5_tokenizer, tmp_path_factory.mktemp("dci"), script,
+                                plain_reply_is_answer=True, continue_cut_turns=True)
+    return trajectory, model, qwen3_5_tokenizer
+
+
+def test_other_tools_keep_the_appended_token_view(appended):
+    trajectory, model, tok = appended
+    assert trajectory.answer == "Miro Tal" and trajectory.stop_reason == "plain_reply" and trajectory.token_view_valid
+    stream = trajectory.prompt_ids + trajectory.response_ids
+    for prompt, generated in zip(model.prompts, model.generated):
+        assert stream[: len(prompt)] == prompt and stream[len(prompt): len(prompt) + len(generated)] == generated
+    assert sum(trajectory.response_mask) == sum(len(g) for g in model.generated)
+    first = tok.decode(trajectory.prompt_ids)
+    assert templates.render("dci_system") in first and '"name": "bash"' in first and "query_agents" not in first
+    assert all(k == {"request_id": "d", "routing_key": "d:0"} for k in model.kwargs)
+
+
+def test_tool_results_and_continuation_are_the_templates_rendering(appended):
+    trajectory, model, tok = appended
+    calls = trajectory.turns[0].tool_calls
+    assert [c["name"] for c in calls] == ["bash", "read"] and all(c["error"] is None for c in calls)
+    results = [m["content"] for m in trajectory.messages if m["role"] == "tool"]
+    assert results[0].strip() == "./doc_00001.txt" and "Zorvan is a film directed by Miro Tal." in results[1]
+    second = tok.decode(model.prompts[1][len(model.prompts[0]) + len(model.generated[0]):])
+    expected = "\n<|im_start|>user\n" + "\n".join(f"<tool_response>\n{r.strip()}\n</tool_response>" for r in results)
+    assert second == expected + "<|im_end|>\n<|im_start|>assistant\n<think>\n"  # the template trims contents
+    rendered = tok.apply_chat_template(trajectory.messages[:5], tools=templates.tools("read", "bash"), tokenize=False,
+                                       add_generation_prompt=True, enable_thinking=True)
+    assert rendered.endswith(second)
+    third = tok.decode(model.prompts[2][len(model.prompts[1]) + len(model.generated[1]):])
+    assert third == f"<|im_end|>\n<|im_start|>user\n{prompts.render('continue')}<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    assert [t.action_error is None for t in trajectory.turns] == [True, False, True]
+
+
+def test_defaults_are_parsers_behaviour(qwen3_5_tokenizer, tmp_path):
+    """Without the options a plain reply is an invalid action and a cut turn gets the hint."""
+    script = [("Found it.\n</think>\n\nMiro Tal", "stop"), ("thinking", "length"), ("</think><answer>Miro Tal</answer>", "stop")]
+    trajectory, model = run_dci(qwen3_5_tokenizer, tmp_path, script)
+    assert trajectory.stop_reason == "answer" and trajectory.num_turns == 3 and trajectory.token_view_valid
+    hints = [m["content"] for m in trajectory.messages if m["role"] == "user"][1:]
+    assert hints == [templates.render("invalid_action", error="no tool call and no <answer> block")] * 2
+
+
+def test_eval_only_options_rerender_and_lose_the_token_view(qwen3_5_tokenizer, tmp_path):
+    script = [("a\n</think>\n\n" + READ, "stop")] * 2 + [("</think>\n\n<answer>Miro Tal</answer>", "stop")]
+    trajectory, model = run_dci(qwen3_5_tokenizer, tmp_path, script, max_turns=2, finalize_turn=True,
+                                compact_after_chars=150, keep_recent_results=1)
+    assert trajectory.answer == "Miro Tal" and trajectory.stop_reason == "finalize" and trajectory.num_turns == 3
+    assert not trajectory.token_view_valid
+    results = [m["content"] for m in trajectory.messages if m["role"] == "tool"]
+    assert results[0] == prompts.render("compacted") and "Zorvan" in results[1]
+    final = qwen3_5_tokenizer.decode(model.prompts[-1])
+    assert "<tools>" not in final and prompts.render("finalize") in final and prompts.render("compacted") in final
+    assert EpisodeConfig(finalize_turn=True, compact_after_chars=1).eval_only_options() == ["finalize_turn", "compact_after_chars"]
+    assert EpisodeConfig(plain_reply_is_answer=True, continue_cut_turns=True).eval_only_options() == []
+
+
+def test_verl_refuses_eval_only_options():
+    pytest.importorskip("verl")
+    from parser.verl.agent_loop import episode_config
+
+    assert episode_config({"continue_cut_turns": True}, 512).continue_cut_turns
+    for option in ({"compact_after_chars": 1000}, {"finalize_turn": True}):
+        with pytest.raises(ValueError, match=f"{next(iter(option))}.*no token view"):
+            episode_config(option, 512)
