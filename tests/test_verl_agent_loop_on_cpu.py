@@ -61,18 +61,20 @@ def scripted(loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
 
 
 def _trajectories(out, manager):
-    """Per output row: its request id, found by matching the first lead prompt."""
-    prompts = out.batch["prompts"]
-    attention = out.batch["attention_mask"]
-    first_calls = {}
+    """Per output row, the request id of the trajectory it came from: the one whose last lead
+    prompt plus its scripted generation is exactly the row's token stream (siblings in a group
+    share their first turn, so only the whole stream tells them apart)."""
+    calls: dict[str, list] = {}
     for req in manager.requests:
-        first_calls.setdefault(req.request_id, req)
-    rows = []
+        calls.setdefault(req.request_id, []).append(req)
+    ids = []
     for i in range(len(out)):
-        prompt = prompts[i][attention[i, : prompts.shape[1]].bool()].tolist()
-        matches = [r for r in first_calls.values() if r.prompt_ids == prompt and r.request_id not in rows]
-        rows.append(matches[0].request_id)
-    return rows
+        stream = out.batch["input_ids"][i][out.batch["attention_mask"][i].bool()].tolist()
+        (match,) = [rid for rid, cs in calls.items()
+                    if cs[-1].prompt_ids + manager.script_ids(rid, len(cs) - 1, cs[0].prompt_ids)[0] == stream]
+        ids.append(match)
+    assert len(set(ids)) == len(out)
+    return ids
 
 
 def test_rewards_answers_and_score_position(scripted):
