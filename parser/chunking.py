@@ -64,17 +64,17 @@ def split_paragraphs(document: str) -> list[Paragraph]:
     return paragraphs
 
 
-def _encode_batch(tokenizer: Any, texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
-    """Token ids and character offsets for many texts in one (Rust, parallel) call."""
-    if hasattr(tokenizer, "encode_batch"):  # a raw `tokenizers.Tokenizer`
-        encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
-        return [e.ids for e in encodings], [e.offsets for e in encodings]
-    out = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-    return out["input_ids"], out["offset_mapping"]
+def _encode_batch(tokenizer: Any, texts: list[str]) -> list[Any]:
+    """`tokenizers.Encoding`s for many texts in one (Rust, parallel) call. Token ids and
+    offsets stay on the Rust side until asked for: only lengths are needed for most paragraphs."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)  # HF fast tokenizer -> its Rust core
+    if not hasattr(backend, "encode_batch"):
+        raise TypeError(f"chunking needs a fast (Rust) tokenizer, got {type(tokenizer).__name__}")
+    return backend.encode_batch(texts, add_special_tokens=False)
 
 
 def count_tokens(tokenizer: Any, text: str) -> int:
-    return len(_encode_batch(tokenizer, [text])[0][0])
+    return len(_encode_batch(tokenizer, [text])[0])
 
 
 def chunk_document(document: str, tokenizer: Any, chunk_size: int) -> list[Chunk]:
@@ -86,7 +86,7 @@ def chunk_document(document: str, tokenizer: Any, chunk_size: int) -> list[Chunk
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     paragraphs = split_paragraphs(document)
-    ids, offsets = _encode_batch(tokenizer, [p.text for p in paragraphs])
+    encodings = _encode_batch(tokenizer, [p.text for p in paragraphs])
     separator_tokens = count_tokens(tokenizer, PARAGRAPH_SEPARATOR)
 
     chunks: list[Chunk] = []
@@ -100,11 +100,12 @@ def chunk_document(document: str, tokenizer: Any, chunk_size: int) -> list[Chunk
             chunks.append(Chunk(len(chunks), PARAGRAPH_SEPARATOR.join(texts), tuple(para_ids), size))
         texts, para_ids, size = [], [], 0
 
-    for paragraph, token_ids, spans in zip(paragraphs, ids, offsets):
+    for paragraph, encoding in zip(paragraphs, encodings):
         pid = paragraph.index if paragraph.index is not None else -1
-        n = len(token_ids)
+        n = len(encoding)
         if n > chunk_size:  # contiguous token windows, each its own chunk
             flush()
+            spans = encoding.offsets
             for lo in range(0, n, chunk_size):
                 hi = min(lo + chunk_size, n)
                 start = 0 if lo == 0 else spans[lo][0]
