@@ -106,6 +106,7 @@ class QueryAgents:
         return prompts.render("lead_user", self.settings.prompt_version, question=question)
 
     def invalid_action(self, error: str) -> str:
+        # v1's hint takes no error field: the trained lead's prompts stay as they were
         return prompts.render("invalid_action", self.settings.prompt_version)
 
     async def execute(self, calls: list[ToolCall]) -> ToolResult:
