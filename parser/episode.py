@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from typing import Any
 
@@ -104,12 +105,21 @@ class LeadContext:
             {"role": "system", "content": toolset.system_prompt()},
             {"role": "user", "content": toolset.user_prompt(question)},
         ]
+        if self.tools and self._template_ignores_tools():
+            fallback = prompts.render("tool_format_fallback", config.prompt_version,
+                                      tools="\n".join(json.dumps(t, ensure_ascii=False) for t in self.tools))
+            self.messages[0]["content"] += "\n\n" + fallback
         self.prompt_ids: list[int] = self._encode(self._render(self.messages, add_generation_prompt=True))
         self.response_ids: list[int] = []
         self.response_mask: list[int] = []
         self.response_logprobs: list[float] = []
         self.end_of_turn_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
         self.rerendered = False  # an eval-only option rewrote history: prompts come from `messages`
+
+    def _template_ignores_tools(self) -> bool:
+        """True for chat templates without tool support: the tool schemas must go in as text."""
+        return self._render(self.messages, add_generation_prompt=True) == self._render(
+            self.messages, add_generation_prompt=True, with_tools=False)
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, with_tools: bool = True) -> str:
         return self.tokenizer.apply_chat_template(

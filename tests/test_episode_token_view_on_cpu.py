@@ -145,3 +145,23 @@ def test_turn_records_and_stats(episode):
     assert stats["num_turns"] == 4 and stats["invalid_actions"] == 2
     assert stats["queries_per_turn"] == 0.5 and stats["subagent_failures"] == 0
     assert trajectory.turns[0].queries[0].findings[0].evidence == "Zorvan is a film directed by Miro Tal."
+
+
+def test_templates_without_tool_support_get_the_tools_as_text(qwen3_5_tokenizer):
+    """A chat template that ignores `tools=` (SmolLM2's, say) still tells the model the call format."""
+    import copy
+
+    from parser.episode import LeadContext
+    from parser.tools import QueryAgents
+
+    plain = copy.copy(qwen3_5_tokenizer)
+    plain.chat_template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" \
+                          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    config = EpisodeConfig()
+    chunks = chunk_document("Document 1:\nA\nText.", qwen3_5_tokenizer, 64)
+    toolset = QueryAgents(ScriptedReader(), chunks, "d", config.scatter_settings(), asyncio.Semaphore(1), plain.encode)
+    for tokenizer, expect_fallback in ((plain, True), (qwen3_5_tokenizer, False)):
+        context = LeadContext(tokenizer, toolset, "Who?", config)
+        system = context.messages[0]["content"]
+        assert ('"name": "query_agents"' in system) is expect_fallback
+        assert ("<tool_call>{" in system) is expect_fallback

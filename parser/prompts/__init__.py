@@ -34,6 +34,9 @@ FIELDS = {
     "continue": set(),
     "finalize": set(),
     "compacted": set(),
+    # for chat templates that ignore `tools=` (e.g. SmolLM2's): the tool list and call format,
+    # appended to the system prompt so such models can still call tools
+    "tool_format_fallback": {"tools"},
 }
 
 
