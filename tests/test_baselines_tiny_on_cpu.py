@@ -57,8 +57,8 @@ def test_each_method_runs_end_to_end_with_a_tiny_model(label, samples, models):
 
 
 def test_memagent_steps_grow_with_chunks_parser_steps_do_not(samples, models):
-    memagent = build_method("memagent", models, chunk_size=800, max_memory_tokens=8, max_answer_tokens=8)
-    episode = {"max_turns": 3, "max_tokens_per_turn": 12, "subagent_max_tokens": 8, "chunk_size": 800}
+    memagent = build_method("memagent", models, chunk_size=400, max_memory_tokens=8, max_answer_tokens=8)
+    episode = {"max_turns": 3, "max_tokens_per_turn": 12, "subagent_max_tokens": 8, "chunk_size": 400}
     parser = build_method("parser", models, episode=episode)
     rows = {}
     for length, sample in samples.items():
