@@ -6,6 +6,7 @@ PyPI packages, the in-process BPE tokenizer, tiny models, and the SmolLM2 fallba
 """
 from __future__ import annotations
 
+import json
 import unicodedata
 
 import pytest
@@ -50,6 +51,15 @@ def test_qwen3_5_tokenizer_round_trips_text(qwen3_5_tokenizer):
         assert qwen3_5_tokenizer.decode(ids) == nfc(text)
     # known Qwen3.5 pieces: 'Hello' and ' world' are single BPE tokens
     assert len(qwen3_5_tokenizer.encode("Hello world", add_special_tokens=False)) == 2
+
+
+def test_qwen3_5_tokenizer_uses_the_qwen3_5_pre_tokenizer(qwen3_5_tokenizer):
+    from transformers.models.qwen3_5.tokenization_qwen3_5 import PRETOKENIZE_REGEX
+
+    assert type(qwen3_5_tokenizer).__name__ == "Qwen3_5Tokenizer"
+    assert assets.QWEN3_5_PRETOKENIZE_REGEX == PRETOKENIZE_REGEX
+    pre = json.loads(qwen3_5_tokenizer.backend_tokenizer.to_str())["pre_tokenizer"]["pretokenizers"]
+    assert pre[0]["pattern"]["Regex"] == PRETOKENIZE_REGEX
 
 
 def test_qwen3_5_special_tokens_are_single_tokens_with_their_real_ids(qwen3_5_tokenizer):
