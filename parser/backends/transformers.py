@@ -189,11 +189,12 @@ class TransformersBackend:
             entry.tokens = ids[:pos]
             if hybrid and pos < len(ids):
                 entry.snapshots[pos] = _snapshot(entry.cache)
-        if hybrid and common > 0 and common in entry.snapshots:
-            # Once the shared boundary is known, earlier checkpoints only help a prompt that
-            # diverges sooner, which a per-chunk key does not see: free their memory.
-            for p in [p for p in entry.snapshots if p < common]:
-                del entry.snapshots[p]
+        # Once a shared prefix is established (resumed from `start`, or snapshotted exactly at
+        # `common`), earlier checkpoints only help a prompt that diverges sooner, which a
+        # per-chunk or per-trajectory key rarely sees: free their memory.
+        keep = max(start, common if common in entry.snapshots else 0)
+        for p in [p for p in entry.snapshots if p < keep]:
+            del entry.snapshots[p]
         return entry, start, logits
 
     def _rewind(self, entry: _Entry, common: int) -> int:
