@@ -39,6 +39,7 @@ from tqdm import tqdm
 from eval import provenance
 from eval.datasets import Subset, load_subsets
 from eval.metrics import PRIMARY, score
+from eval.paper_numbers import ROW_NAMES
 from eval.store import ResultsStore
 from parser.methods import Method, MethodResult, Sample, build_method
 
@@ -59,6 +60,11 @@ def seed_everything(seed: int) -> None:
         pass
 
 
+def row_label(cfg: DictConfig) -> str:
+    """The table row: `report.row` (by default the method config's `label`), else the paper's name."""
+    return cfg.report.get("row") or ROW_NAMES.get(cfg.method.name, cfg.method.name)
+
+
 def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, cfg: DictConfig,
                save_record: bool) -> dict[str, Any]:
     row: dict[str, Any] = {
@@ -69,7 +75,7 @@ def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, c
         "condition": subset.condition,
         "condition_index": subset.condition_index,
         "method": cfg.method.name,
-        "row": cfg.report.row,
+        "row": row_label(cfg),
         "backbone": cfg.report.backbone,
         "question": sample.question,
         "answers": sample.answers,
@@ -125,7 +131,7 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
     wall = time.perf_counter() - start
     bar.close()
     store.log_timing({"dataset": subset.dataset, "length": subset.length, "run": run, "condition": subset.condition,
-                      "method": cfg.method.name, "row": cfg.report.row, "backbone": cfg.report.backbone,
+                      "method": cfg.method.name, "row": row_label(cfg), "backbone": cfg.report.backbone,
                       "concurrency": int(cfg.concurrency), "samples": written, "failed": failed,
                       "wall_s": round(wall, 4), "pid": os.getpid(), "finished": provenance.now()})
     return written, failed
@@ -157,7 +163,7 @@ async def evaluate(cfg: DictConfig) -> int:
         return 0
 
     models = build_models(OmegaConf.to_container(cfg.models, resolve=True))
-    method_cfg = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k != "name"}
+    method_cfg = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k not in ("name", "label")}
     method = build_method(cfg.method.name, models, **method_cfg)
     written = failed = 0
     start = time.perf_counter()

@@ -44,8 +44,10 @@ def test_method_options_name_registered_methods(method):
     import parser.baselines  # noqa: F401
     import parser.parser_method  # noqa: F401
 
-    cfg = OmegaConf.to_container(_compose("default", f"method={method}").method, resolve=True)
+    full = OmegaConf.to_container(_compose("default", f"method={method}"), resolve=True)
+    cfg = full["method"]
     assert cfg["name"] in _REGISTRY
+    assert full["report"]["row"] == cfg["label"]  # tables label the row by the method, not by a default
     if "episode" in cfg:
         EpisodeConfig(**cfg["episode"])  # unknown or misspelled keys fail here
 
