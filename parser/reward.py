@@ -4,9 +4,10 @@ Training rewards the lead with binary `exact_match` (paper §2.3); tables report
 bidirectional-substring variant that MemAgent's and ReMemR1's open-source eval code implements
 (paper Appendix E.6, footnote 10). Both return 1.0 / 0.0 and take the max over gold answers.
 
-`compat=True` reproduces the reference code exactly, including its quirk that an empty
-normalized prediction counts as a hit under Sub_EM ("" is a substring of everything). Use it
-only to compare with published numbers; the default scores an empty prediction 0.
+`compat=True` reproduces the reference code (MemAgent's eval) exactly: a falsy raw prediction
+scores 0 (its caller's `if pred else 0` guard), but a prediction that only *normalizes* to the
+empty string ("the", "...") counts as a hit under Sub_EM ("" is a substring of everything). Use
+it only to compare with published numbers; the default scores any empty prediction 0.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _golds(golds: str | Iterable[str]) -> list[str]:
 
 
 def exact_match(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
-    if prediction is None:
+    if not prediction:
         return 0.0
     pred = normalize_answer(prediction)
     if not pred and not compat:
@@ -41,7 +42,7 @@ def exact_match(prediction: str | None, golds: str | Iterable[str], compat: bool
 
 def sub_em(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
     """Correct if the normalized prediction and a normalized gold contain one another."""
-    if prediction is None:
+    if not prediction:
         return 0.0
     pred = normalize_answer(prediction)
     if not pred and not compat:

@@ -82,8 +82,6 @@ def test_compat_reproduces_the_empty_normalized_quirk():
     assert sub_em("an", ["apple"]) == 0.0
 
 
-@pytest.mark.xfail(strict=True, reason="parser.reward compat scores a raw empty prediction 1.0; the reference's "
-                                       "`if pred else 0` guard scores it 0 (reported to the core owner)")
 def test_compat_raw_empty_prediction_matches_reference():
     assert sub_em("", ["Paris"], compat=True) == reference_sub_em("", ["Paris"]) == 0.0
 
