@@ -68,7 +68,13 @@ class Models:
     subagent_tokenizer: Any = None
     embedder: Any = None  # callable list[str] -> np.ndarray (L2-normalised rows), for agentic RAG
 
+    closed: bool = dataclasses.field(default=False, init=False, repr=False)
+
     async def aclose(self) -> None:
+        """Close each backend once (safe to call again: the method and its caller may both close)."""
+        if self.closed:
+            return
+        self.closed = True
         for backend in {id(b): b for b in (self.lead, self.subagent) if b is not None}.values():
             await backend.aclose()
 
