@@ -8,10 +8,9 @@ engine's own turns (continuation, finalize, compaction placeholder) are in `pars
 """
 from __future__ import annotations
 
-import functools
-import json
-from importlib import resources
 from typing import Any
+
+from parser.prompts import PromptSet
 
 DEFAULT_VERSION = "v1"
 
@@ -32,35 +31,20 @@ FIELDS = {
 }
 
 
-def _folder(version: str) -> Any:
-    return resources.files("parser.prompts") / "baselines" / version
+BASELINES = PromptSet("baselines", FIELDS)
 
 
-@functools.lru_cache(maxsize=None)
 def load(name: str, version: str = DEFAULT_VERSION) -> str:
-    if name not in FIELDS:
-        raise KeyError(f"unknown baseline prompt {name!r}; known: {sorted(FIELDS)}")
-    path = _folder(version) / f"{name}.txt"
-    if not path.is_file():
-        raise FileNotFoundError(f"baseline prompt {name!r} missing for version {version!r}: {path}")
-    return path.read_text(encoding="utf-8").rstrip("\n")
+    return BASELINES.load(name, version)
 
 
 def render(name: str, version: str = DEFAULT_VERSION, **fields: Any) -> str:
-    missing = FIELDS[name] - fields.keys()
-    if missing:
-        raise KeyError(f"baseline prompt {name!r} ({version}) needs field(s) {sorted(missing)}")
-    return load(name, version).format(**fields)
-
-
-@functools.lru_cache(maxsize=None)
-def _tools(version: str) -> dict[str, Any]:
-    return json.loads((_folder(version) / "tools.json").read_text(encoding="utf-8"))
+    return BASELINES.render(name, version, **fields)
 
 
 def tools(*names: str, version: str = DEFAULT_VERSION) -> list[dict[str, Any]]:
     """OpenAI-style function schemas for `apply_chat_template(tools=...)`."""
-    known = _tools(version)
+    known = BASELINES.tools(version)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise KeyError(f"no tool schema for {unknown} in prompts/baselines/{version}/tools.json; known: {sorted(known)}")

@@ -40,26 +40,54 @@ FIELDS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+class PromptSet:
+    """Versioned `str.format` templates in one folder of this package, with their fields declared.
+
+    The lead/engine prompts and the baselines' prompts are two sets (`parser.baselines.templates`),
+    so a change to one never changes the other's version.
+    """
+
+    def __init__(self, folder: str, fields: dict[str, set[str]], default_version: str = DEFAULT_VERSION):
+        self.folder, self.fields, self.default_version = folder, fields, default_version
+
+    def path(self, version: str, filename: str) -> Any:
+        root = resources.files(__package__)
+        return (root / self.folder if self.folder else root) / version / filename
+
+    @functools.lru_cache(maxsize=None)
+    def load(self, name: str, version: str | None = None) -> str:
+        version = version or self.default_version
+        if name not in self.fields:
+            raise KeyError(f"unknown {self.folder or 'lead'} prompt {name!r}; known: {sorted(self.fields)}")
+        path = self.path(version, f"{name}.txt")
+        if not path.is_file():
+            raise FileNotFoundError(f"prompt {name!r} missing for version {version!r}: {path}")
+        return path.read_text(encoding="utf-8").rstrip("\n")
+
+    def render(self, name: str, version: str | None = None, **fields: Any) -> str:
+        missing = self.fields.get(name, set()) - fields.keys()
+        if missing:
+            raise KeyError(f"prompt {name!r} ({version or self.default_version}) needs field(s) {sorted(missing)}")
+        template = self.load(name, version)
+        return template.format(**fields) if self.fields[name] else template
+
+    @functools.lru_cache(maxsize=None)
+    def tools(self, version: str | None = None) -> Any:
+        """The set's `tools.json`: OpenAI-style function schemas for `apply_chat_template(tools=...)`."""
+        return json.loads(self.path(version or self.default_version, "tools.json").read_text(encoding="utf-8"))
+
+
+LEAD = PromptSet("", FIELDS)
+
+
 def load_template(name: str, version: str = DEFAULT_VERSION) -> str:
-    if name not in FIELDS:
-        raise KeyError(f"unknown prompt template {name!r}; known: {sorted(FIELDS)}")
-    path = resources.files(__package__) / version / f"{name}.txt"
-    if not path.is_file():
-        raise FileNotFoundError(f"prompt template {name!r} missing for version {version!r}: {path}")
-    return path.read_text(encoding="utf-8").rstrip("\n")
+    return LEAD.load(name, version)
 
 
 def render(name: str, version: str = DEFAULT_VERSION, **fields: Any) -> str:
-    missing = FIELDS[name] - fields.keys()
-    if missing:
-        raise KeyError(f"prompt {name!r} ({version}) needs field(s) {sorted(missing)}")
-    template = load_template(name, version)
-    return template.format(**fields) if FIELDS[name] else template
+    return LEAD.render(name, version, **fields)
 
 
-@functools.lru_cache(maxsize=None)
 def lead_tools(version: str = DEFAULT_VERSION) -> list[dict[str, Any]]:
-    """The lead's one tool, as an OpenAI-style function schema for `apply_chat_template(tools=...)`."""
-    path = resources.files(__package__) / version / "tools.json"
-    return json.loads(path.read_text(encoding="utf-8"))
+    """The lead's one tool, `query_agents`, as an OpenAI-style function schema."""
+    return LEAD.tools(version)
