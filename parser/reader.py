@@ -47,11 +47,15 @@ class SubagentReader:
         temperature: float = 0.7,
         max_new_tokens: int = 512,
         thinking: bool = False,
+        json_constrained: bool = False,
         prompt_version: str = prompts.DEFAULT_VERSION,
     ):
+        """`json_constrained`: ask the server to decode the reply under the finding's JSON
+        schema (`prompts/<version>/subagent_schema.json`); SGLang needs a grammar backend."""
         self.backend = backend
         self.tokenizer = tokenizer
-        self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+        schema = prompts.LEAD.path(prompt_version, "subagent_schema.json").read_text(encoding="utf-8") if json_constrained else None
+        self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, json_schema=schema)
         self.thinking = thinking
         self.prompt_version = prompt_version
 

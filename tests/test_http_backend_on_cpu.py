@@ -300,3 +300,22 @@ def test_loopback_reports_load_while_busy(fresh_loopback):
     busy, idle = run(probe_during_request())
     assert busy == [{"dp_rank": 0, "num_reqs": 1, "num_waiting_reqs": 0, "num_tokens": 40}]
     assert idle[0]["num_reqs"] == 0 and idle[0]["num_tokens"] == 0
+
+
+def test_json_schema_reaches_both_apis(capture):
+    """Constrained subagent output: SGLang's sampling_params.json_schema, OpenAI's response_format."""
+    from parser.chunking import Chunk
+    from parser.reader import SubagentReader
+    from parser.testing import byte_bpe_tokenizer
+
+    reader = SubagentReader(HttpBackend(capture.url), byte_bpe_tokenizer(), json_constrained=True)
+    capture.replies.append((200, {"text": '{"answer": "unknown"}', "meta_info": {"finish_reason": {"type": "stop"}}}))
+    run(reader.read("Who?", Chunk(0, "text", (1,), 1), "d"))
+    schema = capture.requests[-1]["body"]["sampling_params"]["json_schema"]
+    assert orjson.loads(schema)["required"] == ["answer"]
+
+    capture.replies.append((200, {"choices": [{"index": 0, "text": "{}", "finish_reason": "stop"}]}))
+    sp = SamplingParams(max_new_tokens=4, json_schema=schema)
+    run(generate_once(HttpBackend(capture.url, api="completions", model="m"), "x", sp))
+    fmt = capture.requests[-1]["body"]["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"]["properties"]["answer"] == {"type": "string"}

@@ -27,6 +27,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     return_logprobs: bool = False
+    # JSON schema (as a JSON string) the output must follow, where the server supports
+    # constrained decoding (SGLang: sampling_params.json_schema; OpenAI: response_format).
+    # In-process CPU backends ignore it.
+    json_schema: str | None = None
 
 
 @dataclasses.dataclass

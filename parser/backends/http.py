@@ -183,6 +183,8 @@ def _sglang_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[s
         params["stop"] = list(s.stop)
     if s.seed is not None:
         params["sampling_seed"] = s.seed
+    if s.json_schema is not None:
+        params["json_schema"] = s.json_schema
     body: dict[str, Any] = {"sampling_params": params}
     ids = _token_ids(prompt)
     if ids is not None:
@@ -210,6 +212,9 @@ def _openai_sampling(self: HttpBackend, s: SamplingParams) -> dict[str, Any]:
         body["stop"] = list(s.stop)
     if s.seed is not None:
         body["seed"] = s.seed
+    if s.json_schema is not None:
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "output", "schema": orjson.loads(s.json_schema)}}
     return body
 
 
