@@ -12,8 +12,8 @@ Scoring, as MemAgent's ``taskutils/memory_eval/ruler_general.py``: non-QA tasks 
 against the first gold only with ``ruler.qa_golds=first`` (what that script does). A missing
 prediction scores 0. The eval rows keep their ordinary `sub_em` too; the heat map uses this score.
 
-Each task is its own `evaluate` call, so models are built once per task (cheap for HTTP
-backends; an in-process engine restarts ten times).
+Each task is its own `evaluate` call (own results and resume state), all sharing one built
+method and its models, so an in-process engine starts once.
 
     python -m eval.ruler                                   # configs/eval/ruler.yaml: generate missing files, eval, report
     python -m eval.ruler --config-name ruler_tiny_cpu      # CPU smoke test: tiny models, two small lengths
@@ -202,13 +202,17 @@ def prepare_data(cfg: Any) -> None:
 
 
 async def evaluate_ruler(cfg: Any) -> int:
-    from eval.run import evaluate
+    from eval.run import build_eval_method, evaluate
 
     prepare_data(cfg)
     status = 0
-    for task in cfg.ruler.tasks:
-        print(f"[ruler] {task}: {', '.join(map(str, cfg.ruler.lengths))} tokens -> {Path(str(cfg.out_dir)) / task}")
-        status |= await evaluate(task_config(cfg, str(task)))
+    method = build_eval_method(task_config(cfg, str(cfg.ruler.tasks[0])))  # once for all tasks
+    try:
+        for task in cfg.ruler.tasks:
+            print(f"[ruler] {task}: {', '.join(map(str, cfg.ruler.lengths))} tokens -> {Path(str(cfg.out_dir)) / task}")
+            status |= await evaluate(task_config(cfg, str(task)), method)
+    finally:
+        await method.aclose()
     report = build_ruler_report([cfg.out_dir], Path(str(cfg.out_dir)) / "report", qa_golds=str(cfg.ruler.qa_golds))
     print(f"[ruler] heat map {report['heatmap']}\n{report['markdown'].read_text()}")
     return status

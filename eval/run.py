@@ -148,9 +148,18 @@ async def warm_up(method: Method, subsets: list[Subset], n: int) -> None:
         print(f"[eval] warm-up {copy.id}: {time.perf_counter() - t:.1f} s (not recorded)")
 
 
-async def evaluate(cfg: DictConfig) -> int:
+def build_eval_method(cfg: DictConfig) -> Method:
+    """The models and the method a config names (the method owns and closes its models)."""
     from parser.backends import build_models
 
+    models = build_models(OmegaConf.to_container(cfg.models, resolve=True))
+    method_cfg = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k not in ("name", "label")}
+    return build_method(cfg.method.name, models, **method_cfg)
+
+
+async def evaluate(cfg: DictConfig, method: Method | None = None) -> int:
+    """Run (or resume) one eval. Pass `method` to reuse built models across several evals
+    (RULER's tasks); the caller then closes it. Otherwise it is built from `cfg` and closed here."""
     subsets = load_subsets(cfg.dataset, limit=cfg.limit)
     store = ResultsStore(cfg.out_dir)
     seeds = {"base": int(cfg.seed), "per_run": [int(cfg.seed) + r for r in range(int(cfg.runs))]}
@@ -162,9 +171,8 @@ async def evaluate(cfg: DictConfig) -> int:
         provenance.close_session(cfg.out_dir, written=0, failed=0, expected=expected)
         return 0
 
-    models = build_models(OmegaConf.to_container(cfg.models, resolve=True))
-    method_cfg = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k not in ("name", "label")}
-    method = build_method(cfg.method.name, models, **method_cfg)
+    owns_method = method is None
+    method = method or build_eval_method(cfg)
     written = failed = 0
     start = time.perf_counter()
     try:
@@ -174,8 +182,8 @@ async def evaluate(cfg: DictConfig) -> int:
                 w, f = await run_subset(method, subset, run, store, cfg)
                 written, failed = written + w, failed + f
     finally:
-        await method.aclose()
-        await models.aclose()
+        if owns_method:
+            await method.aclose()
         provenance.close_session(cfg.out_dir, written=written, failed=failed, expected=expected,
                                  wall_s=round(time.perf_counter() - start, 2))
     total = len(store.done_keys())
