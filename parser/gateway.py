@@ -41,11 +41,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from parser.backends.base import ROUTING_HEADER
+
 ROUTER_KINDS = ("sglang_router", "smg")
 WORKER_KINDS = ("sglang", "parser_serve", "loopback")
 # Policies that choose the worker from a routing-key header instead of the prompt text.
 HEADER_KEYED_POLICIES = ("consistent_hashing", "manual")
-SMG_ROUTING_HEADER = "X-SMG-Routing-Key"
 # Policies the Rust core of sglang-router 0.3.2 knows but its Python launcher refuses.
 _SHIMMED_POLICIES = ("consistent_hashing", "prefix_hash")
 
@@ -211,7 +212,7 @@ def router_launch(router: Mapping[str, Any], worker_urls: Sequence[str], python:
 
 def routing_header(policy: str) -> str | None:
     """The header a client must put the routing key in for `policy`, or None (text-routed)."""
-    return SMG_ROUTING_HEADER if policy in HEADER_KEYED_POLICIES else None
+    return ROUTING_HEADER if policy in HEADER_KEYED_POLICIES else None
 
 
 # ---------------------------------------------------------------------------- processes

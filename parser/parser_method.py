@@ -2,7 +2,7 @@
 
 Eval, the latency bench and the demo reach ParSer only through this method, and the verl
 agent loop runs the same `EpisodeEngine`, so there is a single code path from data to answer.
-The chunk reader comes from the `reader` config section (`parser.readers.build_reader`), so the
+The chunk reader comes from the `reader` config section (`parser.readers.reader_for_episode`), so the
 paper's Table 5 variants are config files, not code:
 
     build_method("parser", models, episode={...})                                  # default subagents
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from parser.chunking import chunk_document
 from parser.episode import EpisodeConfig, EpisodeEngine
 from parser.methods import MethodResult, Models, Sample, register_method
-from parser.readers import build_reader
+from parser.readers import reader_for_episode
 
 
 @register_method("parser")
@@ -31,11 +31,7 @@ class ParSerMethod:
         self.models = models
         self.owns_reader = reader is None or isinstance(reader, Mapping)
         if self.owns_reader:
-            cfg = dict(reader or {})
-            if cfg.get("type", "subagent") == "subagent":  # the episode config's subagent settings by default
-                cfg = {"temperature": self.config.subagent_temperature, "max_new_tokens": self.config.subagent_max_tokens,
-                       "prompt_version": self.config.prompt_version, **cfg}
-            reader = build_reader(cfg, models)
+            reader = reader_for_episode(reader, models, self.config)
         self.reader = reader
         self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, self.reader, self.config)
 

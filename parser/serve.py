@@ -35,7 +35,7 @@ import orjson
 from aiohttp import web
 
 from parser.backends import build_backend
-from parser.backends.base import Backend, BackendError, Completion, SamplingParams
+from parser.backends.base import ROUTING_HEADER, Backend, BackendError, Completion, SamplingParams
 
 WORKER_HEADER = "X-Worker-Id"
 BACKLOG = 4096  # a scatter round opens up to T connections at once; the default 128 drops SYNs
@@ -257,7 +257,7 @@ class ModelServer:
         try:
             comp = await self.backend.generate(
                 prompt, sampling,
-                routing_key=request.headers.get("X-Routing-Key"),
+                routing_key=request.headers.get(ROUTING_HEADER),
                 request_id=request.headers.get("X-Request-Id"),
             )
         finally:

@@ -32,7 +32,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from parser import prompts  # noqa: E402
-from parser.backends.base import SamplingParams  # noqa: E402
+from parser.backends.base import ROUTING_HEADER, SamplingParams  # noqa: E402
 from parser.backends.http import HttpBackend  # noqa: E402
 
 CHARS_PER_TOKEN = 4
@@ -112,7 +112,7 @@ async def round_bare(session: aiohttp.ClientSession, urls: list[str], texts: lis
             body = {"text": text, "sampling_params": {"max_new_tokens": 512, "temperature": 0.7}}
         else:
             body = {"model": "default", "prompt": text, "max_tokens": 512, "temperature": 0.7}
-        headers = {"Content-Type": "application/json", "X-Routing-Key": f"doc0:{i}",
+        headers = {"Content-Type": "application/json", ROUTING_HEADER: f"doc0:{i}",
                    "X-Request-Id": "bench"}  # the same bytes on the wire as HttpBackend
         async with session.post(urls[i % len(urls)] + path, data=orjson.dumps(body),
                                 headers=headers) as r:

@@ -49,7 +49,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from parser import prompts  # noqa: E402
-from parser.backends.base import Backend, BackendError, SamplingParams  # noqa: E402
+from parser.backends.base import ROUTING_HEADER, Backend, BackendError, SamplingParams  # noqa: E402
 
 _WORDS = ("river castle amber signal harbor lantern meadow copper orbit violet canyon ledger "
           "summit willow ember quartz falcon thistle marble cobalt tundra saffron beacon "
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", nargs="*", default=[], help="worker URLs (for /metrics-based load spread)")
     ap.add_argument("--num-workers", type=int, default=None, help="workers behind the gateway, if not listed")
     ap.add_argument("--api", default="sglang", choices=["sglang", "completions"], help="wire format")
-    ap.add_argument("--routing-header", default="X-Routing-Key",
+    ap.add_argument("--routing-header", default=ROUTING_HEADER,
                     help="header for doc_id:chunk_index; X-SMG-Routing-Key for consistent_hashing/manual")
     # -- workload
     ap.add_argument("--chunks", type=int, default=32, help="T: chunks (requests per round)")

@@ -16,7 +16,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from parser.gateway import (SMG_ROUTING_HEADER, Gateway, flags, router_launch, routing_header,
+from parser.backends.base import ROUTING_HEADER
+from parser.gateway import (Gateway, flags, router_launch, routing_header,
                             worker_launches)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +117,7 @@ def test_header_keyed_policy_goes_through_the_shim_only_when_needed():
     else:  # 0.3.2: the Rust core has it, the argparse choices do not
         assert launch.argv[1:4] == ["-m", "parser.gateway", "router"]
     assert _router_args(launch.argv).policy == "consistent_hashing"
-    assert routing_header("consistent_hashing") == routing_header("manual") == SMG_ROUTING_HEADER
+    assert routing_header("consistent_hashing") == routing_header("manual") == ROUTING_HEADER == "X-SMG-Routing-Key"
     smg = router_launch({**cfg["router"], "kind": "smg"}, ["http://127.0.0.1:30001"])
     assert smg.argv[1] == "launch" and Path(smg.argv[0]).name == "smg"
 

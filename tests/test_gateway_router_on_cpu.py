@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("sglang_router", reason="needs the gateway extra: pip install 'parser-agents[gateway]'")
 
-from parser.backends.base import Completion, SamplingParams  # noqa: E402
+from parser.backends.base import ROUTING_HEADER, Completion, SamplingParams  # noqa: E402
 from parser.backends.http import HttpBackend  # noqa: E402
 from parser.chunking import Chunk  # noqa: E402
 from parser.episode import EpisodeConfig, EpisodeEngine  # noqa: E402
@@ -85,7 +85,7 @@ def test_chunks_stay_on_their_worker_across_rounds(policy, loopback_workers, tmp
     try:
         group.start(router)
         group.wait_ready(router, 60)
-        header = routing_header(policy) or "X-Routing-Key"
+        header = routing_header(policy) or ROUTING_HEADER
 
         async def go():
             async with HttpBackend(router.url, routing_header=header) as backend:

@@ -14,7 +14,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from parser.backends.base import Backend, BackendError, SamplingParams
+from parser.backends.base import ROUTING_HEADER, Backend, BackendError, SamplingParams
 from parser.backends.http import HttpBackend
 from parser.serve import ServerHandle, json_response
 from parser.testing.loopback import ABSTENTION, prefix_hash, start_loopback
@@ -108,7 +108,7 @@ def test_routing_header_name_is_configurable(loopback):
     try:
         run(generate_once(backend, "hello", SP, routing_key="doc9:4"))
     finally:
-        loopback.worker.routing_header = "X-Routing-Key"
+        loopback.worker.routing_header = ROUTING_HEADER
     assert loopback.worker.records[-1].routing_key == "doc9:4"
 
 

@@ -51,6 +51,12 @@ class Completion:
     worker: str | None = None  # which server answered, if known (gateway locality checks)
 
 
+# The header carrying a request's routing key ("doc_id:chunk_index" for subagents). It is the one
+# the SGLang Model Gateway's header-keyed policies (manual, consistent_hashing) hash, so every
+# client, worker and report in the project uses it by default.
+ROUTING_HEADER = "X-SMG-Routing-Key"
+
+
 class BackendError(RuntimeError):
     """Transport or server failure. `retryable` marks 5xx / connection / timeout errors."""
 

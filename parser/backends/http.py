@@ -13,8 +13,8 @@ Three wire formats, chosen by `api`:
                  `chat_template_kwargs`, e.g. {"enable_thinking": False} for Qwen3.5 subagents,
                  is passed through).
 
-Every request carries the routing key (`X-Routing-Key: doc_id:chunk_index` by default; the
-header name is a knob, e.g. `X-SMG-Routing-Key` for the SGLang Model Gateway's
+Every request carries the routing key (`X-SMG-Routing-Key: doc_id:chunk_index` by default,
+`parser.backends.base.ROUTING_HEADER`; the header name is a knob) for the SGLang Model Gateway's
 consistent-hashing policy) so a gateway can pin a chunk to one worker, and the trajectory's
 request id (`X-Request-Id`) for sticky sessions. If the server says which worker answered
 (`X-Worker-Id`, set by `parser.serve` and the loopback worker), it lands in
@@ -36,7 +36,7 @@ from typing import Any, Literal, Mapping
 import aiohttp
 import orjson
 
-from parser.backends.base import BackendError, Completion, Prompt, SamplingParams
+from parser.backends.base import ROUTING_HEADER, BackendError, Completion, Prompt, SamplingParams
 
 Api = Literal["sglang", "completions", "chat"]
 _PATHS = {"sglang": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -53,7 +53,7 @@ class HttpBackend:
         timeout_s: float = 600.0,
         max_connections: int = 8192,
         headers: Mapping[str, str] | None = None,
-        routing_header: str = "X-Routing-Key",
+        routing_header: str = ROUTING_HEADER,
         request_id_header: str = "X-Request-Id",
         worker_header: str = "X-Worker-Id",
         chat_template_kwargs: Mapping[str, Any] | None = None,

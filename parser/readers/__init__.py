@@ -18,9 +18,20 @@ from parser.reader import SubagentReader
 from parser.readers.dci import DCIReader
 from parser.readers.thinking import ThinkingReader
 
-__all__ = ["DCIReader", "ThinkingReader", "build_reader", "READER_TYPES"]
+__all__ = ["DCIReader", "ThinkingReader", "build_reader", "reader_for_episode", "READER_TYPES"]
 
 READER_TYPES = ("subagent", "thinking", "dci")
+
+
+def reader_for_episode(cfg: Mapping[str, Any] | None, models: Any, episode: Any) -> Any:
+    """`build_reader`, with the episode config's subagent settings (temperature, reply budget,
+    prompt version) as the default subagent's defaults. Eval (`ParSerMethod`) and training (the
+    verl agent loop) both build their reader here, so the two cannot drift."""
+    cfg = dict(cfg or {})
+    if cfg.get("type", "subagent") == "subagent":
+        cfg = {"temperature": episode.subagent_temperature, "max_new_tokens": episode.subagent_max_tokens,
+               "prompt_version": episode.prompt_version, **cfg}
+    return build_reader(cfg, models)
 
 
 def build_reader(cfg: Mapping[str, Any], models: Any) -> Any:

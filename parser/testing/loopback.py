@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from parser.backends.base import ROUTING_HEADER
 from parser.serve import BACKLOG, ServerHandle, add_worker_header, json_response
 
 ABSTENTION = '{"answer": "unknown"}'  # parser/prompts/v1/subagent.txt's abstention
@@ -68,7 +69,7 @@ class LoopbackWorker:
     def __init__(self, worker_id: str = "loopback-0", *, delay_s: float = 0.0,
                  fail_first: int = 0, fail_every: int = 0, fail_mode: str = "500",
                  needle: str | None = None, needle_answer: str | None = None,
-                 routing_header: str = "X-Routing-Key", request_id_header: str = "X-Request-Id",
+                 routing_header: str = ROUTING_HEADER, request_id_header: str = "X-Request-Id",
                  prefix_marker: str = PREFIX_MARKER, keep_records: bool = True):
         if fail_mode != "drop" and not fail_mode.isdigit():
             raise ValueError(f"fail_mode={fail_mode!r}: expected an HTTP status like '500' or 'drop'")

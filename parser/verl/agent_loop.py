@@ -38,7 +38,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from parser.backends import build_backend
 from parser.chunking import chunk_document
 from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.reader import SubagentReader
+from parser.methods import Models
+from parser.readers import reader_for_episode
 from parser.trajectory import Trajectory
 from parser.verl.metrics import trajectory_metrics
 from parser.verl.reward import ANSWER_KEY, score_answer
@@ -116,14 +117,8 @@ class _WorkerState:
             raise ValueError("parser.gateway_url is not set: the subagents' gateway (sglang-router) URL")
         # the gateway client and the subagent tokenizer (chunks are counted in its tokens)
         self.backend, self.subagent_tokenizer = build_backend(settings["subagent"])
-        self.reader = SubagentReader(
-            self.backend,
-            self.subagent_tokenizer,
-            temperature=self.config.subagent_temperature,
-            max_new_tokens=self.config.subagent_max_tokens,
-            thinking=bool(settings.get("subagent_thinking", False)),
-            prompt_version=self.config.prompt_version,
-        )
+        subagents = Models(lead=None, lead_tokenizer=None, subagent=self.backend, subagent_tokenizer=self.subagent_tokenizer)
+        self.reader = reader_for_episode(settings.get("reader"), subagents, self.config)
         self.engines: dict[tuple[int, tuple], EpisodeEngine] = {}
 
     def engine(self, server_manager: Any, lead_tokenizer: Any, sampling_params: Mapping[str, Any]) -> EpisodeEngine:
