@@ -98,6 +98,9 @@ def main(cfg: DictConfig) -> None:
     output.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
     accuracy = sum(r["sub_em"] for r in rows) / max(len(rows), 1)
     print(f"\nSub_EM {accuracy:.2f} over {len(rows)} samples; trajectories written to {output}")
+    if not any(turn["queries"] for r in rows for turn in r["record"]["turns"]):
+        print("note: the lead never called query_agents, so no chunk was read. Small models (SmolLM2-135M) "
+              "do not follow the tool-call protocol; the paper's Qwen3.5-4B does (models=qwen35_local on a GPU).")
 
 
 if __name__ == "__main__":
