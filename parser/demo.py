@@ -3,6 +3,7 @@
     python -m parser.demo                   # GPU + model hub: Qwen3.5-4B lead and subagents
                                             # CPU / offline: SmolLM2-135M-Instruct from a PyPI package
     python -m parser.demo models=tiny_cpu   # tiny random model, seconds
+    python -m parser.demo models=tiny_cpu workers=2   # subagents on 2 local HTTP model servers
 
 It builds a small long-context sample from the synthetic world (fictional, so no model can
 answer from memory), runs the `parser` method — the same episode engine training and eval use —
@@ -18,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 import orjson
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.synthetic_world import build_synthetic_eval
 from parser.backends import build_models
+from parser.gateway import ProcessGroup, worker_launches
 from parser.methods import MethodResult, Sample, build_method
 from parser.reward import sub_em
 
@@ -64,7 +67,7 @@ def print_result(sample: Sample, result: MethodResult, score: float) -> None:
           f"latency: {result.wall_s:.1f}s   sequential steps: {result.steps}")
 
 
-async def run_demo(cfg: DictConfig) -> list[dict[str, Any]]:
+async def run_demo(cfg: DictConfig, log_dir: Path) -> list[dict[str, Any]]:
     preset, reason = choose_backend(cfg.models)
     print(f"models: {preset} ({reason})")
     models_cfg = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "backend" / f"{preset}.yaml"))
@@ -77,23 +80,50 @@ async def run_demo(cfg: DictConfig) -> list[dict[str, Any]]:
             print(f"CPU budgets instead of the paper's: {OmegaConf.to_container(cfg.cpu_episode)}")
     rows = build_synthetic_eval(num_questions=cfg.num_samples, lengths=(cfg.length,), seed=cfg.seed)
     samples = [Sample.from_record(row, source=f"synthetic[{i}]") for i, row in enumerate(rows)]
-    models = build_models(models_cfg)
-    method = build_method("parser", models, episode=episode)
+    workers = start_subagent_workers(models_cfg, cfg.workers, log_dir) if cfg.workers else None
     rows_out = []
     try:
-        for sample in samples:
-            result = await method.run(sample)
-            score = sub_em(result.answer, sample.answers)
-            print_result(sample, result, score)
-            rows_out.append({"id": sample.id, "question": sample.question, "answers": sample.answers, "sub_em": score, **result.to_dict()})
+        method = build_method("parser", build_models(models_cfg), episode=episode)
+        try:
+            for sample in samples:
+                result = await method.run(sample)
+                score = sub_em(result.answer, sample.answers)
+                print_result(sample, result, score)
+                rows_out.append({"id": sample.id, "question": sample.question, "answers": sample.answers, "sub_em": score, **result.to_dict()})
+        finally:
+            await method.aclose()
     finally:
-        await method.aclose()
+        if workers:
+            workers.stop()
     return rows_out
+
+
+def start_subagent_workers(models_cfg: dict[str, Any], num: int, log_dir: Path) -> ProcessGroup:
+    """Multi-worker mode: serve the subagent model from `num` local `python -m parser.serve`
+    processes (real HTTP on 127.0.0.1) and point the subagent role at them; each chunk is pinned
+    to one worker, with failover. Rewrites `models_cfg["subagent"]` in place."""
+    sub = models_cfg["lead"] if models_cfg["subagent"].get("same_as") == "lead" else models_cfg["subagent"]
+    if sub.get("type") != "transformers":
+        raise ValueError("workers > 0 serves an in-process (transformers) subagent model; this preset's is remote")
+    launches = worker_launches({"kind": "parser_serve", "num": num, "cpu_model": sub["model"]})
+    group = ProcessGroup(log_dir)
+    try:
+        for launch in launches:
+            group.start(launch)
+        for launch in launches:
+            group.wait_ready(launch, timeout_s=600)
+    except BaseException:
+        group.stop()
+        raise
+    urls = [launch.url for launch in launches]
+    print(f"subagents: {num} parser.serve workers at {', '.join(urls)} (logs in {log_dir})")
+    models_cfg["subagent"] = {"type": "http", "api": "sglang", "base_urls": urls, "tokenizer": sub["model"]}
+    return group
 
 
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="demo")
 def main(cfg: DictConfig) -> None:
-    rows = asyncio.run(run_demo(cfg))
+    rows = asyncio.run(run_demo(cfg, Path(HydraConfig.get().runtime.output_dir) / "workers"))
     output = Path(hydra.utils.get_original_cwd()) / cfg.output
     output.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
     accuracy = sum(r["sub_em"] for r in rows) / max(len(rows), 1)

@@ -13,6 +13,7 @@ import urllib.request
 
 import pytest
 
+from parser.backends import build_backend
 from parser.backends.base import Completion
 from parser.backends.http import HttpBackend
 from parser.backends.pool import WorkerPool
@@ -87,9 +88,12 @@ def _document(n):
 
 
 def _run(urls, procs, *, pool, kill_turn=2):
-    tokenizer = byte_bpe_tokenizer()
-    clients = [HttpBackend(url, api="sglang", timeout_s=60) for url in urls]
-    subagents = WorkerPool(clients, cooldown_s=60) if pool else clients[0]
+    if pool:  # the config path users take: `base_urls` builds a WorkerPool
+        subagents, tokenizer = build_backend({"type": "http", "api": "sglang", "base_urls": urls, "cooldown_s": 60,
+                                              "timeout_s": 60, "tokenizer": "tiny-qwen3.5"})
+        assert isinstance(subagents, WorkerPool)
+    else:
+        subagents, tokenizer = HttpBackend(urls[0], api="sglang", timeout_s=60), byte_bpe_tokenizer()
     reader = SubagentReader(subagents, tokenizer, max_new_tokens=8)
     config = EpisodeConfig(max_turns=6, max_attempts=3, retry_backoff_s=0.05, request_timeout_s=60)
 

