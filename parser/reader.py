@@ -12,6 +12,7 @@ A reader may raise `BackendError`; the engine retries it and records what still 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Protocol
 
 from parser import prompts
@@ -58,10 +59,26 @@ class SubagentReader:
         self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, json_schema=schema)
         self.thinking = thinking
         self.prompt_version = prompt_version
+        # A scatter round renders T prompts that differ from last round's only in the query, so
+        # each chunk's template frame is rendered once and reused (a render is ~0.25 ms: 0.4 s of
+        # client CPU per query at T = 1,750).
+        self._frame = functools.lru_cache(maxsize=16_384)(self._render_frame)
+
+    def _render(self, query: str, chunk_text: str) -> str:
+        content = prompts.render("subagent", self.prompt_version, chunk=chunk_text, query=query)
+        return render_chat(self.tokenizer, [{"role": "user", "content": content}], enable_thinking=self.thinking)
+
+    def _render_frame(self, chunk_text: str) -> tuple[str, str] | None:
+        """(text before the query, text after it), or None if the template does not place the
+        query verbatim (then every prompt is rendered in full)."""
+        probes = ("\u2063q\u2063", "\u2063probe two\u2063")
+        frames = {tuple(self._render(p, chunk_text).split(p)) for p in probes}
+        frame = frames.pop()
+        return frame if not frames and len(frame) == 2 else None
 
     def prompt(self, query: str, chunk: Chunk) -> str:
-        content = prompts.render("subagent", self.prompt_version, chunk=chunk.text, query=query)
-        return render_chat(self.tokenizer, [{"role": "user", "content": content}], enable_thinking=self.thinking)
+        frame = self._frame(chunk.text)
+        return frame[0] + query + frame[1] if frame else self._render(query, chunk.text)
 
     async def read(self, query: str, chunk: Chunk, doc_id: str) -> ReaderReply:
         completion = await self.backend.generate(

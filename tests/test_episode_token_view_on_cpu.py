@@ -165,3 +165,18 @@ def test_templates_without_tool_support_get_the_tools_as_text(qwen3_5_tokenizer)
         system = context.messages[0]["content"]
         assert ('"name": "query_agents"' in system) is expect_fallback
         assert ("<tool_call>{" in system) is expect_fallback
+
+
+def test_subagent_prompt_frames_render_exactly_like_the_template(qwen3_5_tokenizer, tiny_tokenizer):
+    """The reader reuses each chunk's rendered frame across queries; it must equal a full render."""
+    from parser.chunking import Chunk
+    from parser.reader import SubagentReader, render_chat
+
+    chunk = Chunk(3, "Document 4:\nZorvan\nZorvan is a film {with braces} directed by Miro Tal.", (4,), 20)
+    for tokenizer in (qwen3_5_tokenizer, tiny_tokenizer):
+        reader = SubagentReader(None, tokenizer)
+        for query in ["Who directed Zorvan?", "Wer hat «Zorvan» gedreht? {x}", "multi\nline query", "Query: nested"]:
+            content = prompts.render("subagent", chunk=chunk.text, query=query)
+            expected = render_chat(tokenizer, [{"role": "user", "content": content}], enable_thinking=False)
+            assert reader.prompt(query, chunk) == expected
+        assert reader._frame.cache_info().misses == 1  # one frame render for four queries
