@@ -17,8 +17,6 @@ from parser.backends.base import Backend, BackendError, Completion, SamplingPara
 
 __all__ = ["Backend", "BackendError", "Completion", "SamplingParams", "build_backend", "build_models", "load_model_and_tokenizer"]
 
-LOCAL_MODELS = ("tiny-qwen3", "tiny-qwen3.5", "smollm2")
-
 
 def load_model_and_tokenizer(name: str, **kwargs: Any) -> tuple[Any, Any]:
     """(model, tokenizer) for a local test model or a hub name / path."""

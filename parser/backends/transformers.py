@@ -102,13 +102,12 @@ class TransformersBackend:
     def from_pretrained(
         cls, path_or_name: str, *, tokenizer: Any = None, dtype: Any = "auto", device: str = "cpu", **kwargs: Any
     ) -> "TransformersBackend":
-        """Load a causal LM and its tokenizer (hub name or local dir), eval mode."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        """Load a causal LM and its tokenizer (hub name, local dir, or a local test model name),
+        eval mode, through the project's one loader (`parser.backends.load_model_and_tokenizer`)."""
+        from parser.backends import load_model_and_tokenizer
 
-        model_kwargs = kwargs.pop("model_kwargs", {})
-        tok = tokenizer or AutoTokenizer.from_pretrained(path_or_name)
-        model = AutoModelForCausalLM.from_pretrained(path_or_name, dtype=dtype, **model_kwargs).to(device)
-        return cls(model.eval(), tok, **kwargs)
+        model, tok = load_model_and_tokenizer(path_or_name, dtype=dtype, **kwargs.pop("model_kwargs", {}))
+        return cls(model.to(device), tokenizer or tok, **kwargs)
 
     # ------------------------------------------------------------------ Backend protocol
     async def generate(
