@@ -20,6 +20,7 @@ from parser.readers import reader_for_episode
 
 
 @register_method("parser")
+@register_method("parser_release")  # the same method; its config sets episode.protocol=release
 class ParSerMethod:
     name = "parser"
 
