@@ -54,7 +54,7 @@ def test_prompts_load_from_the_checkout_without_executing_it(tmp_path):
     assert '{"evidence": "...", "answer": "..."}' in prompts.subagent_prompt("CHUNK", "Q?")  # {{ }} escapes
 
 
-def test_missing_checkout_names_the_file_and_what_to_clone(tmp_path, monkeypatch):
+def test_missing_checkout_names_the_file_and_what_to_clone(tmp_path, monkeypatch, qwen3_5_tokenizer):
     monkeypatch.delenv(protocol.REPO_ENV, raising=False)
     with pytest.raises(FileNotFoundError, match=r"git clone https://github.com/cuhk-parser/PARSER.*protocol_release.repo"):
         protocol.load_release_prompts(None)
@@ -66,7 +66,7 @@ def test_missing_checkout_names_the_file_and_what_to_clone(tmp_path, monkeypatch
         protocol.load_release_prompts(str(repo))
     with pytest.raises(FileNotFoundError, match="prompt.py not found"):
         EpisodeEngine(None, None, ScriptedSubagents(), EpisodeConfig(protocol="release", protocol_release={"repo": str(tmp_path / "no")})).query_agents(
-            chunk_document("Document 1:\nx", _tok(), 64, protocol="release"), "d")
+            chunk_document("Document 1:\nx", qwen3_5_tokenizer, 64, protocol="release"), "d")
 
 
 def test_a_changed_user_turn_or_missing_constant_is_refused(tmp_path):
@@ -221,12 +221,6 @@ def test_parser_protocol_keeps_todays_observation():
 
 # --- row: chunk headers ---
 
-def _tok():
-    from parser.testing import qwen3_5_tokenizer
-
-    return qwen3_5_tokenizer()
-
-
 def _release_chunks(document: str, tok, size: int) -> list[str]:
     """The release's chunking, restated from its rules."""
     parts = re.split(r"(?:^|\n)Document\s\d+:\s*", document)
@@ -242,8 +236,8 @@ def _release_chunks(document: str, tok, size: int) -> list[str]:
     return chunks + [current]
 
 
-def test_chunk_headers_and_packing_follow_the_release():
-    tok = _tok()
+def test_chunk_headers_and_packing_follow_the_release(qwen3_5_tokenizer):
+    tok = qwen3_5_tokenizer
     paragraphs = [f"Title {i}\nSentence {i} about Document 3: nothing." for i in range(1, 13)]
     paragraphs[4] = "Long\n" + " ".join(f"word{i}" for i in range(400))  # longer than a chunk: kept whole
     document = "Preamble line.\n\n" + render_paragraphs(paragraphs)
@@ -345,8 +339,8 @@ def _release_stream(tok, prompts, script, observations):
 
 
 @pytest.fixture(scope="module")
-def release_episode(release_repo):
-    tok = _tok()
+def release_episode(release_repo, qwen3_5_tokenizer):
+    tok = qwen3_5_tokenizer
     paragraphs = [f"Filler {i}\nNothing about films here, only weather number {i}." for i in range(1, 7)]
     paragraphs[1] = "Zorvan\nZorvan is a film directed by Miro Tal."
     chunks = chunk_document(render_paragraphs(paragraphs), tok, 30, protocol="release")
@@ -379,18 +373,18 @@ def test_scripted_episode_builds_the_release_stream(release_episode):
     assert [t.action_error is None for t in trajectory.turns] == [True, False, False, False, True]
 
 
-def test_release_answer_is_the_last_answer_of_the_whole_completion(release_repo):
-    tok = _tok()
+def test_release_answer_is_the_last_answer_of_the_whole_completion(release_repo, qwen3_5_tokenizer):
+    tok = qwen3_5_tokenizer
     chunks = chunk_document("Document 1:\nZorvan is a film directed by Miro Tal.", tok, 64, protocol="release")
     config = EpisodeConfig(protocol="release", protocol_release={"repo": release_repo}, max_turns=2)
     trajectory = asyncio.run(EpisodeEngine(ScriptedLead(tok, SCRIPT), tok, ScriptedSubagents(), config).run(QUESTION, chunks))
     assert trajectory.stop_reason == "max_turns" and trajectory.answer == "Someone"  # from turn 1's thinking
 
 
-def test_release_turns_use_the_full_budget_until_the_response_is_spent(release_repo):
+def test_release_turns_use_the_full_budget_until_the_response_is_spent(release_repo, qwen3_5_tokenizer):
     """The release gives every turn max_new_tokens while the response is under its length (and cuts
     the trajectory afterwards); the parser protocol shrinks the last turn's budget to what is left."""
-    tok = _tok()
+    tok = qwen3_5_tokenizer
     chunks = chunk_document("Document 1:\nZorvan.", tok, 64, protocol="release")
 
     def run(protocol_name, max_turns, max_response_tokens):
@@ -414,8 +408,8 @@ def _recording(turn, budgets):
     return wrapped
 
 
-def test_subagent_reads_the_release_prompt_on_the_real_template(release_repo):
-    tok = _tok()
+def test_subagent_reads_the_release_prompt_on_the_real_template(release_repo, qwen3_5_tokenizer):
+    tok = qwen3_5_tokenizer
     (chunk,) = chunk_document("Document 1:\nZorvan is a film.", tok, 64, protocol="release")
     reader = SubagentReader(backend=None, tokenizer=tok, protocol="release", release_repo=release_repo)
     content = protocol.load_release_prompts(release_repo).subagent.format(chunk_content=chunk.text, question="Who?")
