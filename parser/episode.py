@@ -54,7 +54,7 @@ from typing import Any
 
 from parser import prompts
 from parser import protocol as protocols
-from parser.actions import LeadAction, parse_lead_output, split_thinking
+from parser.actions import TOOL_NAME, LeadAction, parse_lead_output, split_thinking
 from parser.backends.base import Backend, SamplingParams
 from parser.chunking import Chunk
 from parser.reader import ChunkReader
@@ -228,6 +228,8 @@ class EpisodeEngine:
         """One episode with any tool set. `request_id` keeps the episode on one server (default
         `doc_id`); `routing_key`, if given, is sent with every generation (gateway pinning)."""
         cfg = self.config
+        if cfg.protocol == "release" and tuple(toolset.names) != (TOOL_NAME,):
+            raise ValueError(f"protocol=release is the release's query_agents protocol; tool set {toolset.names} has none")
         started = time.perf_counter()
         context = LeadContext(self.tokenizer, toolset, question, cfg)
         trajectory = Trajectory(question=question, doc_id=doc_id, num_chunks=0, prompt_ids=context.prompt_ids)

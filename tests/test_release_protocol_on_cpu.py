@@ -509,3 +509,52 @@ def test_release_training_preset_and_loss_aggregations():
     check_train_config(load("train/parser_4b", "actor_rollout_ref.actor.loss_agg_mode=token-mean"))
     with pytest.raises(TrainConfigError, match=r"seq-mean-token-mean \(the paper's objective, Eq. 1.*token-mean \(verl's default, what the authors"):
         check_train_config(load("train/parser_4b", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum"))
+
+
+# --- the release's training rules inside verl's own rollout worker (tests/verl_fakes.py) ---
+
+def test_verl_worker_trains_released_rows_with_the_release_mask(release_repo, tiny_qwen3_5_model, tiny_tokenizer, tmp_path):
+    """Released-layout rows (top-level `context`, question in prompt[0], no agent_name) through
+    verl's AgentLoopWorker under protocol=release: the release's EM decides the reward, and the
+    invalid middle turn trains (mask 1) only in the trajectory rewarded 0."""
+    pytest.importorskip("verl")
+    from verl_fakes import CALL, ScriptedServerManager, document, run_verl_worker, save_tiny_model, train_config
+
+    from parser.testing.loopback import start_loopback
+    from parser.verl.reward import ANSWER_KEY
+
+    invalid = ("Let me think.\n</think>\n\nNo tags here.", "stop")
+    right = [("I need the director.\n</think>\n\n" + CALL.format("Who directed the film Zorvan?"), "stop"), invalid,
+             ("Found.\n</think>\n\n<answer>a.Miro Tal</answer>", "stop")]  # release EM only: articles go first
+
+    wrong = [right[0], invalid, ("Guess.\n</think>\n\n<answer>Anna Berg</answer>", "stop")]
+    question = "Who directed the film Zorvan?"
+    row = {"data_source": "hotpotqa", "raw_prompt": [{"role": "user", "content": question}], "context": document(),
+           "ability": "memory", "reward_model": {"style": "rule", "ground_truth": ["Miro Tal"]}, "extra_info": {"index": 0}}
+    model_dir = save_tiny_model(tiny_qwen3_5_model, tiny_tokenizer, str(tmp_path / "lead"))
+    with start_loopback("subagent-w1", needle="directed by Miro Tal", needle_answer="Miro Tal") as loopback:
+        config = train_config(loopback.url, model_dir, [
+            "parser.episode.protocol=release", f"parser.episode.protocol_release.repo={release_repo}",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=parser_agent"])
+        manager = ScriptedServerManager(tiny_qwen3_5_model, tiny_tokenizer, scripts=[right, wrong])
+        out = run_verl_worker(config, manager, [row, row])
+    assert sorted(out.non_tensor_batch[ANSWER_KEY]) == ["Anna Berg", "a.Miro Tal"]
+    for i in range(len(out)):
+        reward = out.batch["rm_scores"][i].sum().item()
+        script = right if out.non_tensor_batch[ANSWER_KEY][i] == "a.Miro Tal" else wrong
+        assert reward == (1.0 if script is right else 0.0)
+        sizes = [len(tiny_tokenizer.encode(text, add_special_tokens=False)) + 1 for text, _ in script]
+        trained = int(out.batch["response_mask"][i].sum().item())
+        assert trained == sizes[0] + sizes[2] + (sizes[1] if reward < protocol.INVALID_MASK_REWARD else 0)
+        assert f"## Question\n\n{question}" in tiny_tokenizer.decode(out.batch["prompts"][i].tolist())
+
+
+def test_release_protocol_is_refused_for_other_tool_sets(release_repo):
+    class Search:
+        names = ("search",)
+
+    engine = EpisodeEngine(None, None, None, EpisodeConfig(protocol="release", protocol_release={"repo": release_repo}))
+    with pytest.raises(ValueError, match="query_agents protocol"):
+        asyncio.run(engine.run_tools("q", Search()))
+    with pytest.raises(ValueError, match="protocol must be one of parser, release"):
+        EpisodeConfig(protocol="authors")
