@@ -134,7 +134,10 @@ def parse_release_reply(text: str | None) -> dict[str, Any] | None:
         return None
     fenced = _RELEASE_FENCE.search(text)
     body = fenced.group(1) if fenced else (m.group(0) if (m := _RELEASE_OBJECT.search(text)) else text)
-    parsed = json_repair.loads(body)
+    try:
+        parsed = json_repair.loads(body)
+    except Exception:  # noqa: BLE001 - unparsable model output is an abstention or raw_response, never an error
+        parsed = None
     if isinstance(parsed, dict):
         kept = {key: parsed.get(key) for key in release.FINDING_KEYS if parsed.get(key)}
     elif len(text.strip()) > release.RAW_MIN_CHARS:

@@ -128,10 +128,14 @@ def _constant(tree: ast.AST, name: str, path: Path) -> Any:
     raise ValueError(f"{path}: no literal assignment to {name}; is this a checkout of {RELEASE_URL}?")
 
 
-@functools.lru_cache(maxsize=8)
 def load_release_prompts(repo: str | os.PathLike | None = None) -> ReleasePrompts:
-    """Parse (never import) the release's prompt and agent-loop files under `repo`."""
-    root = resolve_repo(repo)
+    """Parse (never import) the release's prompt and agent-loop files under `repo` (None: $PARSER_RELEASE_REPO)."""
+    return _load(str(resolve_repo(repo).resolve()))
+
+
+@functools.lru_cache(maxsize=8)
+def _load(repo: str) -> ReleasePrompts:
+    root = Path(repo)
     prompt_path, loop_path = root / PROMPT_FILE, root / LOOP_FILE
     prompt_tree, loop_tree = _module(prompt_path), _module(loop_path)
     user = _constant(prompt_tree, "LEAD_AGENT_USER_PROMPT", prompt_path)
