@@ -17,11 +17,14 @@ from parser.reward import exact_match, sub_em
 
 @dataclasses.dataclass(frozen=True)
 class Metric:
+    """A per-sample score. Tables average it over samples, then over runs (`eval.report.run_averaged`);
+    the report reads `percent` (print 100 x mean) and `higher_is_better` (which value is the best
+    in a column, bolded in the Markdown table)."""
+
     name: str
     fn: Callable[[str | None, Sequence[str]], float]
-    aggregation: str = "mean"  # per subset: mean over samples, then mean over runs
     higher_is_better: bool = True
-    percent: bool = True  # tables print 100 x mean
+    percent: bool = True
 
 
 METRICS: tuple[Metric, ...] = (
@@ -31,6 +34,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("em_compat", lambda p, g: exact_match(p, g, compat=True)),
 )
 PRIMARY = "sub_em"
+BY_NAME = {m.name: m for m in METRICS}
 
 
 def score(prediction: str | None, golds: Sequence[str]) -> dict[str, float]:
