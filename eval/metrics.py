@@ -24,11 +24,14 @@ from parser.reward import exact_match, release_sub_em, sub_em
 
 @dataclasses.dataclass(frozen=True)
 class Metric:
+    """A per-sample score. Tables average it over samples, then over runs (`eval.report.run_averaged`);
+    the report reads `percent` (print 100 x mean) and `higher_is_better` (which value is the best
+    in a column, bolded in the Markdown table)."""
+
     name: str
     fn: Callable[[str | None, Sequence[str], str | None], float]  # (prediction, golds, completion)
-    aggregation: str = "mean"  # per subset: mean over samples, then mean over runs
     higher_is_better: bool = True
-    percent: bool = True  # tables print 100 x mean
+    percent: bool = True
 
 
 def _release(prediction: str | None, golds: Sequence[str], completion: str | None) -> float:
@@ -45,6 +48,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("sub_em_release", _release),
 )
 PRIMARY = "sub_em"
+BY_NAME = {m.name: m for m in METRICS}
 
 
 def completion_text(record: Mapping[str, Any] | None) -> str | None:

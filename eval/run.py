@@ -39,7 +39,6 @@ from tqdm import tqdm
 from eval import provenance
 from eval.datasets import Subset, load_subsets
 from eval.metrics import PRIMARY, completion_text, score
-from eval.paper_numbers import ROW_NAMES
 from eval.store import ResultsStore
 from parser.methods import Method, MethodResult, Sample, build_method
 
@@ -61,8 +60,8 @@ def seed_everything(seed: int) -> None:
 
 
 def row_label(cfg: DictConfig) -> str:
-    """The table row: `report.row` (by default the method config's `label`), else the paper's name."""
-    return cfg.report.get("row") or ROW_NAMES.get(cfg.method.name, cfg.method.name)
+    """The table row: `report.row`, which defaults to the method config's `label`."""
+    return cfg.report.row
 
 
 def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, cfg: DictConfig,
@@ -150,7 +149,7 @@ async def warm_up(method: Method, subsets: list[Subset], n: int) -> None:
 
 def build_eval_method(cfg: DictConfig) -> Method:
     """The models and the method a config names (the method owns and closes its models)."""
-    from parser.backends import build_models
+    from parser.backends.models import build_models
 
     models = build_models(OmegaConf.to_container(cfg.models, resolve=True))
     method_cfg = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k not in ("name", "label")}
@@ -201,9 +200,18 @@ def _main(cfg: DictConfig) -> None:
     sys.exit(asyncio.run(evaluate(cfg)))
 
 
+def with_search_path(argv: list[str]) -> list[str]:
+    """`argv` plus `hydra.searchpath=[configs/]`, placed among the other overrides: Hydra parses
+    overrides as one positional run, so an override after a flag (`--cfg job`, `--config-name x`)
+    would be refused."""
+    if any(arg.startswith("hydra.searchpath") for arg in argv):
+        return list(argv)
+    at = next((i for i, arg in enumerate(argv) if "=" in arg and not arg.startswith("-")), len(argv))
+    return [*argv[:at], f"hydra.searchpath=[file://{CONFIGS}]", *argv[at:]]
+
+
 def main() -> None:
-    if not any(arg.startswith("hydra.searchpath") for arg in sys.argv[1:]):
-        sys.argv.append(f"hydra.searchpath=[file://{CONFIGS}]")
+    sys.argv = [sys.argv[0], *with_search_path(sys.argv[1:])]
     _main()
 
 

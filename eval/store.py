@@ -103,6 +103,3 @@ class ResultsStore:
             f.flush()
             os.fsync(f.fileno())
 
-
-def load_timings(run_dir: str | Path) -> list[dict[str, Any]]:
-    return list(read_jsonl(Path(run_dir) / TIMINGS))

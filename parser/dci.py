@@ -16,10 +16,14 @@ A model writes these commands, so the sandbox treats every command as hostile:
 * each command has a timeout, a scrubbed environment and no stdin; output is capped at 20,000
   characters (`read` keeps the head, `bash` the tail, as in the paper) with a note that says so.
 
+`SandboxTools` offers the two tools to an agent of the episode engine (the DCI agent,
+`parser.methods.dci_agent`, and the DCI subagent, `parser.readers.dci`).
+
 This module never runs a shell and never writes anywhere but the corpus it is asked to create.
 
     sandbox = Sandbox(materialize_corpus(document, tmpdir))
     print(await sandbox.call("bash", {"command": "rg -n 'Film X' ."}))
+    await engine.run_tools(question, SandboxTools(sandbox, "dci"))
 """
 from __future__ import annotations
 
@@ -31,7 +35,9 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
+from parser import prompts
 from parser.chunking import split_paragraphs
+from parser.tools import FunctionTools
 
 ALLOWED_COMMANDS = ("rg", "grep", "ls", "find", "head", "wc")
 MAX_OUTPUT_CHARS = 20_000
@@ -320,3 +326,32 @@ def materialize_corpus(document: str, directory: str | os.PathLike[str], *, layo
         name = f"doc_{paragraph.index:05d}.txt" if paragraph.index is not None else f"part_{position:05d}.txt"
         (root / name).write_text(paragraph.text + "\n", encoding="utf-8")
     return root
+
+
+class SandboxTools(FunctionTools):
+    """`read(file, offset)` and `bash(command)` confined to one corpus directory.
+
+    `prompt` names the system/user templates: "dci" (the standalone agent, user field
+    `question`) or "dci_subagent" (ParSer's DCI reader, user field `query`).
+    """
+
+    def __init__(self, sandbox: Sandbox, prompt: str = "dci", version: str = prompts.DEFAULT_VERSION):
+        self.sandbox, self.prompt, self.version = sandbox, prompt, version
+        self.functions = {"read": self.read, "bash": self.bash}
+        self.tool_schemas = prompts.baseline_tools("read", "bash", version=version)
+
+    async def read(self, arguments: dict[str, Any]) -> str:
+        return await self.sandbox.call("read", arguments)
+
+    async def bash(self, arguments: dict[str, Any]) -> str:
+        return await self.sandbox.call("bash", arguments)
+
+    def system_prompt(self) -> str:
+        return prompts.BASELINES.render(f"{self.prompt}_system", self.version)
+
+    def user_prompt(self, question: str) -> str:
+        field = "query" if self.prompt == "dci_subagent" else "question"
+        return prompts.BASELINES.render(f"{self.prompt}_user", self.version, **{field: question})
+
+    def invalid_action(self, error: str) -> str:
+        return prompts.BASELINES.render("invalid_action", self.version, error=error)

@@ -47,7 +47,6 @@ last `<answer>` block of all turns together; invalid turns are recorded in
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 from typing import Any
@@ -57,55 +56,11 @@ from parser import protocol as protocols
 from parser.actions import TOOL_NAME, LeadAction, parse_lead_output, split_thinking
 from parser.backends.base import Backend, SamplingParams
 from parser.chunking import Chunk
-from parser.reader import ChunkReader
-from parser.tools import QueryAgents, ScatterSettings, Toolset
+from parser.config import EpisodeConfig
+from parser.tools import ChunkReader, QueryAgents, Toolset
 from parser.trajectory import Trajectory, Turn
 
 END_OF_TURN = "<|im_end|>"
-
-
-@dataclasses.dataclass
-class EpisodeConfig:
-    """Defaults are the paper's training settings (Table 9); eval overrides them in
-    `configs/episode/eval.yaml` (12 turns, chunk 4096, lead temperature 0)."""
-
-    max_turns: int = 9
-    max_tokens_per_turn: int = 2048
-    max_response_tokens: int | None = None  # verl's rollout.response_length; None = unbounded
-    chunk_size: int = 512  # subagent chunk, tokens of the subagent tokenizer
-    lead_temperature: float = 1.0
-    lead_top_p: float = 1.0
-    lead_top_k: int = -1
-    lead_thinking: bool = True
-    subagent_temperature: float = 0.7
-    subagent_max_tokens: int = 512
-    observation_token_budget: int = 4096  # per query; what is cut is said
-    merge_identical_answers: bool = True
-    max_concurrency: int = 512  # subagent requests in flight per engine (all its episodes)
-    request_timeout_s: float = 300.0
-    max_attempts: int = 4  # per subagent request, for retryable errors (5xx, connection, timeout)
-    retry_backoff_s: float = 0.5  # first backoff; grows exponentially with jitter
-    prompt_version: str = prompts.DEFAULT_VERSION
-    # the baselines' protocols (module docstring); off for ParSer
-    plain_reply_is_answer: bool = False
-    continue_cut_turns: bool = False
-    finalize_turn: bool = False  # eval-only
-    compact_after_chars: int | None = None  # eval-only
-    keep_recent_results: int = 12
-    protocol: str = "parser"  # "release": the authors' release, row by row (docs/fidelity.md)
-    protocol_release: dict[str, Any] = dataclasses.field(default_factory=lambda: {"repo": None})  # repo: its checkout
-
-    def __post_init__(self) -> None:
-        protocols.check_protocol(self.protocol)
-        self.protocol_release = dict(self.protocol_release or {})
-
-    def eval_only_options(self) -> list[str]:
-        """The options set that make prompts other than the appended stream (no token view)."""
-        return [name for name, on in (("finalize_turn", self.finalize_turn),
-                                      ("compact_after_chars", self.compact_after_chars is not None)) if on]
-
-    def scatter_settings(self) -> ScatterSettings:
-        return ScatterSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ScatterSettings)})
 
 
 class LeadContext:
@@ -215,7 +170,7 @@ class EpisodeEngine:
         """ParSer's tool set over one document's chunks, sharing this engine's concurrency bound."""
         if self.reader is None:
             raise ValueError("EpisodeEngine.run needs a chunk reader (EpisodeEngine(lead, tokenizer, reader, config))")
-        return QueryAgents(self.reader, chunks, doc_id, self.config.scatter_settings(), self._slots, self._count_tokens)
+        return QueryAgents(self.reader, chunks, doc_id, self.config, self._slots, self._count_tokens)
 
     async def run(self, question: str, chunks: list[Chunk], doc_id: str = "doc", request_id: str | None = None) -> Trajectory:
         """One ParSer episode (paper Algorithm 1) over `chunks`; the lead never sees them."""

@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-PROTOCOLS = ("parser", "release")
+from parser.config import PROTOCOLS
 RELEASE_URL = "https://github.com/cuhk-parser/PARSER"
 REPO_ENV = "PARSER_RELEASE_REPO"
 

@@ -27,7 +27,8 @@ from parser.backends.base import Completion
 from parser.chunking import chunk_document, render_paragraphs
 from parser.episode import EpisodeConfig, EpisodeEngine
 from parser.gather import gather_replies, parse_reply, render_observation
-from parser.reader import ReaderReply, SubagentReader
+from parser.readers.subagent import SubagentReader
+from parser.tools import ReaderReply
 from parser.reward import exact_match, normalize_answer, release_sub_em
 from parser.testing.release_standin import write_release_standin
 

@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.errors import ConfigCompositionException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from parser.episode import EpisodeConfig  # noqa: E402
+from parser.config import EpisodeConfig  # noqa: E402
 from parser.verl.agent_loop import episode_config  # noqa: E402
 from parser.verl.config_checks import TrainConfigError, check_train_config  # noqa: E402
 from parser.verl.train import CONFIG_DIR, prepare  # noqa: E402

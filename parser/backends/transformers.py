@@ -103,8 +103,8 @@ class TransformersBackend:
         cls, path_or_name: str, *, tokenizer: Any = None, dtype: Any = "auto", device: str = "cpu", **kwargs: Any
     ) -> "TransformersBackend":
         """Load a causal LM and its tokenizer (hub name, local dir, or a local test model name),
-        eval mode, through the project's one loader (`parser.backends.load_model_and_tokenizer`)."""
-        from parser.backends import load_model_and_tokenizer
+        eval mode, through the project's one loader (`parser.backends.loading.load_model_and_tokenizer`)."""
+        from parser.backends.loading import load_model_and_tokenizer
 
         model, tok = load_model_and_tokenizer(path_or_name, dtype=dtype, **kwargs.pop("model_kwargs", {}))
         return cls(model.to(device), tokenizer or tok, **kwargs)

@@ -1,24 +1,22 @@
-"""Chunk readers for ParSer (paper Table 5), built from the `reader` section of a method config.
+"""Chunk readers for ParSer, built from the `reader` section of a method config.
 
-They implement the `parser.reader.ChunkReader` protocol, so the same lead agent and the one
-episode engine coordinate them without retraining:
+Every reader implements `parser.tools.ChunkReader` (read, forget, close), so the same lead
+agent and the one episode engine coordinate any of them without retraining:
 
-    reader = build_reader({"type": "subagent"}, models)   # the default frozen subagent (parser.reader)
-    reader = build_reader({"type": "thinking", "max_new_tokens": 4096}, models)
-    reader = build_reader({"type": "dci", "episode": {"max_turns": 8}}, models)
-    method = build_method("parser", models=models, episode=cfg, reader={"type": "dci"})
-
-A reader may have `forget(doc_id)` (drop one document's state after its episode) and `close()`.
+    reader = build_reader({"type": "subagent"}, models)   # the paper's frozen subagent (subagent.py)
+    reader = build_reader({"type": "thinking", "max_new_tokens": 4096}, models)   # Table 5 (thinking.py)
+    reader = build_reader({"type": "dci", "episode": {"max_turns": 4}}, models)   # Table 5 (dci.py)
+    python -m eval.run method=parser_dci                  # configs/method/parser_dci.yaml
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from parser.reader import SubagentReader
 from parser.readers.dci import DCIReader
+from parser.readers.subagent import SubagentReader
 from parser.readers.thinking import ThinkingReader
 
-__all__ = ["DCIReader", "ThinkingReader", "build_reader", "reader_for_episode", "READER_TYPES"]
+__all__ = ["DCIReader", "SubagentReader", "ThinkingReader", "build_reader", "reader_for_episode", "READER_TYPES"]
 
 READER_TYPES = ("subagent", "thinking", "dci")
 

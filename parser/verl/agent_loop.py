@@ -21,7 +21,7 @@ Settings live in the trainer config's `parser:` block (gateway URL, subagent cli
 knobs; see configs/train/parser_base.yaml). `rollout.response_length` caps the response: the
 engine stops generating when it is spent, and what an observation pushes past it is cut here.
 
-Dataset row (data issue's verl parquet): `prompt` = chat messages holding only the question
+Dataset row (`data_prep.verl_parquet`): `prompt` = chat messages holding only the question
 (arrives as `raw_prompt`), `extra_info.context` = the document, `reward_model.ground_truth` =
 gold answers. The authors' released parquet (a top-level `context`, the question in `prompt[0]`)
 loads as it is (`parser.verl.rows`). Unknown columns are accepted and ignored.
@@ -42,8 +42,9 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from parser.backends import build_backend
 from parser.chunking import chunk_document
-from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.methods import Models
+from parser.config import EpisodeConfig
+from parser.episode import EpisodeEngine
+from parser.backends.models import Models
 from parser.protocol import INVALID_MASK_REWARD
 from parser.readers import reader_for_episode
 from parser.trajectory import Trajectory

@@ -35,8 +35,6 @@ from typing import Any, Iterable, Mapping
 from parser.trajectory import Trajectory
 
 PREFIX = "parser"
-# verl's own names for the rollout-vs-actor gap (see module docstring)
-LOGPROB_GAP_KEYS = ("rollout_corr/log_ppl_abs_diff", "training/rollout_probs_diff_mean")
 
 
 def trajectory_metrics(trajectory: Trajectory) -> dict[str, float]:

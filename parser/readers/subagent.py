@@ -1,13 +1,11 @@
-"""Chunk readers: what answers one query about one chunk.
+"""The default chunk reader: the paper's frozen subagent.
 
-The default `SubagentReader` is the paper's frozen subagent: a non-thinking chat model that
+`SubagentReader` is the paper's frozen subagent: a non-thinking chat model that
 sees fixed instructions, its chunk, then the query (that order keeps instructions+chunk an
 identical prefix across rounds, so SGLang's RadixCache — or the CPU backend's prefix cache —
 reuses it; `routing_key` = "doc_id:chunk_index" lets the gateway pin the chunk to one worker).
 Alternative readers (a thinking subagent, a DCI agent; paper Table 5) implement the same
-protocol and plug into the same episode engine.
-
-A reader may raise `BackendError`; the engine retries it and records what still fails.
+`parser.tools.ChunkReader` protocol and plug into the same episode engine.
 
 With `protocol="release"` the subagent reads the release's own prompt (loaded from a checkout,
 `parser.protocol`). The release also sends SGLang stop strings ("unknown", ...) and drops a reply
@@ -16,26 +14,14 @@ that hits one; here the reply is generated in full and `parser.gather` drops it 
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Any, Protocol
+from typing import Any
 
 from parser import prompts
 from parser.protocol import check_protocol, load_release_prompts
 from parser.backends.base import Backend, SamplingParams
 from parser.chunking import Chunk
-
-
-@dataclasses.dataclass
-class ReaderReply:
-    text: str
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-
-
-class ChunkReader(Protocol):
-    async def read(self, query: str, chunk: Chunk, doc_id: str) -> ReaderReply: ...
+from parser.tools import ReaderReply
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], **template_kwargs: Any) -> str:
@@ -98,3 +84,9 @@ class SubagentReader:
         )
         completion_tokens = len(completion.token_ids) or len(self.tokenizer.encode(completion.text, add_special_tokens=False))
         return ReaderReply(completion.text, completion.prompt_tokens, completion_tokens, completion.cached_tokens)
+
+    def forget(self, doc_id: str) -> None:
+        """Nothing per document: the frame cache is keyed by chunk text and bounded."""
+
+    def close(self) -> None:
+        self._frame.cache_clear()

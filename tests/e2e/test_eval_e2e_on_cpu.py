@@ -5,7 +5,7 @@ Nothing is faked: a real subprocess runs the real engine on random-weight Qwen3.
 SIGKILLed after its first fsync'd row, and a second invocation of the same command must finish
 with exactly runs x lengths x questions rows, no key twice.
 
-    HF_HUB_OFFLINE=1 .venv/bin/pytest tests/test_eval_e2e_on_cpu.py -q
+    HF_HUB_OFFLINE=1 .venv/bin/pytest tests/e2e/test_eval_e2e_on_cpu.py -q
 """
 from __future__ import annotations
 
@@ -23,12 +23,10 @@ import pytest
 from eval.report import build_report
 from eval.store import RESULTS, read_jsonl
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 QUESTIONS, LENGTHS, RUNS = 2, (50, 100), 2
 EXPECTED = QUESTIONS * len(LENGTHS) * RUNS
-
-pytestmark = pytest.mark.slow
 
 
 def _command(out_dir: Path) -> list[str]:
@@ -80,7 +78,7 @@ def test_kill_and_resume_gives_exactly_the_expected_rows(resumed_run):
     assert second["written"] == EXPECTED - before  # the resume only ran what was missing
     assert first.get("ended") is None  # the killed session never closed
     assert second["git"]["commit"] and second["packages"]["torch"] and second["hardware"]["cpu_count"]
-    assert manifest["config"]["method"]["episode"]["max_turns"] == 2
+    assert manifest["config"]["method"]["episode"]["max_turns"] == 4  # configs/episode/cpu.yaml
     assert second["seeds"] == {"base": 0, "per_run": [0, 1]}
     row = rows[0]
     assert row["method"] == "parser" and row["record"]["turns"] and row["steps"] == len(row["record"]["turns"])

@@ -2,7 +2,7 @@
 SGLang- and OpenAI-shaped JSON with real generated tokens, the prefix cache showing up as
 cached_tokens, HttpBackend round trips for all three APIs, field-naming 400s, and the CLI.
 
-    .venv/bin/pytest tests/test_serve_on_cpu.py -q
+    .venv/bin/pytest tests/e2e/test_serve_on_cpu.py -q
 """
 from __future__ import annotations
 
@@ -207,7 +207,6 @@ def test_bad_request_is_a_non_retryable_backend_error(server):
 
 
 # ---------------------------------------------------------------------- the CLI
-@pytest.mark.slow  # a fresh process imports torch and builds the tiny model (~10-40 s)
 def test_cli_serves_and_shuts_down_gracefully():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

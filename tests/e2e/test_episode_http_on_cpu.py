@@ -2,7 +2,7 @@
 
 Two `python -m parser.serve` processes on 127.0.0.1 serve a tiny random Qwen3.5 as subagents;
 the lead is scripted (the only faked edge) so that it really issues queries. After turn 1 one
-server is killed. Run: .venv/bin/pytest tests/test_episode_http_on_cpu.py -q
+server is killed. Run: .venv/bin/pytest tests/e2e/test_episode_http_on_cpu.py -q
 """
 import asyncio
 import socket
@@ -18,8 +18,9 @@ from parser.backends.base import Completion
 from parser.backends.http import HttpBackend
 from parser.backends.pool import WorkerPool
 from parser.chunking import chunk_document
-from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.reader import SubagentReader
+from parser.config import EpisodeConfig
+from parser.episode import EpisodeEngine
+from parser.readers import SubagentReader
 from parser.testing import byte_bpe_tokenizer
 
 CALL = "</think>\n\n<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"

@@ -1,6 +1,6 @@
 """The training recipes compose a valid launch (Hydra `--cfg job`: print the config, start nothing).
 
-    .venv/bin/pytest tests/test_verl_recipes_on_cpu.py -q
+    .venv/bin/pytest tests/e2e/test_verl_recipes_on_cpu.py -q
 
 With PARSER_GATEWAY_URL set the recipe skips starting the gateway; `--cfg job` makes
 `parser.verl.train` print the composed config and exit before Ray or any GPU is touched, so
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("size, model", [("4b", "Qwen/Qwen3.5-4B"), ("9b", "Qwen/Qwen3.5-9B")])

@@ -22,9 +22,10 @@ from typing import Any
 
 from parser.actions import split_thinking
 from parser.backends.base import SamplingParams
-from parser.baselines import templates
+from parser import prompts
 from parser.chunking import chunk_document
-from parser.methods import MethodResult, Models, Sample, register_method
+from parser.backends.models import Models
+from parser.methods.base import MethodResult, Sample
 
 NO_MEMORY = "No previous memory"
 NO_RECALLED_MEMORY = "No memory was recalled."
@@ -91,7 +92,6 @@ class TfidfRecall:
         return memories[best] if scores[best] > 0 else None
 
 
-@register_method("memagent")
 class MemAgentMethod:
     name = "memagent"
     update_template, final_template = "memagent_update", "memagent_final"
@@ -108,7 +108,7 @@ class MemAgentMethod:
         temperature: float = 0.7,
         top_p: float = 0.95,
         thinking: bool = False,
-        prompt_version: str = templates.DEFAULT_VERSION,
+        prompt_version: str = prompts.DEFAULT_VERSION,
     ):
         if chunking not in ("tokens", "paragraphs"):
             raise ValueError(f"{self.name}: chunking must be 'tokens' or 'paragraphs', got {chunking!r}")
@@ -147,14 +147,14 @@ class MemAgentMethod:
         return {"memory": NO_MEMORY}
 
     def update_prompt(self, question: str, chunk: str, state: dict[str, Any]) -> str:
-        return templates.render(self.update_template, self.prompt_version, question=question, memory=state["memory"], chunk=chunk)
+        return prompts.BASELINES.render(self.update_template, self.prompt_version, question=question, memory=state["memory"], chunk=chunk)
 
     def absorb(self, reply: str, state: dict[str, Any]) -> dict[str, Any]:
         state["memory"] = split_thinking(reply)[1].strip() or state["memory"]
         return {}
 
     def final_prompt(self, question: str, state: dict[str, Any]) -> str:
-        return templates.render(self.final_template, self.prompt_version, question=question, memory=state["memory"])
+        return prompts.BASELINES.render(self.final_template, self.prompt_version, question=question, memory=state["memory"])
 
     # -- the loop ------------------------------------------------------------------------
     async def run(self, sample: Sample) -> MethodResult:
@@ -181,7 +181,6 @@ class MemAgentMethod:
         await self.models.aclose()
 
 
-@register_method("rememr1")
 class ReMemR1Method(MemAgentMethod):
     name = "rememr1"
     update_template, final_template = "rememr1_update", "rememr1_final"
@@ -194,7 +193,7 @@ class ReMemR1Method(MemAgentMethod):
         return {"memory": NO_MEMORY, "recalled": NO_RECALLED_MEMORY, "history": []}
 
     def update_prompt(self, question: str, chunk: str, state: dict[str, Any]) -> str:
-        return templates.render(self.update_template, self.prompt_version, question=question, memory=state["memory"],
+        return prompts.BASELINES.render(self.update_template, self.prompt_version, question=question, memory=state["memory"],
                                 recalled_memory=state["recalled"], chunk=chunk)
 
     def absorb(self, reply: str, state: dict[str, Any]) -> dict[str, Any]:
@@ -209,5 +208,5 @@ class ReMemR1Method(MemAgentMethod):
         return {"recall_query": query.group(1) if query else None, "recalled": recalled is not None}
 
     def final_prompt(self, question: str, state: dict[str, Any]) -> str:
-        return templates.render(self.final_template, self.prompt_version, question=question, memory=state["memory"],
+        return prompts.BASELINES.render(self.final_template, self.prompt_version, question=question, memory=state["memory"],
                                 recalled_memory=state["recalled"])

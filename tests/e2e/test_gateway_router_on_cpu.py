@@ -1,7 +1,7 @@
 """The real sglang-router binary (PyPI `sglang-router`, the `gateway` extra) on 127.0.0.1 in front
 of 3 real HTTP workers (the project's loopback worker, one process each), driven by ParSer traffic.
 
-Checks the gateway contract of issue 4:
+Checks the gateway contract (scripts/serve_subagents.py, parser/gateway.py):
 - multi-round traffic: >= 99% of round-2+ requests reach the worker that served their chunk in
   round 1, and no worker gets more than 1.5x the mean (cache_aware and manual; consistent_hashing
   is measured for locality, its spread depends on where worker URLs fall on the hash ring);
@@ -10,7 +10,7 @@ Checks the gateway contract of issue 4:
 Only the lead model is scripted (the outer edge); router, workers, HTTP client, reader and
 episode engine are the real ones. Figures are printed (run with -s to see them).
 
-    .venv/bin/pytest tests/test_gateway_router_on_cpu.py -q -s
+    .venv/bin/pytest tests/e2e/test_gateway_router_on_cpu.py -q -s
 """
 from __future__ import annotations
 
@@ -26,11 +26,12 @@ pytest.importorskip("sglang_router", reason="needs the gateway extra: pip instal
 from parser.backends.base import ROUTING_HEADER, Completion, SamplingParams  # noqa: E402
 from parser.backends.http import HttpBackend  # noqa: E402
 from parser.chunking import Chunk  # noqa: E402
-from parser.episode import EpisodeConfig, EpisodeEngine  # noqa: E402
+from parser.config import EpisodeConfig  # noqa: E402
+from parser.episode import EpisodeEngine  # noqa: E402
 from parser.gateway import Gateway, ProcessGroup, router_launch, routing_header, worker_launches  # noqa: E402
-from parser.reader import SubagentReader  # noqa: E402
+from parser.readers import SubagentReader  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_report():

@@ -5,22 +5,22 @@ agent loop runs the same `EpisodeEngine`, so there is a single code path from da
 The chunk reader comes from the `reader` config section (`parser.readers.reader_for_episode`), so the
 paper's Table 5 variants are config files, not code:
 
-    build_method("parser", models, episode={...})                                  # default subagents
-    build_method("parser", models, episode={...}, reader={"type": "thinking"})     # configs/method/parser_thinking.yaml
-    build_method("parser", models, episode={...}, reader={"type": "dci"})          # configs/method/parser_dci.yaml
+    python -m eval.run method=parser            # configs/method/parser.yaml: the default subagents
+    python -m eval.run method=parser_thinking   # reader: {type: thinking}
+    python -m eval.run method=parser_dci        # reader: {type: dci}
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from parser.chunking import chunk_document
-from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.methods import MethodResult, Models, Sample, register_method
+from parser.config import EpisodeConfig
+from parser.episode import EpisodeEngine
+from parser.backends.models import Models
+from parser.methods.base import MethodResult, Sample
 from parser.readers import reader_for_episode
 
 
-@register_method("parser")
-@register_method("parser_release")  # the same method; its config sets episode.protocol=release
 class ParSerMethod:
     name = "parser"
 
@@ -41,8 +41,7 @@ class ParSerMethod:
         try:
             trajectory = await self.engine.run(sample.question, chunks, doc_id=sample.id)
         finally:
-            if hasattr(self.reader, "forget"):  # e.g. the DCI reader's per-chunk corpora
-                self.reader.forget(sample.id)
+            self.reader.forget(sample.id)  # e.g. the DCI reader's per-chunk corpora
         stats = trajectory.stats()
         return MethodResult(
             answer=trajectory.answer,
@@ -54,6 +53,6 @@ class ParSerMethod:
         )
 
     async def aclose(self) -> None:
-        if self.owns_reader and hasattr(self.reader, "close"):
+        if self.owns_reader:
             self.reader.close()
         await self.models.aclose()

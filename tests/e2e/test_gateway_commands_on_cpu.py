@@ -2,7 +2,7 @@
 settings the subagent gateway depends on (checked against the installed sglang-router's own
 argument parser where one is installed). Starts no model and no router.
 
-    .venv/bin/pytest tests/test_gateway_commands_on_cpu.py -q
+    .venv/bin/pytest tests/e2e/test_gateway_commands_on_cpu.py -q
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from parser.backends.base import ROUTING_HEADER
 from parser.gateway import (Gateway, flags, router_launch, routing_header,
                             worker_launches)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SERVE_CONFIGS = ROOT / "configs" / "serve"
 
 

@@ -24,8 +24,9 @@ from typing import Any
 
 from parser.actions import split_thinking
 from parser.backends.base import SamplingParams
-from parser.baselines import templates
-from parser.methods import MethodResult, Models, Sample, register_method
+from parser import prompts
+from parser.backends.models import Models
+from parser.methods.base import MethodResult, Sample
 
 log = logging.getLogger(__name__)
 YARN_ROPE_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 262144}
@@ -35,7 +36,6 @@ class ContextOverflow(ValueError):
     pass
 
 
-@register_method("full_context")
 class FullContextMethod:
     name = "full_context"
 
@@ -49,7 +49,7 @@ class FullContextMethod:
         temperature: float = 0.0,
         max_context_tokens: int = 262_144,
         on_overflow: str = "skip",
-        prompt_version: str = templates.DEFAULT_VERSION,
+        prompt_version: str = prompts.DEFAULT_VERSION,
     ):
         if on_overflow not in ("skip", "error", "truncate_middle"):
             raise ValueError(f"full_context: on_overflow must be skip, error or truncate_middle, got {on_overflow!r}")
@@ -69,7 +69,7 @@ class FullContextMethod:
 
     def _fit(self, sample: Sample) -> tuple[str, int, str | None]:
         """(context to show, prompt tokens, overflow note or None)."""
-        overhead = self._count(self._render([{"role": "user", "content": templates.render(
+        overhead = self._count(self._render([{"role": "user", "content": prompts.BASELINES.render(
             "full_context_user", self.prompt_version, context="", question=sample.question)}]))
         room = self.max_context_tokens - self.turn1.max_new_tokens - self.turn2.max_new_tokens - overhead - 64
         ids = self.models.lead_tokenizer.encode(sample.context, add_special_tokens=False)
@@ -94,12 +94,12 @@ class FullContextMethod:
                 raise
             log.warning("%s", error)
             return MethodResult(None, 0, time.perf_counter() - started, record={"error": str(error), "stop_reason": "context_overflow"})
-        messages = [{"role": "user", "content": templates.render("full_context_user", self.prompt_version, context=context, question=sample.question)}]
+        messages = [{"role": "user", "content": prompts.BASELINES.render("full_context_user", self.prompt_version, context=context, question=sample.question)}]
         first = await self.models.lead.generate(self._render(messages), self.turn1, request_id=sample.id)
         thinking, reply = split_thinking(first.text.removesuffix("<|im_end|>"))
         messages += [
             {"role": "assistant", "content": first.text.removesuffix("<|im_end|>")},
-            {"role": "user", "content": templates.render("full_context_followup", self.prompt_version)},
+            {"role": "user", "content": prompts.BASELINES.render("full_context_followup", self.prompt_version)},
         ]
         second = await self.models.lead.generate(self._render(messages), self.turn2, request_id=sample.id)
         _, answer = split_thinking(second.text.removesuffix("<|im_end|>"))

@@ -2,7 +2,7 @@
 eval (`python -m eval.ruler --config-name ruler_tiny_cpu`) with tiny in-process models on two
 small lengths that must end in the heat map and table.
 
-    HF_HUB_OFFLINE=1 .venv/bin/pytest tests/test_ruler_eval_on_cpu.py -q
+    HF_HUB_OFFLINE=1 .venv/bin/pytest tests/e2e/test_ruler_eval_on_cpu.py -q
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from eval.ruler import build_ruler_report, ruler_score, string_match_all, task_of
 from eval.store import RESULTS, read_jsonl
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_string_match_all_hand_worked():
@@ -102,7 +102,6 @@ def test_shipped_configs_compose():
     assert list(data.tasks) == list(full.ruler.tasks) and data.num_samples == 128
 
 
-@pytest.mark.slow
 def test_cpu_eval_on_two_small_lengths_draws_the_heat_map(tmp_path):
     tasks, lengths = ["niah_multikey_2", "fwe"], [1024, 2048]
     cmd = [sys.executable, "-m", "eval.ruler", "--config-name", "ruler_tiny_cpu", f"ruler.tasks=[{','.join(tasks)}]",
