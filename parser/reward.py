@@ -1,4 +1,4 @@
-"""Answer normalization, EM and Sub_EM: the one definition used by training and eval.
+r"""Answer normalization, EM and Sub_EM: the one definition used by training and eval.
 
 Training rewards the lead with binary `exact_match` (paper §2.3); tables report `sub_em`, the
 bidirectional-substring variant that MemAgent's and ReMemR1's open-source eval code implements
