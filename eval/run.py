@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from eval import provenance
 from eval.datasets import Subset, load_subsets
-from eval.metrics import PRIMARY, score
+from eval.metrics import PRIMARY, completion_text, score
 from eval.store import ResultsStore
 from parser.methods import Method, MethodResult, Sample, build_method
 
@@ -79,7 +79,7 @@ def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, c
         "question": sample.question,
         "answers": sample.answers,
         "prediction": result.answer,
-        **score(result.answer, sample.answers),
+        **score(result.answer, sample.answers, completion_text(result.record)),
         "steps": result.steps,
         "wall_s": round(result.wall_s, 4),
         "lead_output_tokens": result.lead_output_tokens,

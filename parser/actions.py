@@ -22,6 +22,15 @@ Two tool-call dialects are accepted so the engine serves both model families:
 agent was offered (`tool_names`), and the final answer, the last ``<answer>…</answer>`` after the
 thinking. A generation with neither a usable call nor an answer gets `error` set; the engine then
 appends the invalid-action hint and continues (paper Algorithm 1). Never raises on model output.
+
+`protocol="release"` applies the authors' turn rules instead (release
+train/scripts/parser_agent_loop.py): the whole turn is searched, thinking included, after
+trailing `<|im_end|>`/`<|endoftext|>` are stripped; only closed `<tool_call>` blocks count
+(strict JSON, else the XML dialect); any call wins over an answer; a call to another tool, or
+with a missing/empty/non-string query, stays a call whose tool reply is an error (`ToolCall.error`),
+so the turn is still a valid step; an empty `<answer></answer>` is no answer.
+
+    parse_lead_output(text, protocol="release").queries   # valid non-empty queries, in order
 """
 from __future__ import annotations
 
@@ -29,8 +38,11 @@ import dataclasses
 import re
 from typing import Any, Iterable
 
+import json
 import json_repair
 import orjson
+
+from parser import protocol as release
 
 TOOL_NAME = "query_agents"
 
@@ -45,6 +57,7 @@ _XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL
 class ToolCall:
     name: str
     arguments: dict[str, Any]
+    error: str | None = None  # release protocol: the tool reply for an unusable call (not executed)
 
 
 @dataclasses.dataclass
@@ -116,8 +129,11 @@ def _check_query(call: ToolCall) -> str | None:
     return None
 
 
-def parse_lead_output(text: str, tool_names: Iterable[str] | None = (TOOL_NAME,)) -> LeadAction:
-    """Answer, or the usable calls to `tool_names` (None: any tool). An answer wins over calls."""
+def parse_lead_output(text: str, tool_names: Iterable[str] | None = (TOOL_NAME,), protocol: str = "parser") -> LeadAction:
+    """Answer, or the usable calls to `tool_names` (None: any tool). An answer wins over calls
+    (`protocol="release"`: the release's rules, module docstring; `tool_names` is query_agents)."""
+    if release.check_protocol(protocol) == "release":
+        return _parse_release(text)
     thinking, action = split_thinking(text)
     answers = _ANSWER.findall(action)
     if answers:
@@ -141,3 +157,102 @@ def parse_lead_output(text: str, tool_names: Iterable[str] | None = (TOOL_NAME,)
     if "<answer>" in action:
         return LeadAction(thinking, [], None, "unterminated <answer> block")
     return LeadAction(thinking, [], None, "no tool call and no <answer> block")
+
+
+# --- the release's turn rules ---
+_RELEASE_FUNCTION = re.compile(r"<function\s*=\s*([^>\n]+)>\s*(.*?)\s*</function>", re.DOTALL)
+_RELEASE_PARAMETER = re.compile(r"<parameter\s*=\s*([^>\n]+)>\s*(.*?)\s*</parameter>", re.DOTALL)
+
+
+def _release_arguments(arguments: Any) -> dict[str, Any]:
+    if isinstance(arguments, dict):
+        return arguments
+    if arguments is None:
+        return {}
+    if isinstance(arguments, str) and arguments.strip().startswith(("{", "[")):
+        try:
+            parsed = json.loads(arguments.strip())
+        except json.JSONDecodeError:
+            return {"_raw": arguments}
+        return parsed if isinstance(parsed, dict) else {"_raw": parsed}
+    return {"_raw": arguments}
+
+
+def _release_json_calls(spec: Any) -> list[ToolCall]:
+    if isinstance(spec, list):
+        return [call for item in spec for call in _release_json_calls(item)]
+    if not isinstance(spec, dict):
+        return []
+    function = spec["function"] if isinstance(spec.get("function"), dict) else spec
+    name = function.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return []
+    return [ToolCall(name.strip(), _release_arguments(function.get("arguments", {})))]
+
+
+def _release_value(raw: str) -> Any:
+    value = raw.strip()
+    if value.startswith(("{", "[")) or (value.startswith('"') and value.endswith('"') and value):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def _release_block(payload: str) -> list[ToolCall]:
+    """The calls in one closed `<tool_call>` block: strict JSON first, else the XML dialect
+    (after literal backslash escapes the model sometimes writes are unescaped)."""
+    payload = payload.strip()
+    if payload.startswith(("{", "[")):
+        try:
+            calls = _release_json_calls(json.loads(payload))
+        except json.JSONDecodeError:
+            calls = []
+        if calls:
+            return calls
+    payload = payload.replace("\\r\\n", "\n").replace("\\n", "\n").replace("\\t", "\t").strip()
+    calls = []
+    for function in _RELEASE_FUNCTION.finditer(payload):
+        name = function.group(1).strip()
+        if name:
+            params = {k.strip(): _release_value(v) for k, v in _RELEASE_PARAMETER.findall(function.group(2)) if k.strip()}
+            calls.append(ToolCall(name, params))
+    return calls
+
+
+def _release_calls(text: str) -> list[ToolCall]:
+    calls, position = [], 0
+    while (start := text.find("<tool_call>", position)) >= 0:
+        end = text.find("</tool_call>", start)
+        if end < 0:
+            break
+        calls += _release_block(text[start + len("<tool_call>"): end])
+        position = end + len("</tool_call>")
+    return calls
+
+
+def _release_check(call: ToolCall) -> ToolCall:
+    if call.name != TOOL_NAME:
+        call.error = release.unknown_tool_error(call.name)
+        return call
+    query = call.arguments.get("query") or ""
+    if not isinstance(query, str):
+        call.error = release.query_type_error(query)
+    elif not query.strip():
+        call.error = release.MISSING_QUERY_ERROR
+    else:
+        call.arguments["query"] = query.strip()
+    return call
+
+
+def _parse_release(text: str) -> LeadAction:
+    text = release.strip_trailing_markers(text)
+    thinking = split_thinking(text)[0]
+    calls = [_release_check(call) for call in _release_calls(text)]
+    if calls:
+        return LeadAction(thinking, [c.arguments["query"] for c in calls if c.error is None], None, calls=calls)
+    answer = release.extract_answer(text)
+    if answer is not None:
+        return LeadAction(thinking, [], answer)
+    return LeadAction(thinking, [], None, "no tool call and no non-empty <answer> block")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 EPISODE_PRESETS = Path(__file__).resolve().parent.parent / "configs" / "episode"
+PROTOCOLS = ("parser", "release")  # whose behaviour the engine has; parser/protocol.py, docs/fidelity.md
 
 
 @dataclasses.dataclass
@@ -50,6 +51,13 @@ class EpisodeConfig:
     finalize_turn: bool = False  # eval-only
     compact_after_chars: int | None = None  # eval-only
     keep_recent_results: int = 12
+    protocol: str = "parser"  # "release": the authors' release, row by row (parser.protocol, docs/fidelity.md)
+    protocol_release: dict[str, Any] = dataclasses.field(default_factory=lambda: {"repo": None})  # repo: its checkout
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}")
+        self.protocol_release = dict(self.protocol_release or {})
 
     def eval_only_options(self) -> list[str]:
         """The options set that make prompts other than the appended stream (no token view)."""

@@ -35,6 +35,14 @@ with the token view; and two that are **eval-only**:
   "Tool-free" means rendered without the tool schemas, which is again not the appended stream.
 
 `EpisodeConfig.eval_only_options()` names what is set; the verl agent loop refuses those.
+
+`protocol` (`parser` | `release`) picks whose behaviour the same loop has (`parser.protocol`,
+docs/fidelity.md). Under `release`: the release's prompts, tool schema and hint (read from
+`protocol_release.repo`), its turn rules (`parser.actions`), observation (`parser.gather`),
+chunk headers (`parser.chunking`); each turn may use the full `max_tokens_per_turn` until the
+response reaches `max_response_tokens` (the caller cuts the rest); the episode's answer is the
+last `<answer>` block of all turns together; invalid turns are recorded in
+`Trajectory.invalid_turn_spans` for the release's mask rule, applied once the reward is known.
 """
 from __future__ import annotations
 
@@ -44,7 +52,8 @@ import time
 from typing import Any
 
 from parser import prompts
-from parser.actions import LeadAction, parse_lead_output, split_thinking
+from parser import protocol as protocols
+from parser.actions import TOOL_NAME, LeadAction, parse_lead_output, split_thinking
 from parser.backends.base import Backend, SamplingParams
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig
@@ -174,6 +183,8 @@ class EpisodeEngine:
         """One episode with any tool set. `request_id` keeps the episode on one server (default
         `doc_id`); `routing_key`, if given, is sent with every generation (gateway pinning)."""
         cfg = self.config
+        if cfg.protocol == "release" and tuple(toolset.names) != (TOOL_NAME,):
+            raise ValueError(f"protocol=release is the release's query_agents protocol; tool set {toolset.names} has none")
         started = time.perf_counter()
         context = LeadContext(self.tokenizer, toolset, question, cfg)
         trajectory = Trajectory(question=question, doc_id=doc_id, num_chunks=0, prompt_ids=context.prompt_ids)
@@ -202,6 +213,9 @@ class EpisodeEngine:
                 break
             else:
                 error = action.error or "no tool call and no <answer> block"
+                closed_here = context.response_mask[-1] == 0  # the engine closed a cut turn
+                start = len(context.response_ids) - turn.lead_tokens - closed_here
+                trajectory.invalid_turn_spans.append((start, start + turn.lead_tokens))
                 observation = [{"role": "user", "content": toolset.invalid_action(error)}]
             context.append_observation(observation)
             if action.calls and cfg.compact_after_chars is not None:
@@ -210,6 +224,8 @@ class EpisodeEngine:
                     trajectory.token_view_valid = False
         if trajectory.stop_reason == "max_turns" and cfg.finalize_turn and self._budget(context) > 0:
             await self._finalize(context, trajectory, ids)
+        if cfg.protocol == "release":  # the last <answer> of the whole completion, as the release scores it
+            trajectory.answer = protocols.extract_answer("".join(protocols.strip_trailing_markers(t.text) for t in trajectory.turns))
         trajectory.messages = context.messages
         trajectory.response_ids = context.response_ids
         trajectory.response_mask = context.response_mask
@@ -219,6 +235,9 @@ class EpisodeEngine:
 
     def _budget(self, context: LeadContext) -> int:
         budget = self.config.max_tokens_per_turn
+        if self.config.protocol == "release":  # a full turn while any response budget is left
+            left = self.config.max_response_tokens is None or len(context.response_ids) < self.config.max_response_tokens
+            return budget if left else 0
         if self.config.max_response_tokens is not None:
             budget = min(budget, self.config.max_response_tokens - len(context.response_ids))
         return budget
@@ -237,7 +256,7 @@ class EpisodeEngine:
         text = completion.text if completion.text else self.tokenizer.decode(token_ids, skip_special_tokens=False)
         text = text.removesuffix(END_OF_TURN)
         context.append_generation(token_ids, completion.logprobs)
-        action = parse_lead_output(text, tool_names)
+        action = parse_lead_output(text, tool_names, protocol=cfg.protocol if tool_names else "parser")
         content = split_thinking(text)[1].strip()
         context.messages.append({"role": "assistant", "content": content, "reasoning_content": action.thinking})
         turn = Turn(

@@ -5,15 +5,27 @@ unparsable junk — are dropped (paper §2.2). Every kept finding is labelled by
 (`agent_{i}`) and keeps its quoted evidence, so the lead can check grounding (the failure
 case of paper Appendix F.2 comes from ungrounded findings). Identical answers can be merged.
 The observation is bounded by a token budget and says what it cut.
+
+`protocol="release"` renders what the authors' release shows instead (release
+train/scripts/subagent.py): a reply containing one of the subagent's SGLang stop strings
+("unknown", "Unknown": any occurrence, case-sensitive) or a failed request (None) is dropped; the
+rest is read from a fenced ```json block, else the outermost {...}, with json-repair; falsy
+`evidence`/`answer` are left out, a reply that is not a JSON object but is longer than 64
+characters is passed on as `raw_response`; the kept replies go out as one JSON object keyed
+`agent_{i}` (indent 2, non-ASCII kept), or a fixed message when none is left. No merging, no budget.
+
+    text, num_findings = gather_replies(["Unknown", '{"evidence": "...", "answer": "..."}', None], protocol="release")
 """
 from __future__ import annotations
 
+import json
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import json_repair
 
 from parser import prompts
+from parser import protocol as release
 from parser.reward import normalize_answer
 from parser.trajectory import Finding
 
@@ -88,3 +100,56 @@ def render_observation(
         lines.append(prompts.render("omitted", version, count=omitted))
     text = prompts.render("observation", version, query=query, num_findings=reporting, num_agents=num_agents, findings="\n".join(lines))
     return text, omitted
+
+
+def gather_replies(replies: Sequence[str | None], protocol: str = "parser", *, query: str = "",
+                   count_tokens: Callable[[str], int] | None = None, token_budget: int = 4096,
+                   merge: bool = True, version: str = prompts.DEFAULT_VERSION) -> tuple[str, int]:
+    """(observation text, number of findings) for one query's replies, reply i from chunk i
+    (None: the request failed). The `parser` keywords are its observation's settings; without
+    `count_tokens` the budget is not applied."""
+    if release.check_protocol(protocol) == "release":
+        return render_release_observation([parse_release_reply(r) for r in replies])
+    findings = []
+    for index, text in enumerate(replies):
+        parsed = parse_reply(text) if text is not None else None
+        if parsed:
+            findings.append(Finding(agent=f"agent_{index}", chunk_index=index, answer=parsed[0], evidence=parsed[1]))
+    if merge:
+        findings = merge_identical(findings)
+    counter = count_tokens or (lambda _: 0)
+    text, _ = render_observation(query, findings, len(replies), counter, token_budget, version)
+    reporting = sum(1 + len(f.merged_agents) for f in findings)
+    return text, reporting
+
+
+_RELEASE_FENCE = re.compile(r"```json\s*(.*?)\s*```", re.DOTALL)
+_RELEASE_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
+
+
+def parse_release_reply(text: str | None) -> dict[str, Any] | None:
+    """One subagent reply as the release keeps it: {evidence?, answer?} or {raw_response}; None
+    for a failure, an abstention (a stop string anywhere) or an empty finding."""
+    if text is None or any(stop in text for stop in release.STOP_STRINGS):
+        return None
+    fenced = _RELEASE_FENCE.search(text)
+    body = fenced.group(1) if fenced else (m.group(0) if (m := _RELEASE_OBJECT.search(text)) else text)
+    try:
+        parsed = json_repair.loads(body)
+    except Exception:  # noqa: BLE001 - unparsable model output is an abstention or raw_response, never an error
+        parsed = None
+    if isinstance(parsed, dict):
+        kept = {key: parsed.get(key) for key in release.FINDING_KEYS if parsed.get(key)}
+    elif len(text.strip()) > release.RAW_MIN_CHARS:
+        kept = {release.RAW_KEY: text.strip()}
+    else:
+        kept = {}
+    return kept or None
+
+
+def render_release_observation(parsed: Sequence[dict[str, Any] | None]) -> tuple[str, int]:
+    """The release's tool reply for one query, from `parse_release_reply` per chunk, in chunk order."""
+    findings = {release.AGENT_KEY.format(index=i): p for i, p in enumerate(parsed) if p}
+    if not findings:
+        return release.NO_FINDINGS, 0
+    return json.dumps(findings, indent=2, ensure_ascii=False), len(findings)

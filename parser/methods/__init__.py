@@ -25,6 +25,7 @@ __all__ = ["METHODS", "Method", "MethodResult", "Sample", "build_method"]
 
 METHODS: dict[str, type] = {
     "parser": ParSerMethod,
+    "parser_release": ParSerMethod,  # configs/method/parser_release.yaml: episode.protocol=release
     "full_context": FullContextMethod,
     "memagent": MemAgentMethod,
     "rememr1": ReMemR1Method,

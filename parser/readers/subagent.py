@@ -6,6 +6,11 @@ identical prefix across rounds, so SGLang's RadixCache — or the CPU backend's 
 reuses it; `routing_key` = "doc_id:chunk_index" lets the gateway pin the chunk to one worker).
 Alternative readers (a thinking subagent, a DCI agent; paper Table 5) implement the same
 `parser.tools.ChunkReader` protocol and plug into the same episode engine.
+
+With `protocol="release"` the subagent reads the release's own prompt (loaded from a checkout,
+`parser.protocol`). The release also sends SGLang stop strings ("unknown", ...) and drops a reply
+that hits one; here the reply is generated in full and `parser.gather` drops it for containing one
+— the same verdict, and no backend has to report which stop string matched.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import functools
 from typing import Any
 
 from parser import prompts
+from parser.protocol import check_protocol, load_release_prompts
 from parser.backends.base import Backend, SamplingParams
 from parser.chunking import Chunk
 from parser.tools import ReaderReply
@@ -36,6 +42,8 @@ class SubagentReader:
         thinking: bool = False,
         json_constrained: bool = False,
         prompt_version: str = prompts.DEFAULT_VERSION,
+        protocol: str = "parser",
+        release_repo: str | None = None,
     ):
         """`json_constrained`: ask the server to decode the reply under the finding's JSON
         schema (`prompts/<version>/subagent_schema.json`); SGLang needs a grammar backend."""
@@ -45,13 +53,17 @@ class SubagentReader:
         self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, json_schema=schema)
         self.thinking = thinking
         self.prompt_version = prompt_version
+        self.release = load_release_prompts(release_repo) if check_protocol(protocol) == "release" else None
         # A scatter round renders T prompts that differ from last round's only in the query, so
         # each chunk's template frame is rendered once and reused (a render is ~0.25 ms: 0.4 s of
         # client CPU per query at T = 1,750).
         self._frame = functools.lru_cache(maxsize=16_384)(self._render_frame)
 
     def _render(self, query: str, chunk_text: str) -> str:
-        content = prompts.render("subagent", self.prompt_version, chunk=chunk_text, query=query)
+        if self.release is not None:
+            content = self.release.subagent_prompt(chunk_text, query)
+        else:
+            content = prompts.render("subagent", self.prompt_version, chunk=chunk_text, query=query)
         return render_chat(self.tokenizer, [{"role": "user", "content": content}], enable_thinking=self.thinking)
 
     def _render_frame(self, chunk_text: str) -> tuple[str, str] | None:

@@ -12,6 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 
+# The two loss aggregations a ParSer run may use: the paper's objective (Eq. 1, 1/|y_i| per
+# trajectory) and verl's default, which the authors' released run script keeps (per-token mean
+# over the mini-batch); configs/train/parser_4b_release.yaml uses the latter.
+PAPER_LOSS_AGG = "seq-mean-token-mean"
+RELEASE_LOSS_AGG = "token-mean"
+
+
 class TrainConfigError(ValueError):
     """A training config that would fail (or silently misbehave) once launched."""
 
@@ -42,9 +49,10 @@ def check_train_config(config: Any, require_gateway: bool = True) -> None:
     if "grad_offload" in actor.megatron:
         problems.append("actor_rollout_ref.actor.megatron.grad_offload does not exist in verl 0.9.1 "
                         "(param_offload also frees gradient buffers); remove it")
-    if actor.loss_agg_mode != "seq-mean-token-mean":
-        problems.append(f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode}: the paper's objective is "
-                        "seq-mean-token-mean (1/|y_i| per trajectory)")
+    if actor.loss_agg_mode not in (PAPER_LOSS_AGG, RELEASE_LOSS_AGG):
+        problems.append(f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode}: use {PAPER_LOSS_AGG} (the paper's "
+                        f"objective, Eq. 1: 1/|y_i| per trajectory) or {RELEASE_LOSS_AGG} (verl's default, what the "
+                        "authors' released run script trains with)")
     if not rollout.calculate_log_probs:
         problems.append("actor_rollout_ref.rollout.calculate_log_probs=false: the rollout-vs-actor gap cannot be logged")
     if int(rollout.response_length) + int(rollout.prompt_length) > int(actor.ppo_max_token_len_per_gpu) and actor.use_dynamic_bsz:
