@@ -5,15 +5,17 @@ unparsable junk — are dropped (paper §2.2). Every kept finding is labelled by
 (`agent_{i}`) and keeps its quoted evidence, so the lead can check grounding (the failure
 case of paper Appendix F.2 comes from ungrounded findings). Identical answers can be merged.
 The observation is bounded by a token budget and says what it cut.
+
+A reply is whatever a worker sent back, so `parse_reply` takes any value (a number or null
+from a broken worker is junk) and runs in linear time (`parser.lenient_json`).
 """
 from __future__ import annotations
 
 import re
 from typing import Any, Callable
 
-import json_repair
-
 from parser import prompts
+from parser.lenient_json import loads_leading
 from parser.reward import normalize_answer
 from parser.trajectory import Finding
 
@@ -21,19 +23,34 @@ ABSTENTIONS = frozenset(
     {"unknown", "none", "n/a", "na", "null", "not found", "not mentioned", "no information", "not available", "unanswerable"}
 )
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
-_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 
 
-def parse_reply(text: str) -> tuple[str, str] | None:
-    """(answer, evidence) for a finding, or None for an abstention / junk."""
+def _fenced(body: str) -> str | None:
+    """The inside of the first ```` ```json … ``` ```` fence, as the regex
+    ```` ```(?:json)?\s*(.*?)``` ```` finds it (whose `\s*` backtracking is quadratic on a long
+    unclosed fence of whitespace)."""
+    start = body.find("```")
+    end = body.find("```", start + 3) if start >= 0 else -1
+    if end < 0:
+        return None
+    inside = body[start + 3 : end]
+    return inside.removeprefix("json").lstrip()
+
+
+def parse_reply(text: Any) -> tuple[str, str] | None:
+    """(answer, evidence) for a finding, or None for an abstention / junk (any non-string too)."""
+    if not isinstance(text, str):
+        return None
     body = _THINK_BLOCK.sub("", text).strip()
-    fenced = _FENCE.search(body)
-    if fenced:
-        body = fenced.group(1)
+    fenced = _fenced(body)
+    if fenced is not None:
+        body = fenced
     start = body.find("{")
     if start < 0:
         return None
-    parsed: Any = json_repair.loads(body[start:])
+    parsed, problem = loads_leading(body[start:])
+    if problem:
+        return None
     if isinstance(parsed, list):  # several objects: keep the first that is a dict
         parsed = next((p for p in parsed if isinstance(p, dict)), None)
     if not isinstance(parsed, dict):
