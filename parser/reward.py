@@ -8,6 +8,10 @@ bidirectional-substring variant that MemAgent's and ReMemR1's open-source eval c
 scores 0 (its caller's `if pred else 0` guard), but a prediction that only *normalizes* to the
 empty string ("the", "...") counts as a hit under Sub_EM ("" is a substring of everything). Use
 it only to compare with published numbers; the default scores any empty prediction 0.
+
+A gold answer that normalizes to "" ("", "the", "?") never scores, in either mode: "" is a
+substring of every prediction, so it would be free accuracy. Data prep refuses such records
+(`data_prep.records`); this guards what reaches scoring anyway.
 """
 from __future__ import annotations
 
@@ -28,7 +32,9 @@ def normalize_answer(text: str) -> str:
 
 
 def _golds(golds: str | Iterable[str]) -> list[str]:
-    return [golds] if isinstance(golds, str) else [str(g) for g in golds]
+    """The normalized golds that can score (never an empty one)."""
+    raw = [golds] if isinstance(golds, str) else [str(g) for g in golds]
+    return [g for g in map(normalize_answer, raw) if g]
 
 
 def exact_match(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
@@ -37,7 +43,7 @@ def exact_match(prediction: str | None, golds: str | Iterable[str], compat: bool
     pred = normalize_answer(prediction)
     if not pred and not compat:
         return 0.0
-    return float(any(pred == normalize_answer(g) for g in _golds(golds)))
+    return float(any(pred == g for g in _golds(golds)))
 
 
 def sub_em(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
@@ -47,8 +53,7 @@ def sub_em(prediction: str | None, golds: str | Iterable[str], compat: bool = Fa
     pred = normalize_answer(prediction)
     if not pred and not compat:
         return 0.0
-    for gold in _golds(golds):
-        g = normalize_answer(gold)
+    for g in _golds(golds):
         if g in pred or pred in g:
             return 1.0
     return 0.0
