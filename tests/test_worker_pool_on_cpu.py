@@ -65,3 +65,21 @@ def test_a_hung_worker_is_marked_down_and_later_rounds_skip_it():
     assert all(c.worker == "good" for c, _ in first + later)
     assert any(used == 2 for _, used in first)  # keys ranked on the hung worker timed out once...
     assert all(used == 1 for _, used in later) and later_s < 0.5  # ...then it was down: no more waits
+
+
+@pytest.mark.parametrize("api", ["sglang", "completions", "chat"])
+def test_http_backend_reports_a_garbage_200_as_retryable(api):
+    """Without a pool (behind the gateway) the engine must still see a retryable error, not an
+    IndexError or a null text that would pass as an abstention."""
+    with start_loopback("garbage", fail_first=10**9, fail_mode="garbage") as bad:
+        backend = HttpBackend(bad.url, api=api)
+
+        async def go():
+            try:
+                return await backend.generate("Query: q?", SAMPLING)
+            finally:
+                await backend.aclose()
+
+        with pytest.raises(BackendError, match="HTTP 200 but") as error:
+            asyncio.run(go())
+    assert error.value.retryable
