@@ -152,7 +152,10 @@ class Sandbox:
         self.read_window = read_window
         self.programs = {name: path for name in ALLOWED_COMMANDS if (path := _locate(name))}
         # The only environment a command sees: no RIPGREP_CONFIG_PATH, GREP_OPTIONS, HOME, ...
-        self.env = {"PATH": os.pathsep.join(sorted({str(Path(p).parent) for p in self.programs.values()})), "LC_ALL": "C.UTF-8"}
+        # MALLOC_ARENA_MAX: glibc reserves 64 MB of address space per thread arena, so `rg -j 64`
+        # under the address-space limit would fail to spawn threads (and rg 14 then hangs).
+        self.env = {"PATH": os.pathsep.join(sorted({str(Path(p).parent) for p in self.programs.values()})), "LC_ALL": "C.UTF-8",
+                    "MALLOC_ARENA_MAX": "2"}
 
     # -- paths -----------------------------------------------------------------------------
     def resolve(self, path: str) -> Path:

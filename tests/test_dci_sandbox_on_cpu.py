@@ -375,3 +375,14 @@ def test_numeric_offsets_from_json_still_work(world):
     sandbox, _, _ = world
     for offset in (2, 2.0, "2", " 2 "):
         assert run(sandbox.call("read", {"file": "doc_00001.txt", "offset": offset})).lstrip().startswith("2\t")
+
+
+@needs_rg
+def test_many_rg_threads_still_run_under_the_memory_limit(world):
+    """glibc reserves 64 MB per thread arena; without MALLOC_ARENA_MAX, `rg -j 64` under a
+    1 GiB address-space limit panics spawning threads and hangs until the timeout."""
+    sandbox, _, _ = world
+    started = time.perf_counter()
+    reply = run(sandbox.call("bash", {"command": "rg -j 64 -c Anna ."}))
+    assert "doc_00002.txt" in reply and "exit status" not in reply
+    assert time.perf_counter() - started < 5
