@@ -178,13 +178,27 @@ def accuracy_rows(table: dict[str, Any], dataset: str, bold: dict[int, float] | 
 # ----------------------------------------------------------------------------- latency, tokens
 
 def latency_table(rows: Sequence[dict[str, Any]], timings: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Amortized s/sample = sum of subset wall times / samples they finished; steps from rows."""
+    """Amortized s/sample = sum of subset wall times / samples they finished; steps from rows.
+
+    A subset session that finished wrote a timing line. One that was killed did not; its rows
+    (same `session`) are timed from the first sample's start (`finished_at - wall_s`) to the
+    last one's finish, so every finished sample is counted once, whichever session ran it.
+    """
     wall: dict[tuple, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for t in timings:
         if t.get("condition") is None and t.get("samples"):
             key = (t["dataset"], t["backbone"], t["row"], int(t["concurrency"]), int(t["length"]))
             wall[key][0] += float(t["wall_s"])
             wall[key][1] += int(t["samples"])
+    timed_sessions = {t["session"] for t in timings if t.get("session")}
+    killed: dict[tuple, list[dict[str, Any]]] = collections.defaultdict(list)
+    for r in rows:
+        if r.get("condition") is None and r.get("session") and r["session"] not in timed_sessions and "finished_at" in r:
+            killed[(r["session"], r["dataset"], r["backbone"], r["row"], int(r["concurrency"]), int(r["length"]))].append(r)
+    for (_, *key), session_rows in killed.items():
+        started = min(float(r["finished_at"]) - float(r["wall_s"]) for r in session_rows)
+        wall[tuple(key)][0] += max(float(r["finished_at"]) for r in session_rows) - started
+        wall[tuple(key)][1] += len(session_rows)
     steps: dict[tuple, list[float]] = collections.defaultdict(list)
     for r in rows:
         if r.get("condition") is None:

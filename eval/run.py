@@ -14,6 +14,8 @@ Features
   one-off costs (lazy init, first-call kernels) do not land in the first subset's latency.
 - A sample whose method raises is logged to `errors.jsonl` and not written, so a re-run
   retries it; the command then exits 1.
+- One process per `out_dir`: a second `eval.run` on a directory in use exits 2 with a message
+  naming the holder (`eval.store.lock_run_dir`).
 
     python -m eval.run                                   # configs/eval/default.yaml
     python -m eval.run --config-name tiny_cpu limit=4 runs=1
@@ -39,7 +41,7 @@ from tqdm import tqdm
 from eval import provenance
 from eval.datasets import Subset, load_subsets
 from eval.metrics import PRIMARY, completion_text, score
-from eval.store import ResultsStore
+from eval.store import ResultsStore, RunDirLocked, lock_run_dir
 from parser.methods import Method, MethodResult, Sample, build_method
 
 
@@ -65,7 +67,7 @@ def row_label(cfg: DictConfig) -> str:
 
 
 def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, cfg: DictConfig,
-               save_record: bool) -> dict[str, Any]:
+               save_record: bool, session: str = "") -> dict[str, Any]:
     row: dict[str, Any] = {
         "dataset": subset.dataset,
         "length": subset.length,
@@ -86,6 +88,9 @@ def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, c
         "subagent_output_tokens": result.subagent_output_tokens,
         "meta": sample.meta,
         "finished": provenance.now(),
+        "finished_at": round(time.time(), 3),  # with `session`: times a subset whose session was killed
+        "session": session,
+        "concurrency": int(cfg.concurrency),
     }
     if save_record:
         row["record"] = result.record
@@ -106,6 +111,7 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
                disable=not cfg.progress, dynamic_ncols=True)
     semaphore = asyncio.Semaphore(int(cfg.concurrency))
     written = failed = 0
+    session = f"{os.getpid()}@{time.time():.3f}"  # this process's pass over this subset
 
     async def one(sample: Sample) -> None:
         nonlocal written, failed
@@ -118,7 +124,7 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
                                  "error": repr(err), "traceback": traceback.format_exc(), "time": provenance.now()})
                 bar.write(f"[eval] {subset.label} run {run} sample {sample.id}: {err!r} (logged, will retry on re-run)")
                 return
-        row = result_row(subset, run, sample, result, cfg, bool(cfg.save_records))
+        row = result_row(subset, run, sample, result, cfg, bool(cfg.save_records), session)
         if store.append(row):
             written += 1
             scores.append(row[PRIMARY])
@@ -132,7 +138,7 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
     store.log_timing({"dataset": subset.dataset, "length": subset.length, "run": run, "condition": subset.condition,
                       "method": cfg.method.name, "row": row_label(cfg), "backbone": cfg.report.backbone,
                       "concurrency": int(cfg.concurrency), "samples": written, "failed": failed,
-                      "wall_s": round(wall, 4), "pid": os.getpid(), "finished": provenance.now()})
+                      "wall_s": round(wall, 4), "pid": os.getpid(), "session": session, "finished": provenance.now()})
     return written, failed
 
 
@@ -158,7 +164,13 @@ def build_eval_method(cfg: DictConfig) -> Method:
 
 async def evaluate(cfg: DictConfig, method: Method | None = None) -> int:
     """Run (or resume) one eval. Pass `method` to reuse built models across several evals
-    (RULER's tasks); the caller then closes it. Otherwise it is built from `cfg` and closed here."""
+    (RULER's tasks); the caller then closes it. Otherwise it is built from `cfg` and closed here.
+    Raises `RunDirLocked` if another process is evaluating into `cfg.out_dir`."""
+    with lock_run_dir(cfg.out_dir):
+        return await _evaluate(cfg, method)
+
+
+async def _evaluate(cfg: DictConfig, method: Method | None) -> int:
     subsets = load_subsets(cfg.dataset, limit=cfg.limit)
     store = ResultsStore(cfg.out_dir)
     seeds = {"base": int(cfg.seed), "per_run": [int(cfg.seed) + r for r in range(int(cfg.runs))]}
@@ -197,7 +209,11 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 @hydra.main(config_path="../configs/eval", config_name="default", version_base="1.3")
 def _main(cfg: DictConfig) -> None:
-    sys.exit(asyncio.run(evaluate(cfg)))
+    try:
+        sys.exit(asyncio.run(evaluate(cfg)))
+    except RunDirLocked as error:
+        print(f"eval.run: error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 def with_search_path(argv: list[str]) -> list[str]:

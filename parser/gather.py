@@ -6,6 +6,9 @@ unparsable junk — are dropped (paper §2.2). Every kept finding is labelled by
 case of paper Appendix F.2 comes from ungrounded findings). Identical answers can be merged.
 The observation is bounded by a token budget and says what it cut.
 
+A reply is whatever a worker sent back, so `parse_reply` takes any value (a number or null
+from a broken worker is junk) and runs in linear time (`parser.lenient_json`).
+
 `protocol="release"` renders what the authors' release shows instead (release
 train/scripts/subagent.py): a reply containing one of the subagent's SGLang stop strings
 ("unknown", "Unknown": any occurrence, case-sensitive) or a failed request (None) is dropped; the
@@ -22,10 +25,9 @@ import json
 import re
 from typing import Any, Callable, Sequence
 
-import json_repair
-
 from parser import prompts
 from parser import protocol as release
+from parser.lenient_json import loads_leading, loads_lenient
 from parser.reward import normalize_answer
 from parser.trajectory import Finding
 
@@ -33,19 +35,34 @@ ABSTENTIONS = frozenset(
     {"unknown", "none", "n/a", "na", "null", "not found", "not mentioned", "no information", "not available", "unanswerable"}
 )
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
-_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 
 
-def parse_reply(text: str) -> tuple[str, str] | None:
-    """(answer, evidence) for a finding, or None for an abstention / junk."""
+def _fenced(body: str) -> str | None:
+    """The inside of the first ```` ```json … ``` ```` fence, as the regex
+    ```` ```(?:json)?\s*(.*?)``` ```` finds it (whose `\s*` backtracking is quadratic on a long
+    unclosed fence of whitespace)."""
+    start = body.find("```")
+    end = body.find("```", start + 3) if start >= 0 else -1
+    if end < 0:
+        return None
+    inside = body[start + 3 : end]
+    return inside.removeprefix("json").lstrip()
+
+
+def parse_reply(text: Any) -> tuple[str, str] | None:
+    """(answer, evidence) for a finding, or None for an abstention / junk (any non-string too)."""
+    if not isinstance(text, str):
+        return None
     body = _THINK_BLOCK.sub("", text).strip()
-    fenced = _FENCE.search(body)
-    if fenced:
-        body = fenced.group(1)
+    fenced = _fenced(body)
+    if fenced is not None:
+        body = fenced
     start = body.find("{")
     if start < 0:
         return None
-    parsed: Any = json_repair.loads(body[start:])
+    parsed, problem = loads_leading(body[start:])
+    if problem:
+        return None
     if isinstance(parsed, list):  # several objects: keep the first that is a dict
         parsed = next((p for p in parsed if isinstance(p, dict)), None)
     if not isinstance(parsed, dict):
@@ -130,14 +147,11 @@ _RELEASE_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 def parse_release_reply(text: str | None) -> dict[str, Any] | None:
     """One subagent reply as the release keeps it: {evidence?, answer?} or {raw_response}; None
     for a failure, an abstention (a stop string anywhere) or an empty finding."""
-    if text is None or any(stop in text for stop in release.STOP_STRINGS):
+    if not isinstance(text, str) or any(stop in text for stop in release.STOP_STRINGS):
         return None
     fenced = _RELEASE_FENCE.search(text)
     body = fenced.group(1) if fenced else (m.group(0) if (m := _RELEASE_OBJECT.search(text)) else text)
-    try:
-        parsed = json_repair.loads(body)
-    except Exception:  # noqa: BLE001 - unparsable model output is an abstention or raw_response, never an error
-        parsed = None
+    parsed, _ = loads_lenient(body)  # json-repair as the release, but bounded: garbage never stalls a round
     if isinstance(parsed, dict):
         kept = {key: parsed.get(key) for key in release.FINDING_KEYS if parsed.get(key)}
     elif len(text.strip()) > release.RAW_MIN_CHARS:

@@ -10,9 +10,14 @@ empty string ("the", "...") counts as a hit under Sub_EM ("" is a substring of e
 it only to compare with published numbers; the default scores any empty prediction 0.
 
 `protocol="release"` is the authors' *training* reward (release train/scripts/reward.py): articles
-are replaced *before* punctuation is removed, punctuation is Unicode (`[^\w\s]`, so "¿", "–",
-"·" go and "_" stays), and an empty normalized prediction may match an empty normalized gold.
-Their eval scorer uses the `parser` normalizer; `release_sub_em` is their eval Sub_EM.
+are replaced *before* punctuation is removed, and punctuation is Unicode (`[^\w\s]`, so "¿", "–",
+"·" go and "_" stays). Their eval scorer uses the `parser` normalizer; `release_sub_em` is their
+eval Sub_EM.
+
+A gold answer that normalizes to "" ("", "the", "?") never scores, in any mode or protocol: ""
+is a substring of every prediction, so it would be free accuracy. Data prep refuses such records
+(`data_prep.records`); this guards what reaches scoring anyway. (The release would let an empty
+normalized prediction equal an empty normalized gold; that quirk is not kept.)
 """
 from __future__ import annotations
 
@@ -42,20 +47,22 @@ def normalize_answer(text: str, protocol: str = "parser") -> str:
     return " ".join(text.split())
 
 
-def _golds(golds: str | Iterable[str]) -> list[str]:
-    return [golds] if isinstance(golds, str) else [str(g) for g in golds]
+def _golds(golds: str | Iterable[str], protocol: str = "parser") -> list[str]:
+    """The normalized golds that can score (never an empty one)."""
+    raw = [golds] if isinstance(golds, str) else [str(g) for g in golds]
+    return [g for g in (normalize_answer(r, protocol) for r in raw) if g]
 
 
 def exact_match(prediction: str | None, golds: str | Iterable[str], compat: bool = False, protocol: str = "parser") -> float:
     if not prediction:
         return 0.0
-    if check_protocol(protocol) == "release":  # falsy golds are skipped; "" may equal ""
+    if check_protocol(protocol) == "release":
         pred = normalize_answer(prediction, "release")
-        return float(any(g and pred == normalize_answer(g, "release") for g in _golds(golds)))
+        return float(any(pred == g for g in _golds(golds, "release")))
     pred = normalize_answer(prediction)
     if not pred and not compat:
         return 0.0
-    return float(any(pred == normalize_answer(g) for g in _golds(golds)))
+    return float(any(pred == g for g in _golds(golds)))
 
 
 def sub_em(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
@@ -65,8 +72,7 @@ def sub_em(prediction: str | None, golds: str | Iterable[str], compat: bool = Fa
     pred = normalize_answer(prediction)
     if not pred and not compat:
         return 0.0
-    for gold in _golds(golds):
-        g = normalize_answer(gold)
+    for g in _golds(golds):
         if g in pred or pred in g:
             return 1.0
     return 0.0

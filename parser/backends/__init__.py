@@ -35,8 +35,9 @@ def build_backend(cfg: Mapping[str, Any]) -> tuple[Backend, Any]:
         if "base_urls" in cfg:  # several servers and no gateway: chunk-pinned, with failover
             from parser.backends.pool import WorkerPool
 
-            urls, cooldown_s = cfg.pop("base_urls"), cfg.pop("cooldown_s", 5.0)
-            return WorkerPool([HttpBackend(url, **cfg) for url in urls], cooldown_s=cooldown_s), tokenizer
+            urls, cooldown_s, hung_after_s = cfg.pop("base_urls"), cfg.pop("cooldown_s", 5.0), cfg.pop("hung_after_s", 5.0)
+            return WorkerPool([HttpBackend(url, **cfg) for url in urls], cooldown_s=cooldown_s,
+                              hung_after_s=hung_after_s), tokenizer
         return HttpBackend(**cfg), tokenizer
     if kind == "sglang_engine":
         from parser.backends.sglang_engine import SGLangEngineBackend

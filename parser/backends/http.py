@@ -126,7 +126,13 @@ class HttpBackend:
             if request_id is not None:
                 headers[self.request_id_header] = request_id
         body, worker = await self._post(orjson.dumps(payload), headers)
-        completion = _PARSE[self.api](body, sampling, self.url)
+        try:
+            completion = _PARSE[self.api](body, sampling, self.url)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:  # 200 with a broken body
+            raise BackendError(f"POST {self.url}: HTTP 200 but not a {self.api} completion ({type(error).__name__}: "
+                               f"{error}): {str(body)[:200]}", retryable=True) from error
+        if not isinstance(completion.text, str):
+            raise BackendError(f"POST {self.url}: HTTP 200 but 'text' is {type(completion.text).__name__}", retryable=True)
         completion.worker = worker
         return completion
 

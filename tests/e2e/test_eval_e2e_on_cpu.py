@@ -97,9 +97,28 @@ def test_report_and_viewer_from_the_resumed_run(resumed_run, tmp_path):
     assert all(p.stat().st_size > 5000 for p in report["figures"])
     latency = {e["length"]: e for e in report["latency"]}
     assert set(latency) == set(LENGTHS) and all(e["amortized_s"] > 0 for e in latency.values())
+    # the killed session's finished rows are timed too: every sample counted once
+    assert {L: e["samples"] for L, e in latency.items()} == {L: QUESTIONS * RUNS for L in LENGTHS}
     page = report["viewer"][0].read_text()
     assert page.count('<details class="sample"') == EXPECTED
     assert "query_agents" in page or "invalid action" in page  # the lead's rounds are rendered
+
+
+def test_a_second_eval_on_a_busy_out_dir_refuses(tmp_path):
+    """Two processes on one out_dir wrote every row twice and lost a manifest session."""
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from eval.store import lock_run_dir\n"
+                               f"with lock_run_dir({str(out)!r}):\n    print('held', flush=True); time.sleep(120)"],
+                              cwd=ROOT, env=_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        second = subprocess.run(_command(out), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert f"is in use by another eval.run (pid {holder.pid}" in second.stderr
+        assert not (out / RESULTS).exists() and not (out / "manifest.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_controlled_analysis_end_to_end(tmp_path):

@@ -186,10 +186,74 @@ def test_info_endpoints(server):
     ("/v1/completions", {"prompt": "x", "stop": 3}, "/v1/completions.stop"),
     ("/v1/completions", {"prompt": "x", "stream": True}, "stream"),
     ("/v1/chat/completions", {"messages": "hi"}, "'messages'"),
+    # client mistakes that used to be 500s (which clients and routers retry)
+    ("/generate", {"input_ids": [3, -7]}, "input_ids[1]: token id -7"),
+    ("/generate", {"input_ids": [[2, 10**9]]}, "input_ids[1]: token id 1000000000 is outside the vocabulary"),
+    ("/v1/completions", {"prompt": [5, 99999]}, "prompt[1]: token id 99999"),
+    ("/generate", {"text": "x", "sampling_params": {"top_p": 0}}, "sampling_params.top_p"),
+    ("/v1/completions", {"prompt": "x", "top_p": 1.01}, "/v1/completions.top_p"),
+    ("/generate", {"text": "x", "sampling_params": {"top_k": 0}}, "sampling_params.top_k"),
+    ("/generate", {"text": "x", "sampling_params": {"temperature": -0.5}}, "sampling_params.temperature"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]}, "messages[1].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": {"text": "a"}}]}, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "only a system turn"}]}, "chat template refused them"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "chat_template": "{{ 'x' * 10**9 }}"}, "chat_template: templates are not accepted"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "chat_template_kwargs": {"chat_template": "{{ 1 }}"}},
+     "chat_template_kwargs.chat_template"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "chat_template_kwargs": {"x": {"deep": [1]}}},
+     "chat_template_kwargs.x"),
+    ("/generate", {"text": "x" * (16 * 32768 + 1)}, "cannot fit the context"),
+    ("/generate", {"text": "tok " * 40000}, "prompt tokens"),
+    ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 40000}}, "exceed the context"),
 ])
 def test_bad_requests_name_the_field(server, path, body, field):
     status, _, out = call("POST", server.url + path, body)
     assert status == 400 and field in out["error"]["message"]
+
+
+def test_a_tiny_temperature_is_greedy_like_sglang(server):
+    greedy = call("POST", server.url + "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+    tiny = call("POST", server.url + "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 1e-300}})
+    assert greedy[0] == tiny[0] == 200 and tiny[2]["output_ids"] == greedy[2]["output_ids"]
+
+
+def test_health_answers_while_a_huge_prompt_is_tokenised(backend, tok):
+    """Tokenising 400 KB (~2 s here) used to run on the event loop; now /health must keep answering."""
+    with start_server(backend, tokenizer=tok, context_length=1 << 17) as handle:
+        async def go():
+            async with aiohttp.ClientSession() as s:
+                huge = s.post(handle.url + "/generate", data=orjson.dumps({"text": "word " * 80_000}))
+                task = asyncio.ensure_future(huge)
+                latencies = []
+                while not task.done():
+                    started = time.perf_counter()
+                    async with s.get(handle.url + "/health") as r:
+                        assert r.status == 200
+                    latencies.append(time.perf_counter() - started)
+                    await asyncio.sleep(0.02)
+                async with await task as r:
+                    return r.status, (await r.json())["error"]["message"], latencies
+
+        status, message, latencies = asyncio.run(go())
+    assert status == 400 and "prompt tokens" in message
+    assert len(latencies) >= 2 and max(latencies) < 0.5, latencies
+
+
+def test_a_client_that_disconnects_cancels_its_generation(server):
+    """Greedy decoding of this random model never emits EOS, and 20,000 tokens take minutes; after
+    the client leaves, the next request must not wait behind them (one generation at a time)."""
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(asyncio.TimeoutError):
+                async with s.post(server.url + "/generate", timeout=aiohttp.ClientTimeout(total=0.5),
+                                  data=orjson.dumps({"text": "go", "sampling_params": {"max_new_tokens": 20_000, "temperature": 0}})) as r:
+                    await r.read()
+            started = time.perf_counter()
+            async with s.post(server.url + "/generate", data=orjson.dumps({"text": "next", "sampling_params": {"max_new_tokens": 1}})) as r:
+                assert r.status == 200
+            return time.perf_counter() - started
+
+    assert asyncio.run(go()) < 3.0
 
 
 def test_bad_request_is_a_non_retryable_backend_error(server):
