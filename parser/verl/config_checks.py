@@ -39,7 +39,7 @@ def check_train_config(config: Any, require_gateway: bool = True) -> None:
     if rollout.checkpoint_engine.backend == "naive":
         problems.append("actor_rollout_ref.rollout.checkpoint_engine.backend=naive cannot sync weights to a separate "
                         "rollout pool; use nccl")
-    if "grad_offload" in actor.megatron:
+    if "grad_offload" in (actor.get("megatron") or {}):
         problems.append("actor_rollout_ref.actor.megatron.grad_offload does not exist in verl 0.9.1 "
                         "(param_offload also frees gradient buffers); remove it")
     if actor.loss_agg_mode != "seq-mean-token-mean":
