@@ -198,7 +198,7 @@ def test_step_metrics_from_the_batch(scripted):
     metrics = step_metrics(list(out.non_tensor_batch["parser_stats"]), list(out.non_tensor_batch["acc"]))
     assert metrics["parser/turns/mean"] == 2 and metrics["parser/queries_per_turn"] == 0.5
     assert metrics["parser/replies_per_query"] == 1.0  # only the needle's chunk answers
-    assert metrics["parser/invalid_action_rate"] == 0 and metrics["parser/subagent_failures"] == 0
+    assert metrics["parser/invalid_action_rate"] == 0 and metrics["parser/subagent_failures/sum"] == 0
     assert metrics["parser/reward/mean"] == 0.5 and metrics["parser/answered"] == 1.0
     assert metrics["parser/lead_tokens_per_turn"] > 0
 

@@ -23,9 +23,9 @@ import logging
 from typing import Any
 
 import transfer_queue as tq
-from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBufferAsync
 
-from parser.verl.metrics import step_metrics
+from parser.verl.metrics import group_metrics, step_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,22 @@ class ParserReplayBuffer(ReplayBufferAsync):
         if partition_id == "train" and batch.keys:
             data = tq.kv_batch_get(keys=batch.keys, partition_id=partition_id, select_fields=["extra_fields"])
             metrics.update(metrics_from_extra_fields(data["extra_fields"]))
+            metrics.update(group_metrics(rewards_by_group(batch.keys, data["extra_fields"], batch.tags),
+                                         metrics.get(DAPO_FILTERED_REWARD_COUNTS_KEY)))
         return batch, metrics
+
+
+def rewards_by_group(keys: list[str], extra_fields: Any, tags: list[dict] | None = None) -> dict[str, list[float]]:
+    """uid -> rewards of the sampled trajectories (verl keys them `{uid}_{session}_{i}`), padding skipped."""
+    rows = extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
+    groups: dict[str, list[float]] = {}
+    for i, (key, row) in enumerate(zip(keys, rows)):
+        if tags and tags[i].get("is_padding"):
+            continue
+        info = (row or {}).get("reward_extra_info") or {} if isinstance(row, dict) else {}
+        if "acc" in info:
+            groups.setdefault(key.rsplit("_", 2)[0], []).append(float(info["acc"]))
+    return groups
 
 
 def metrics_from_extra_fields(extra_fields: Any) -> dict[str, float]:

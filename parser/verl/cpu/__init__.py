@@ -9,7 +9,7 @@ process and in Ray's runtime env, when the config says `trainer.device: cpu`.
 | what a GPU run has | on the CPU | verl extension point |
 |---|---|---|
 | CUDA platform (nccl) | `platform.PlatformCPU` (gloo, host memory) | `PlatformRegistry` + `VERL_PLATFORM` |
-| FSDP engine for cuda/npu | verl's own FSDP2 engine, registered for "cpu" | `EngineRegistry.register` |
+| FSDP engine for cuda/npu | verl's own FSDP2 engine (`FSDP2OnCPU`: no pinned offload), registered for "cpu" | `EngineRegistry.register` |
 | SGLang rollout server | `rollout.CpuRolloutReplica` (transformers, TP 1) | `RolloutReplicaRegistry` (`rollout.name=parser_cpu`) |
 | nccl weight sync | `weight_sync.GlooCheckpointEngine` | `CheckpointEngineRegistry` (`checkpoint_engine.backend=cpu_gloo`) |
 | GPUs in Ray | logical GPUs (`ray_init.num_gpus`) | `ray_kwargs.ray_init` |
@@ -63,12 +63,25 @@ def _accept_repeated_cpu_gloo() -> None:
     torch.distributed.init_process_group = init_process_group
 
 
+class FSDP2OnCPU(FSDPEngineWithLMHead):
+    """verl's FSDP2 engine, without the CPU-offload policy it forces on forward-only models
+    (the reference): that policy pins host memory, which needs an accelerator, and offloading
+    to the CPU means nothing when everything is already there. `forward_only` is read in
+    `_build_fsdp_module` only to choose that policy, so it is lifted for that call alone."""
+
+    def _build_fsdp_module(self, module):
+        forward_only = self.engine_config.forward_only
+        self.engine_config.forward_only = False
+        try:
+            return super()._build_fsdp_module(module)
+        finally:
+            self.engine_config.forward_only = forward_only
+
+
 def _register_fsdp_on_cpu() -> None:
     engines = EngineRegistry._engines.get("language_model", {}).get("fsdp2", {})
     if PLATFORM not in engines:
-        EngineRegistry.register(model_type="language_model", backend="fsdp2", device=PLATFORM)(
-            FSDPEngineWithLMHead
-        )
+        EngineRegistry.register(model_type="language_model", backend="fsdp2", device=PLATFORM)(FSDP2OnCPU)
 
 
 _accept_repeated_cpu_gloo()
