@@ -300,3 +300,18 @@ def test_v1_path_output_and_replay_buffer_metrics(loopback, model_dir, tiny_qwen
         sampler_kwargs=config.trainer.v1.sampler.sampler_kwargs,
     )
     assert buffer.filter_groups_metric == "reward"  # dynamic sampling reaches verl's eviction logic
+
+
+def test_grpo_group_fractions_count_sampled_and_evicted_groups():
+    from parser.verl.metrics import group_metrics
+    from parser.verl.sampler import rewards_by_group
+
+    keys = ["u1_0_0", "u1_1_0", "u2_0_0", "u2_1_0", "u3_0_0", "u3_1_0"]
+    rows = [{"reward_extra_info": {"acc": a}} for a in (1.0, 0.0, 1.0, 1.0, 0.0, 0.0)]
+    tags = [{}] * 5 + [{"is_padding": True}]
+    groups = rewards_by_group(keys, rows, tags)
+    assert groups == {"u1": [1.0, 0.0], "u2": [1.0, 1.0], "u3": [0.0]}
+    # verl evicted 2 all-right and 3 all-wrong groups before sampling (dynamic sampling)
+    metrics = group_metrics(groups, {1.0: 2, 0.0: 3})
+    assert metrics == {"parser/grpo/solve_all": 3 / 8, "parser/grpo/solve_none": 4 / 8}
+    assert group_metrics({}) == {}

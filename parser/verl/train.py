@@ -72,11 +72,9 @@ def verl_env(config: DictConfig) -> dict[str, str]:
 def prepare(config: DictConfig) -> DictConfig:
     """Everything before verl takes over: env, absolute paths, resolution, checks."""
     os.environ.setdefault("WANDB_MODE", "online" if wandb_logged_in() else "offline")
-    env = verl_env(config)
-    os.environ.update(env)
-    with open_dict(config):
+    with open_dict(config):  # Ray workers get it from the runtime env; main() sets it here
         env_vars = config.ray_kwargs.ray_init.runtime_env.env_vars
-        for key, value in env.items():
+        for key, value in verl_env(config).items():
             env_vars[key] = value
     agent = config.actor_rollout_ref.rollout.agent
     path = Path(str(agent.agent_loop_config_path))
@@ -95,6 +93,7 @@ def prepare(config: DictConfig) -> DictConfig:
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train/parser_4b", version_base=None)
 def main(config: DictConfig) -> None:
     prepare(config)
+    os.environ.update({k: str(v) for k, v in config.ray_kwargs.ray_init.runtime_env.env_vars.items()})
     # Hydra already imported `verl` (for its config search path) before prepare() set
     # VERL_USE_EXTERNAL_MODULES, so load the modules here too, before verl resolves its platform.
     for module in filter(None, os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",")):

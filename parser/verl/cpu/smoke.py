@@ -99,7 +99,7 @@ async def record_episodes(settings: dict[str, Any], tokenizer: Any, response_len
     return sequences
 
 
-def teach_lead(tokenizer: Any, sequences: list[tuple[list[int], list[int]]], steps: int = 300, seed: int = 0):
+def teach_lead(tokenizer: Any, sequences: list[tuple[list[int], list[int]]], steps: int = 200, seed: int = 0):
     """A tiny Qwen3 fitted to the episodes' lead tokens (observations and prompt masked out)."""
     import torch
 
@@ -118,16 +118,22 @@ def teach_lead(tokenizer: Any, sequences: list[tuple[list[int], list[int]]], ste
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    return model.eval(), float(loss)
+    return model.eval(), float(loss.detach())
 
 
-def build(out: str | Path, gateway_url: str, steps: int = 300) -> dict[str, str]:
-    """Write the smoke lead (weights + tokenizer) and the parquet files under `out`."""
+def build(out: str | Path, gateway_url: str, steps: int = 200, cache: bool = True) -> dict[str, str]:
+    """Write the smoke lead (weights + tokenizer) and the parquet files under `out`. The lead is
+    cached under the asset cache, keyed by the recorded episodes (they change whenever the
+    prompts, tokenizer or episode settings do), so reruns skip the ~1 minute of fitting."""
+    import hashlib
+    import shutil
+
     import torch
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from parser.testing import byte_bpe_tokenizer
+    from parser.testing.assets import cache_dir
     from parser.verl.train import CONFIG_DIR
 
     out = Path(out)
@@ -138,12 +144,25 @@ def build(out: str | Path, gateway_url: str, steps: int = 300) -> dict[str, str]
     settings = OmegaConf.to_container(config.parser, resolve=True)
     tokenizer = byte_bpe_tokenizer()
     sequences = asyncio.run(record_episodes(settings, tokenizer, int(config.data.max_response_length)))
-    model, loss = teach_lead(tokenizer, sequences, steps=steps)
+    key = hashlib.sha256(repr((sequences, steps)).encode()).hexdigest()[:16]
+    cached = cache_dir() / "cpu_smoke_lead" / key
     lead = out / "lead"
-    model.save_pretrained(lead)
-    tokenizer.save_pretrained(lead)
+    if not (cache and cached.is_dir()):
+        model, loss = teach_lead(tokenizer, sequences, steps=steps)
+        staging = Path(f"{cached}.tmp-{random.getrandbits(32):08x}") if cache else lead
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        if cache:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                staging.rename(cached)
+            except OSError:  # another process published it first
+                shutil.rmtree(staging)
+    if cache:
+        shutil.rmtree(lead, ignore_errors=True)
+        shutil.copytree(cached, lead)
     train, val = write_data(out / "data")
-    return {"lead": str(lead), "train_files": str(train), "val_files": str(val), "final_loss": f"{loss:.4f}",
+    return {"lead": str(lead), "train_files": str(train), "val_files": str(val),
             "episode_tokens": str(len(sequences[0][0]))}
 
 
@@ -151,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="directory for lead/ and data/")
     ap.add_argument("--gateway-url", required=True, help="loopback subagents started with --needle")
-    ap.add_argument("--steps", type=int, default=300, help="supervised steps for the tiny lead")
+    ap.add_argument("--steps", type=int, default=200, help="supervised steps for the tiny lead")
     args = ap.parse_args(argv)
     for key, value in build(args.out, args.gateway_url, args.steps).items():
         print(f"{key}={value}")
