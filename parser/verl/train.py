@@ -65,7 +65,10 @@ def verl_env(config: DictConfig) -> dict[str, str]:
     """Environment every verl process needs for this config (driver and Ray workers)."""
     env = {"VERL_LOGGING_LEVEL": verl_log_level(config, os.environ.get("VERL_LOGGING_LEVEL"))}
     if config.trainer.get("device") == "cpu":
-        env.update({"VERL_PLATFORM": "cpu", "VERL_USE_EXTERNAL_MODULES": "parser.verl.cpu"})
+        # keep any modules the user loads too
+        modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
+        env.update({"VERL_PLATFORM": "cpu",
+                    "VERL_USE_EXTERNAL_MODULES": ",".join(dict.fromkeys(["parser.verl.cpu", *modules]))})
     return env
 
 
