@@ -51,7 +51,7 @@ from parser.trajectory import Trajectory
 from parser.verl.metrics import trajectory_metrics
 from parser.verl.rows import EpisodeInputs, episode_inputs  # noqa: F401  (EpisodeInputs: the row's reading)
 from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, score_answer
-from parser.verl.server_manager import ServerManagerBackend
+from parser.verl.server_manager import ServerManagerBackend, lead_stop_token_ids
 
 AGENT_NAME = "parser_agent"  # configs/train/agent_loop.yaml `name`; the dataset's agent_name
 
@@ -88,7 +88,7 @@ class _WorkerState:
         self.engines: dict[tuple[int, tuple], EpisodeEngine] = {}
 
     def engine(self, server_manager: Any, lead_tokenizer: Any, sampling_params: Mapping[str, Any]) -> EpisodeEngine:
-        lead = ServerManagerBackend(server_manager, sampling_params)
+        lead = ServerManagerBackend(server_manager, sampling_params, stop_token_ids=lead_stop_token_ids(lead_tokenizer))
         key = (id(asyncio.get_running_loop()), id(server_manager), tuple(sorted(lead.policy.items())))
         if key not in self.engines:
             self.engines[key] = EpisodeEngine(lead=lead, lead_tokenizer=lead_tokenizer, reader=self.reader, config=self.config)
@@ -113,8 +113,10 @@ def _worker_state(settings: Mapping[str, Any], response_length: int) -> _WorkerS
 
 
 def to_agent_loop_output(trajectory: Trajectory, reward: float, response_length: int, with_logprobs: bool,
-                         protocol: str = "parser") -> AgentLoopOutput:
-    """The engine's token view, cut to `response_length`, as verl's AgentLoopOutput."""
+                         protocol: str = "parser", weight_versions: Mapping[str, Any] | None = None) -> AgentLoopOutput:
+    """The engine's token view, cut to `response_length`, as verl's AgentLoopOutput.
+    `weight_versions` (min/max_global_steps from the server manager) ride in `extra_fields`,
+    where verl's trainer reads them."""
     n = min(len(trajectory.response_ids), response_length)
     lead_s = sum(t.lead_latency_s for t in trajectory.turns)
     scatter_s = sum(t.scatter_latency_s for t in trajectory.turns)
@@ -136,6 +138,7 @@ def to_agent_loop_output(trajectory: Trajectory, reward: float, response_length:
             "reward_extra_info": {"acc": reward},
             "turn_scores": [],
             "tool_rewards": [],
+            **dict(weight_versions or {}),
         },
     )
 
@@ -161,7 +164,11 @@ class ParserAgentLoop(AgentLoopBase):
             None, chunk_document, inputs.document, state.subagent_tokenizer, state.config.chunk_size, state.config.protocol
         )
         engine = state.engine(self.server_manager, self.tokenizer, sampling_params)
-        trajectory = await engine.run(inputs.question, chunks, doc_id=inputs.doc_id, request_id=uuid4().hex)
+        request_id = uuid4().hex
+        try:
+            trajectory = await engine.run(inputs.question, chunks, doc_id=inputs.doc_id, request_id=request_id)
+        finally:
+            weight_versions = engine.lead.take_weight_versions(request_id)
         if len(trajectory.prompt_ids) > self.prompt_length:
             raise ValueError(
                 f"lead prompt has {len(trajectory.prompt_ids)} tokens > actor_rollout_ref.rollout.prompt_length="
@@ -172,5 +179,5 @@ class ParserAgentLoop(AgentLoopBase):
             trajectory.mask_invalid_turns(trainable=reward < INVALID_MASK_REWARD)
         return to_agent_loop_output(
             trajectory, reward, self.response_length, with_logprobs=bool(sampling_params.get("logprobs")),
-            protocol=state.config.protocol,
+            protocol=state.config.protocol, weight_versions=weight_versions,
         )
