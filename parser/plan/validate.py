@@ -1,0 +1,212 @@
+"""Check the planner against real runs on this machine: calibrate, predict, run, compare.
+
+    python -m parser.plan validate                       # tiny-qwen3.5 on 2 CPU workers, ~2-4 min
+    python -m parser.plan validate validate.model=smollm2 validate.chunk_size=64   # slower, a real LM
+    python -m parser.plan validate validate.smoke=true   # seconds: the pipeline, not the accuracy
+
+1. Start `workers` CPU `parser.serve` processes and calibrate their rates (synthetic bursts only:
+   no episode is seen before predicting).
+2. Measure the workload's token shapes with the real reader and tokenizer: prefix (instructions
+   + chunk) and suffix (query + template tail) lengths, and the subagents' output lengths on a
+   calibration document of a size not validated on.
+3. For each validation workload (document length, concurrency), predict per-episode latency
+   and amortized time per sample with `simulate_parser`, then run the same episodes for real:
+   `parser.episode.EpisodeEngine` with HTTP subagents over a chunk-pinned `WorkerPool` (the
+   same rendezvous hash the simulation routes with).
+
+The lead is scripted (it issues `rounds` queries, then answers, in no time): the demo's real
+lead is another issue, and what is validated here is the subagent side — scatter, queueing,
+per-worker load and prefix-cache reuse. A scripted lead also makes the number of rounds a
+workload property, as it is in the paper's step counts. Last line: `max relative error N%`.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from parser.backends.base import Completion
+from parser.backends.http import HttpBackend
+from parser.backends.pool import WorkerPool
+from parser.chunking import chunk_document
+from parser.episode import EpisodeConfig, EpisodeEngine
+from parser.plan.calibrate import Calibrator, LocalWorkers, default_probes, derived_table, fit_rows, flush, write_rates
+from parser.plan.memory import ModelSpec
+from parser.plan.rates import Rates
+from parser.plan.simulate import Cluster, Workload, simulate_parser
+from parser.reader import SubagentReader
+
+CALL = ("</think>\n\n<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n"
+        "</tool_call>")
+QUERIES = ("Which place lies on river 3?", "Who founded the largest place?", "What is the population of place 5?",
+           "Which river has the most places?", "Name a place founded before 1900.")
+
+
+class ScriptedLead:
+    """A lead backend that takes no time: `rounds` query_agents calls per episode, then an answer.
+    It stands in for the trained lead model (a separate issue); the engine around it is real."""
+
+    def __init__(self, tokenizer: Any, rounds: int):
+        self.tokenizer, self.rounds = tokenizer, rounds
+        self.turns: dict[str, int] = {}
+        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    async def generate(self, prompt, sampling, *, routing_key=None, request_id=None) -> Completion:
+        turn = self.turns.get(request_id, 0)
+        self.turns[request_id] = turn + 1
+        text = CALL.format(QUERIES[turn % len(QUERIES)]) if turn < self.rounds else "</think><answer>done</answer>"
+        return Completion(text="", token_ids=self.tokenizer.encode(text, add_special_tokens=False) + [self.end],
+                          finish_reason="stop")
+
+    async def aclose(self) -> None:
+        pass
+
+
+def document(paragraphs: int, seed: int = 0) -> str:
+    """A synthetic document of `paragraphs` short fact paragraphs."""
+    return "\n\n".join(f"Document {i}:\nPlace {i + seed}\nPlace {i + seed} lies on river {(i * 7 + seed) % 11} and "
+                       f"has {(i * 131 + seed) % 9973} people; it was founded in {1700 + (i * 37) % 300}."
+                       for i in range(1, paragraphs + 1))
+
+
+@dataclasses.dataclass
+class Shape:
+    """Token shapes of one document's subagent requests (from the real reader and tokenizer)."""
+
+    chunks: int
+    prefix_tokens: int  # mean reusable prefix per chunk
+    suffix_tokens: int  # mean query + tail
+
+
+def measure_shape(reader: SubagentReader, tokenizer: Any, text: str, chunk_size: int) -> tuple[Shape, list[Any]]:
+    chunks = chunk_document(text, tokenizer, chunk_size)
+    prefixes, suffixes = [], []
+    for chunk in chunks:
+        a = tokenizer.encode(reader.prompt(QUERIES[0], chunk), add_special_tokens=False)
+        b = tokenizer.encode(reader.prompt(QUERIES[1], chunk), add_special_tokens=False)
+        common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        prefixes.append(common)
+        suffixes.append(len(a) - common)
+    return Shape(len(chunks), round(statistics.mean(prefixes)), round(statistics.mean(suffixes))), chunks
+
+
+async def run_episodes(engine: EpisodeEngine, chunks: Sequence[Any], samples: int, concurrency: int,
+                       doc_prefix: str) -> tuple[float, float, list[Any]]:
+    """(mean episode wall time, makespan / samples, trajectories)."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(sample: int):
+        async with slots:
+            return await engine.run("Which place has the most people?", list(chunks), doc_id=f"{doc_prefix}{sample}")
+
+    started = time.perf_counter()
+    trajectories = await asyncio.gather(*(one(s) for s in range(samples)))
+    makespan = time.perf_counter() - started
+    return statistics.mean(t.wall_s for t in trajectories), makespan / samples, trajectories
+
+
+async def validate(cfg: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
+    from parser.backends import load_model_and_tokenizer, load_tokenizer
+
+    tokenizer = load_tokenizer(cfg["model"])
+    model, _ = load_model_and_tokenizer(cfg["model"])
+    spec = ModelSpec.from_hf_config(model.config.to_dict(), name=cfg["model"])
+    del model
+    with LocalWorkers(cfg["model"], cfg["workers"], cfg["threads_per_worker"], out_dir / "workers") as workers:
+        # 1. rates, from synthetic bursts only
+        calibrator = Calibrator(workers.urls, tokenizer, seed=cfg["seed"])
+        try:
+            probes = default_probes(cfg["calibrate_batches"], cfg["calibrate_lengths"], cfg["calibrate_outputs"])
+            rows = await calibrator.run(probes, cfg["calibrate_repeats"])
+        finally:
+            await calibrator.aclose()
+        rates, stats = fit_rows(rows, 1, source=f"python -m parser.plan validate: {cfg['workers']} parser.serve "
+                                                 f"workers, {cfg['model']}, {cfg['threads_per_worker']} thread(s) each")
+        table = derived_table(rates, cfg["calibrate_batches"], cfg["calibrate_lengths"][-1])
+        write_rates(out_dir / "rates.yaml", rates, stats, rows, table)
+        print(f"calibrated on {stats['samples']} bursts ({stats['dropped']} outliers dropped; fit mean rel. error "
+              f"{stats['mean_rel_error']:.0%}, max {stats['max_rel_error']:.0%}): "
+              + ", ".join(f"{k}={getattr(rates, k):.3g}" for k in ("overhead_s", "prefill_s_per_token",
+                                                                    "decode_s_per_seq")))
+        for row in table:
+            print(f"  batch {row['batch']}: prefill {row['prefill_tokens_per_s']} tok/s, "
+                  f"decode {row['decode_tokens_per_s']} tok/s per worker")
+
+        # 2. token shapes and output lengths, on a calibration document
+        pool = WorkerPool([HttpBackend(url, api="sglang", timeout_s=600) for url in workers.urls])
+        reader = SubagentReader(pool, tokenizer, max_new_tokens=cfg["subagent_max_tokens"])
+        try:
+            _, calib_chunks = measure_shape(reader, tokenizer, document(cfg["calibration_paragraphs"], seed=99),
+                                            cfg["chunk_size"])
+            replies = await asyncio.gather(*(reader.read(q, c, "calibration") for q in QUERIES[:2] for c in calib_chunks))
+            outputs = [max(r.completion_tokens, 1) for r in replies]
+            print(f"subagent outputs on the calibration document ({len(calib_chunks)} chunks): "
+                  f"mean {statistics.mean(outputs):.1f} tokens, max {max(outputs)}")
+
+            # 3. predict, then run
+            results = []
+            config = EpisodeConfig(max_turns=cfg["rounds"] + 1, chunk_size=cfg["chunk_size"],
+                                   subagent_max_tokens=cfg["subagent_max_tokens"], lead_thinking=False)
+            for i, (paragraphs, concurrency) in enumerate(cfg["workloads"]):
+                shape, chunks = measure_shape(reader, tokenizer, document(paragraphs, seed=i), cfg["chunk_size"])
+                prefix = f"w{i}-doc"
+                # the measured prefix is instructions + chunk, so the frame is folded into doc_tokens
+                workload = Workload(doc_tokens=shape.chunks * shape.prefix_tokens, num_chunks=shape.chunks,
+                                    chunk_size=cfg["chunk_size"], frame_tokens=0, query_tokens=shape.suffix_tokens,
+                                    subagent_output_tokens=tuple(outputs), rounds=cfg["rounds"], queries_per_round=1,
+                                    concurrency=concurrency, samples=cfg["samples_per_workload"] * concurrency,
+                                    seed=cfg["seed"], doc_id_prefix=prefix)
+                cluster = Cluster(subagent_rates=rates, subagent_workers=cfg["workers"], spec=spec,
+                                  cache_bytes=cfg["cache_bytes"], cache_entries=cfg["cache_entries"],
+                                  routing="rendezvous",
+                                  snapshot_every=cfg["snapshot_every"] if spec.linear_attention_layers else None)
+                predicted = simulate_parser(workload, cluster)
+                flush(workers.urls)
+                engine = EpisodeEngine(ScriptedLead(tokenizer, cfg["rounds"]), tokenizer, reader, config)
+                latency, amortized, trajectories = await run_episodes(engine, chunks, workload.samples, concurrency, prefix)
+                calls = [c for t in trajectories for turn in t.turns for q in turn.queries for c in q.calls]
+                hit = sum(c.cached_tokens > 0 for c in calls) / max(len(calls), 1)
+                failed = sum(c.status == "failed" for c in calls)
+                results.append({
+                    "paragraphs": paragraphs, "chunks": shape.chunks, "prefix_tokens": shape.prefix_tokens,
+                    "concurrency": concurrency, "samples": workload.samples,
+                    "predicted_latency_s": predicted.latency_s, "measured_latency_s": latency,
+                    "predicted_amortized_s": predicted.amortized_s, "measured_amortized_s": amortized,
+                    "predicted_hit_rate": predicted.hit_rate, "measured_hit_rate": hit, "failed_calls": failed,
+                })
+                print(f"  workload {i}: {paragraphs} paragraphs, T={shape.chunks}, c={concurrency}: "
+                      f"predicted {predicted.latency_s:.2f}s, measured {latency:.2f}s", flush=True)
+        finally:
+            await pool.aclose()
+    return results
+
+
+def report(results: Sequence[dict[str, Any]]) -> tuple[str, float]:
+    """The predicted-vs-measured table and the max relative error (latency and amortized time)."""
+    lines = ["| doc (paragraphs) | chunks T | concurrency | latency pred / meas (s) | err | amortized pred / meas (s) | err | "
+             "prefix hits pred / meas |", "|---|---|---|---|---|---|---|---|"]
+    worst = 0.0
+    for r in results:
+        e1 = abs(r["predicted_latency_s"] - r["measured_latency_s"]) / r["measured_latency_s"]
+        e2 = abs(r["predicted_amortized_s"] - r["measured_amortized_s"]) / r["measured_amortized_s"]
+        worst = max(worst, e1, e2)
+        lines.append(f"| {r['paragraphs']} | {r['chunks']} | {r['concurrency']} | {r['predicted_latency_s']:.2f} / "
+                     f"{r['measured_latency_s']:.2f} | {e1:.0%} | {r['predicted_amortized_s']:.2f} / "
+                     f"{r['measured_amortized_s']:.2f} | {e2:.0%} | {r['predicted_hit_rate']:.0%} / "
+                     f"{r['measured_hit_rate']:.0%} |")
+    return "\n".join(lines), worst
+
+
+def main(cfg: dict[str, Any], out_dir: Path) -> float:
+    if cfg.get("smoke"):
+        cfg = {**cfg, **cfg["smoke_overrides"]}
+    results = asyncio.run(validate(cfg, out_dir))
+    table, worst = report(results)
+    (out_dir / "validate.md").write_text(table + f"\n\nmax relative error {worst:.0%}\n", encoding="utf-8")
+    print(table)
+    print(f"max relative error {math.ceil(worst * 100)}%")
+    return worst
