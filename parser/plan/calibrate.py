@@ -166,3 +166,37 @@ def flush(urls: Sequence[str]) -> None:
 
     for url in urls:
         urllib.request.urlopen(urllib.request.Request(url + "/flush_cache", method="POST"), timeout=30).read()
+
+
+def main(cfg: dict[str, Any], out_dir: Path) -> Rates:
+    """`python -m parser.plan calibrate`: local workers (or `urls`), probes, fit, rates file."""
+    from contextlib import nullcontext
+
+    from parser.backends import load_tokenizer
+
+    c = cfg["calibrate"]
+    tokenizer = load_tokenizer(c["tokenizer"] or c["model"])
+    local = LocalWorkers(c["model"], c["workers"], c["threads_per_worker"], out_dir / "workers") if not c["urls"] else None
+
+    async def measure(urls: Sequence[str]) -> list[dict[str, Any]]:
+        calibrator = Calibrator(urls, tokenizer, api=c["api"], seed=c["seed"])
+        try:
+            return await calibrator.run(default_probes(c["batches"], c["lengths"], c["outputs"]), c["repeats"])
+        finally:
+            await calibrator.aclose()
+
+    with local or nullcontext():
+        urls = local.urls if local else list(c["urls"])
+        rows = asyncio.run(measure(urls))
+    where = f"{len(urls)} local parser.serve workers ({c['model']}, {c['threads_per_worker']} thread(s) each)" \
+        if local else ", ".join(urls)
+    rates, stats = fit_rows(rows, c["max_batch"], source=f"python -m parser.plan calibrate on {where}")
+    table = derived_table(rates, c["batches"], c["lengths"][-1])
+    path = write_rates(Path(c["output"]) if c["output"] else out_dir / "rates.yaml", rates, stats, rows, table)
+    print(f"fit over {stats['samples']} bursts ({stats['dropped']} dropped): mean rel. error "
+          f"{stats['mean_rel_error']:.0%}, max {stats['max_rel_error']:.0%}")
+    for row in table:
+        print(f"  batch {row['batch']}: prefill {row['prefill_tokens_per_s']} tok/s, decode "
+              f"{row['decode_tokens_per_s']} tok/s per worker (prompt {c['lengths'][-1]} tokens)")
+    print(f"wrote {path}")
+    return rates

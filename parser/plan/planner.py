@@ -72,6 +72,13 @@ class Row:
     cache_capacity_bytes: float
     knee_gpus: int | None = None
     sweep: dict[int, Result] = dataclasses.field(default_factory=dict)
+    concurrency: int = 1
+
+    @property
+    def resident_episodes(self) -> int:
+        """In-flight episodes whose chunk prefixes all fit in the workers' caches together."""
+        per_episode = self.cache_need_bytes * self.gpus / self.concurrency
+        return int(self.cache_capacity_bytes * self.gpus // per_episode) if per_episode else 0
 
 
 def workload_for(cfg: Mapping[str, Any], doc_tokens: int) -> Workload:
@@ -89,6 +96,7 @@ def plan(cfg: Mapping[str, Any]) -> list[Row]:
 
     def cluster(gpus: int) -> Cluster:
         return Cluster(subagent_rates=rates["subagent"], subagent_workers=gpus, lead_rates=rates["lead"],
+                       lead_workers=cl.get("lead_gpus", 1),
                        memagent_rates=rates["memagent"], memagent_workers=cl.get("memagent_gpus", 1), spec=spec,
                        cache_bytes=capacity, cache_entries=cfg["hardware"].get("cache_entries"), routing=cl["routing"])
 
@@ -98,7 +106,8 @@ def plan(cfg: Mapping[str, Any]) -> list[Row]:
         gpus = cl["subagent_gpus"]
         need = wl.concurrency * wl.chunks * spec.prefix_bytes(wl.prefix_tokens) / gpus
         row = Row(doc_tokens, wl.chunks, gpus, simulate_parser(wl, cluster(gpus)),
-                  simulate_memagent(wl, cluster(gpus)) if rates["memagent"] else None, need, capacity)
+                  simulate_memagent(wl, cluster(gpus)) if rates["memagent"] else None, need, capacity,
+                  concurrency=wl.concurrency)
         counts = sorted({*cfg["sweep"]["gpus"], gpus})
         row.sweep = {n: (row.parser if n == gpus else simulate_parser(wl, cluster(n))) for n in counts}
         best = min(r.latency_s for r in row.sweep.values())
@@ -114,8 +123,8 @@ def _gib(x: float) -> str:
 def table(rows: Sequence[Row]) -> str:
     out = ["| doc tokens | chunks | subagent GPUs | ParSer latency (s) | ParSer amortized (s/sample) | MemAgent latency (s) "
            "| MemAgent amortized (s/sample) | requests/worker (max) | busy (max) | queue wait (s, max) "
-           "| cache need / have per worker (GiB) | prefix hit rate | latency flat from (GPUs) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| cache need / have per worker (GiB) | episodes whose prefixes fit | prefix hit rate | latency flat from (GPUs) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         w = r.parser.workers
         mem = r.memagent
@@ -124,7 +133,7 @@ def table(rows: Sequence[Row]) -> str:
             f"{mem.latency_s if mem else float('nan'):.2f} | {mem.amortized_s if mem else float('nan'):.2f} | "
             f"{max(x.requests for x in w)} | {max(x.busy_fraction for x in w):.0%} | "
             f"{max(x.mean_wait_s for x in w):.2f} | {_gib(r.cache_need_bytes)} / {_gib(r.cache_capacity_bytes)} | "
-            f"{r.parser.hit_rate:.0%} | {r.knee_gpus} |")
+            f"{r.resident_episodes} | {r.parser.hit_rate:.0%} | {r.knee_gpus} |")
     return "\n".join(out)
 
 
@@ -166,7 +175,8 @@ def main(cfg: Mapping[str, Any], out_dir: Path) -> list[Row]:
     (out_dir / "plan.json").write_text(json.dumps([{
         "doc_tokens": r.doc_tokens, "chunks": r.chunks, "gpus": r.gpus, "parser": r.parser.to_dict(),
         "memagent": r.memagent.to_dict() if r.memagent else None, "cache_need_bytes": r.cache_need_bytes,
-        "cache_capacity_bytes": r.cache_capacity_bytes, "knee_gpus": r.knee_gpus,
+        "cache_capacity_bytes": r.cache_capacity_bytes, "resident_episodes": r.resident_episodes,
+        "knee_gpus": r.knee_gpus,
         "sweep": {n: {"latency_s": s.latency_s, "amortized_s": s.amortized_s, "hit_rate": s.hit_rate}
                   for n, s in r.sweep.items()}} for r in rows], indent=1), encoding="utf-8")
     plot(rows, out_dir / "plan.png")

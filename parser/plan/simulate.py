@@ -43,7 +43,7 @@ class Workload:
     query_tokens: int = 40  # the query and the template tail after it (new every round)
     subagent_output_tokens: Sequence[int] = (16,)  # drawn per call, seeded
     rounds: int = 3  # lead turns that call query_agents; one more turn answers
-    queries_per_round: int = 1
+    queries_per_round: float = 1.0  # a fraction q: each turn issues floor(q) or floor(q) + 1 queries
     lead_prompt_tokens: int = 600  # system prompt + tool schema + question
     lead_output_tokens: int = 300  # per lead turn
     observation_tokens: int = 150  # per query, the gathered findings
@@ -78,6 +78,7 @@ class Cluster:
     subagent_rates: Rates
     subagent_workers: int = 1
     lead_rates: Rates | None = None  # None: a scripted lead that takes no time
+    lead_workers: int = 1  # lead servers (rollout replicas); episodes are spread round robin
     memagent_rates: Rates | None = None
     memagent_workers: int = 1
     spec: ModelSpec | None = None  # the subagent model: cache bytes per prefix
@@ -244,23 +245,27 @@ def simulate_parser(workload: Workload, cluster: Cluster) -> Result:
                       LruCache(cluster.cache_bytes, cluster.cache_entries, cluster.snapshot_every), entry)
                for _ in range(cluster.subagent_workers)]
     router = Router(workers, cluster.routing, spec.prefix_bytes(wl.prefix_tokens) if spec else 0)
-    lead = Server(env, cluster.lead_rates, LruCache(math.inf, None)) if cluster.lead_rates else None
+    leads = [Server(env, cluster.lead_rates, LruCache(math.inf, None)) for _ in range(cluster.lead_workers)
+             ] if cluster.lead_rates else []
     rng = random.Random(wl.seed)
     latencies: list[float] = []
 
     def episode(sample: int):
         started, context, cached = env.now, wl.lead_prompt_tokens, 0
+        lead = leads[sample % len(leads)] if leads else None
         for turn in range(wl.rounds + 1):
             if lead is not None:
                 yield lead.submit(f"lead{sample}", cached, context - cached, wl.lead_output_tokens)
             if turn == wl.rounds:
                 break
+            whole = int(wl.queries_per_round)
+            queries = max(1, whole + (rng.random() < wl.queries_per_round - whole))
             keys = [f"{wl.doc_id_prefix}{sample}:{chunk}" for chunk in range(wl.chunks)]
             calls = [router.route(key).submit(key, wl.prefix_tokens, wl.query_tokens, rng.choice(wl.subagent_output_tokens))
-                     for _ in range(wl.queries_per_round) for key in keys]
+                     for _ in range(queries) for key in keys]
             yield simpy.AllOf(env, calls)
             cached = context + wl.lead_output_tokens
-            context = cached + wl.queries_per_round * wl.observation_tokens
+            context = cached + queries * wl.observation_tokens
         latencies.append(env.now - started)
 
     makespan = _run_closed_loop(env, episode, wl.samples, wl.concurrency)

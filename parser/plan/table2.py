@@ -129,7 +129,9 @@ def main(cfg: Mapping[str, Any], out_dir: Path) -> list[dict[str, Any]]:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "table2.md").write_text(text + "\n", encoding="utf-8")
     for name, rates in (("h100_qwen35_4b.yaml", h100), ("rtx3090_qwen35_4b_lead.yaml", lead)):
-        (out_dir / name).write_text(yaml.safe_dump(rates.to_dict(), sort_keys=False, width=120), encoding="utf-8")
+        header = "# Written by `python -m parser.plan table2` (parser/plan/table2.py): regenerate, do not edit.\n"
+        (out_dir / name).write_text(header + yaml.safe_dump(rates.to_dict(), sort_keys=False, width=120,
+                                                            allow_unicode=True), encoding="utf-8")
     print(f"fitted: prefill {1 / h100.prefill_s_per_token:,.0f} tok/s, decode step {h100.decode_step_s * 1e3:.2f} ms "
           f"(H100); lead decode step {lead.decode_step_s * 1e3:.2f} ms (RTX 3090)")
     print(text)
