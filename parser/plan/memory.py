@@ -53,15 +53,19 @@ class ModelSpec:
     linear_conv_kernel: int = 0
     ssm_dtype_bytes: int = 4
     conv_dtype_bytes: int = 2
+    conv_positions: int | None = None  # conv window kept per sequence: SGLang kernel - 1 (None), transformers kernel
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any], *, name: str | None = None, kv_dtype: str | int | None = None,
-                       weight_bytes: int | None = None) -> "ModelSpec":
+                       weight_bytes: int | None = None, dtype: str | int | None = None,
+                       conv_positions: int | None = None) -> "ModelSpec":
         """From a Hugging Face config.json mapping (a multimodal Qwen3.5 config's `text_config`
         is used). `kv_dtype` overrides the cache dtype (e.g. an fp8 KV cache); `weight_bytes`
-        overrides the estimate from the config (e.g. the checkpoint's safetensors size)."""
+        overrides the estimate from the config (e.g. the checkpoint's safetensors size);
+        `dtype` the model dtype where the config has none (a model built in memory)."""
         text = dict(config.get("text_config") or config)
-        model_dtype = dtype_bytes(text.get("dtype") or text.get("torch_dtype") or config.get("torch_dtype") or "bfloat16")
+        model_dtype = dtype_bytes(dtype or text.get("dtype") or text.get("torch_dtype") or config.get("torch_dtype")
+                                  or "bfloat16")
         layers = int(text["num_hidden_layers"])
         types = text.get("layer_types")
         if types is None and "full_attention_interval" in text:
@@ -90,6 +94,7 @@ class ModelSpec:
             linear_conv_kernel=int(text.get("linear_conv_kernel_dim", 0)),
             ssm_dtype_bytes=dtype_bytes(text.get("mamba_ssm_dtype", "float32")),
             conv_dtype_bytes=model_dtype,
+            conv_positions=conv_positions,
         )
         estimate = estimate_parameters(text) * model_dtype
         return dataclasses.replace(spec, weight_bytes=int(weight_bytes) if weight_bytes else estimate)
@@ -109,7 +114,8 @@ class ModelSpec:
             return 0
         recurrent = self.linear_value_heads * self.linear_key_head_dim * self.linear_value_head_dim * self.ssm_dtype_bytes
         channels = 2 * self.linear_key_heads * self.linear_key_head_dim + self.linear_value_heads * self.linear_value_head_dim
-        conv = channels * max(self.linear_conv_kernel - 1, 0) * self.conv_dtype_bytes
+        positions = self.conv_positions if self.conv_positions is not None else max(self.linear_conv_kernel - 1, 0)
+        conv = channels * positions * self.conv_dtype_bytes
         return self.linear_attention_layers * (recurrent + conv)
 
     def prefix_bytes(self, tokens: int) -> int:
