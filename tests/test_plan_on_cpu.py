@@ -167,13 +167,13 @@ def test_memagent_is_steps_times_step_cost_and_parser_depth_is_constant():
 
 # --------------------------------------------------------------------------- the paper's Table 2
 def test_table2_fit_predicts_896k_within_15_percent(tmp_path):
-    from parser.plan import table2
-    from parser.plan.planner import load_spec
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
-    cfg = {"model": {"hf_config": QWEN35_4B["text_config"]}, "workload": {
-        "chunk_size": 4096, "frame_tokens": 250, "query_tokens": 40, "rounds": 3, "findings_per_query": 2,
-        "finding_tokens": 96, "abstain_tokens": 16, "lead_prompt_tokens": 700, "lead_output_tokens": 256,
-        "observation_tokens": 200, "memagent_chunk_size": 5000, "memory_tokens": 1024, "answer_tokens": 64}}
+    from parser.plan import table2
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs/plan"), version_base=None):
+        cfg = OmegaConf.to_container(compose(config_name="table2"), resolve=True)
     rows = table2.main(cfg, tmp_path)
     last = rows[-1]
     assert not last["fit"]
@@ -182,7 +182,6 @@ def test_table2_fit_predicts_896k_within_15_percent(tmp_path):
     shipped = Rates.load(ROOT / "configs/plan/rates/h100_qwen35_4b.yaml")  # the file is this fit's output
     assert Rates.load(tmp_path / "h100_qwen35_4b.yaml").prefill_s_per_token == pytest.approx(
         shipped.prefill_s_per_token, rel=0.02)
-    assert load_spec(cfg["model"]).kv_bytes_per_token == 32_768
 
 
 def test_plan_command_writes_table_and_plot(tmp_path):
@@ -243,3 +242,14 @@ def test_calibrate_predict_run_smoke(tiny_qwen3_model, tiny_tokenizer, tmp_path)
     assert calls and all(c.status != "failed" for c in calls)
     assert sum(c.cached_tokens > 0 for c in calls) / len(calls) == pytest.approx(predicted.hit_rate)
     assert 0.25 < predicted.latency_s / trajectory.wall_s < 4
+
+
+def test_validate_config_composes_and_its_smoke_overrides_exist():
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs/plan"), version_base=None):
+        cfg = compose(config_name="validate")
+    assert set(cfg.validate.smoke_overrides) <= set(cfg.validate) - {"smoke_overrides"}
+    assert len(cfg.validate.workloads) >= 3 and cfg.paper.workload.chunk_size == 4096
+    # no validation workload is the calibration document
+    assert all(paragraphs != cfg.validate.calibration_paragraphs for paragraphs, _ in cfg.validate.workloads)

@@ -39,7 +39,8 @@ def run_calibrate(cfg: DictConfig) -> None:
 def run_validate(cfg: DictConfig) -> None:
     from parser.plan import validate
 
-    validate.main(_container(cfg["validate"]), _out_dir())
+    cfg = _container(cfg)
+    validate.main(cfg["validate"], _out_dir(), paper=cfg["paper"])
 
 
 def run_table2(cfg: DictConfig) -> None:

@@ -43,13 +43,20 @@ def load_spec(cfg: Mapping[str, Any]) -> ModelSpec:
     raise ValueError("model: give config_json (a config.json path) or hf_config (its fields)")
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 def load_rates(value: Any) -> Rates | None:
-    """A rates file path, an inline mapping, or null (a role that takes no time)."""
+    """A rates file path (relative paths: from the working directory, else from the repository
+    root, where configs/plan/rates/ lives), an inline mapping, or null (a role that takes no time)."""
     if value is None:
         return None
     if isinstance(value, Mapping):
         return Rates.from_dict(value)
-    return Rates.load(value)
+    path = Path(value)
+    if not path.is_absolute() and not path.exists():
+        path = REPO / path
+    return Rates.load(path)
 
 
 def cache_capacity_bytes(spec: ModelSpec, hardware: Mapping[str, Any]) -> float:

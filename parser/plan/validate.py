@@ -249,7 +249,13 @@ def report(results: Sequence[dict[str, Any]]) -> tuple[str, float, float]:
     return "\n".join(lines), worst, worst_scaled
 
 
-def main(cfg: dict[str, Any], out_dir: Path) -> float:
+def main(cfg: dict[str, Any], out_dir: Path, paper: dict[str, Any] | None = None) -> float:
+    if paper is not None:
+        from parser.plan import table2
+
+        print("== the paper: fitted on Table 2's short lengths, predicting the long ones")
+        table2.main(paper, out_dir / "table2")
+        print("== this machine: calibrate, predict, run")
     if cfg.get("smoke"):
         cfg = {**cfg, **cfg["smoke_overrides"]}
     results = asyncio.run(validate(cfg, out_dir))
