@@ -140,7 +140,7 @@ class Server:
                  entry_bytes: Callable[[int], int] | None = None):
         self.env, self.rates, self.cache = env, rates, cache
         self.entry_bytes = entry_bytes or (lambda tokens: 0)
-        self.queue: list[_Pending] = []
+        self.queue: collections.deque[_Pending] = collections.deque()
         self._wake = env.event()
         self.busy_s = 0.0
         self.requests = self.hits = self.lookups = 0
@@ -162,7 +162,7 @@ class Server:
             if not self.queue:
                 self._wake = self.env.event()
                 yield self._wake
-            batch, self.queue = self.queue[:self.rates.max_batch], self.queue[self.rates.max_batch:]
+            batch = [self.queue.popleft() for _ in range(min(self.rates.max_batch, len(self.queue)))]
             jobs = []
             for item in batch:
                 cached = 0

@@ -4,6 +4,7 @@
     python -m parser.plan validate validate.model=smollm2 validate.chunk_size=64   # slower, a real LM
     python -m parser.plan validate validate.smoke=true   # seconds: the pipeline, not the accuracy
 
+0. The paper: `parser.plan.table2` (fit on Table 2's short lengths, predict up to 896K).
 1. Start `workers` CPU `parser.serve` processes and calibrate their rates on synthetic bursts.
 2. Run one scripted episode on a calibration document (a size not validated on): the subagents'
    output lengths, and the engine's own per-request cost on top of the servers' (added to the
@@ -16,8 +17,9 @@
 
 On a shared machine the CPU's speed drifts with other processes' load, so a fixed synthetic
 reference burst is timed after calibration and around each workload; the table's `load` column
-(time around the run / time after calibration) says how far the machine drifted. The last
-line compares the raw predictions; the line before it, predictions scaled by that drift.
+(time around the run / time after calibration) says roughly how far the machine drifted. It
+is a diagnostic only: a 0.1-second burst is itself noisy on a loaded machine, and predictions
+are never rescaled by it.
 
 The lead is scripted (it issues `rounds` queries, then answers, in no time): the demo's real
 lead is another issue, and what is validated here is the subagent side — scatter, queueing,
@@ -228,25 +230,22 @@ async def validate(cfg: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
     return results
 
 
-def report(results: Sequence[dict[str, Any]]) -> tuple[str, float, float]:
+def report(results: Sequence[dict[str, Any]]) -> tuple[str, float]:
     """The predicted-vs-measured table and the max relative error over per-episode latency and
-    amortized time per sample, raw and with each prediction scaled by `load` (the reference
-    burst's time around the run over its time after calibration; >1: the machine was slower
-    than when calibrated). The raw one is the planner's accuracy; the scaled one says how much
-    of the gap is the shared machine's drift."""
+    amortized time per sample. `load` is the reference burst's time around the run over its time
+    after calibration (>1: the machine was slower than when calibrated), a rough diagnostic."""
     lines = ["| doc (paragraphs) | chunks T | concurrency | latency pred / meas (s) | err | amortized pred / meas (s) "
              "| err | prefix hits pred / meas | load |", "|---|---|---|---|---|---|---|---|---|"]
-    worst = worst_scaled = 0.0
+    worst = 0.0
     for r in results:
         row = []
         for kind in ("latency", "amortized"):
             pred, meas = r[f"predicted_{kind}_s"], r[f"measured_{kind}_s"]
             worst = max(worst, abs(pred - meas) / meas)
-            worst_scaled = max(worst_scaled, abs(pred * r["load_factor"] - meas) / meas)
             row.append(f"{pred:.2f} / {meas:.2f} | {abs(pred - meas) / meas:.0%}")
         lines.append(f"| {r['paragraphs']} | {r['chunks']} | {r['concurrency']} | {row[0]} | {row[1]} | "
                      f"{r['predicted_hit_rate']:.0%} / {r['measured_hit_rate']:.0%} | {r['load_factor']:.2f} |")
-    return "\n".join(lines), worst, worst_scaled
+    return "\n".join(lines), worst
 
 
 def main(cfg: dict[str, Any], out_dir: Path, paper: dict[str, Any] | None = None) -> float:
@@ -259,9 +258,8 @@ def main(cfg: dict[str, Any], out_dir: Path, paper: dict[str, Any] | None = None
     if cfg.get("smoke"):
         cfg = {**cfg, **cfg["smoke_overrides"]}
     results = asyncio.run(validate(cfg, out_dir))
-    table, worst, worst_scaled = report(results)
-    summary = (f"max relative error with predictions scaled by the load gauge {math.ceil(worst_scaled * 100)}%\n"
-               f"max relative error {math.ceil(worst * 100)}%")
+    table, worst = report(results)
+    summary = f"max relative error {math.ceil(worst * 100)}%"
     (out_dir / "validate.md").write_text(table + "\n\n" + summary + "\n", encoding="utf-8")
     print(table)
     print(summary)
