@@ -4,12 +4,11 @@ queueing limits, the Table 2 fit, and a seconds-long calibrate -> predict -> run
     .venv/bin/pytest tests/test_plan_on_cpu.py -q
 
 The full `python -m parser.plan validate` (minutes) is not run here; the smoke below runs the
-same pieces at the smallest size against a real in-process model server.
+same pieces at the smallest size against a real in-process model server. The plan command run
+as a process is in tests/e2e/test_plan_command_on_cpu.py.
 """
 import asyncio
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -184,17 +183,6 @@ def test_table2_fit_predicts_896k_within_15_percent(tmp_path):
         shipped.prefill_s_per_token, rel=0.02)
 
 
-def test_plan_command_writes_table_and_plot(tmp_path):
-    """The documented command, end to end (Hydra config, simulation, table, plot)."""
-    out = subprocess.run(
-        [sys.executable, "-m", "parser.plan", "workload=eval", "workload.lengths=[56000]", "sweep.gpus=[1,2,4]",
-         "cluster.subagent_gpus=2", f"hydra.run.dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "| 56,000 | 14 | 2 |" in out.stdout
-    assert (tmp_path / "plan.png").stat().st_size > 10_000 and (tmp_path / "plan.json").exists()
-
-
 # ------------------------------------------------------------------- calibrate -> predict -> run
 def test_calibrate_predict_run_smoke(tiny_qwen3_model, tiny_tokenizer, tmp_path):
     """A real in-process model server (tiny Qwen3, the transformers backend) calibrated on a few
@@ -203,10 +191,11 @@ def test_calibrate_predict_run_smoke(tiny_qwen3_model, tiny_tokenizer, tmp_path)
     from parser.backends.http import HttpBackend
     from parser.backends.transformers import TransformersBackend
     from parser.chunking import chunk_document
-    from parser.episode import EpisodeConfig, EpisodeEngine
+    from parser.config import EpisodeConfig
+    from parser.episode import EpisodeEngine
     from parser.plan.calibrate import Calibrator, Probe, fit_rows, write_rates
     from parser.plan.validate import ScriptedLead, document, measure_shape
-    from parser.reader import SubagentReader
+    from parser.readers import SubagentReader
     from parser.serve import start_server
 
     backend = TransformersBackend(tiny_qwen3_model, tiny_tokenizer)

@@ -40,12 +40,13 @@ from parser.backends.base import Completion
 from parser.backends.http import HttpBackend
 from parser.backends.pool import WorkerPool
 from parser.chunking import chunk_document
-from parser.episode import EpisodeConfig, EpisodeEngine
+from parser.config import EpisodeConfig
+from parser.episode import EpisodeEngine
 from parser.plan.calibrate import Calibrator, LocalWorkers, Probe, default_probes, derived_table, fit_rows, flush, write_rates
 from parser.plan.memory import ModelSpec
 from parser.plan.rates import Rates
 from parser.plan.simulate import Cluster, Workload, simulate_parser
-from parser.reader import SubagentReader
+from parser.readers import SubagentReader
 
 CALL = ("</think>\n\n<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n"
         "</tool_call>")
