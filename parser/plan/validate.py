@@ -5,21 +5,17 @@
     python -m parser.plan validate validate.smoke=true   # seconds: the pipeline, not the accuracy
 
 0. The paper: `parser.plan.table2` (fit on Table 2's short lengths, predict up to 896K).
-1. Start `workers` CPU `parser.serve` processes and calibrate their rates on synthetic bursts.
-2. Run one scripted episode on a calibration document (a size not validated on): the subagents'
-   output lengths, and the engine's own per-request cost on top of the servers' (added to the
-   rates' overhead). The workloads' token shapes come from the real reader and tokenizer:
-   prefix (instructions + chunk) and suffix (query + template tail) lengths.
-3. For each validation workload (document length, concurrency), predict per-episode latency
-   and amortized time per sample with `simulate_parser`, then run the same episodes for real:
-   `parser.episode.EpisodeEngine` with HTTP subagents over a chunk-pinned `WorkerPool` (the
-   same rendezvous hash the simulation routes with).
-
-On a shared machine the CPU's speed drifts with other processes' load, so a fixed synthetic
-reference burst is timed after calibration and around each workload; the table's `load` column
-(time around the run / time after calibration) says roughly how far the machine drifted. It
-is a diagnostic only: a 0.1-second burst is itself noisy on a loaded machine, and predictions
-are never rescaled by it.
+1. Start `workers` CPU `parser.serve` processes.
+2. For each validation workload (document length, concurrency), right before running it:
+   calibrate the servers' rates on synthetic bursts, then run one scripted episode on a
+   calibration document (a size not validated on) for the subagents' output lengths and the
+   engine's own per-request cost on top of the servers' (added to the rates' overhead). On a
+   shared machine the CPU's speed drifts by 2x within minutes with other processes' load, so
+   each workload is predicted from rates measured just before it, never from the workload.
+3. Predict its per-episode latency and amortized time per sample with `simulate_parser` (token
+   shapes from the real reader and tokenizer: prefix = instructions + chunk, suffix = query +
+   template tail), then run the same episodes for real: `parser.episode.EpisodeEngine` with HTTP
+   subagents over a chunk-pinned `WorkerPool` (the same rendezvous hash the simulation uses).
 
 The lead is scripted (it issues `rounds` queries, then answers, in no time): the demo's real
 lead is another issue, and what is validated here is the subagent side — scatter, queueing,
@@ -42,7 +38,7 @@ from parser.backends.pool import WorkerPool
 from parser.chunking import chunk_document
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
-from parser.plan.calibrate import Calibrator, LocalWorkers, Probe, default_probes, derived_table, fit_rows, flush, write_rates
+from parser.plan.calibrate import Calibrator, LocalWorkers, default_probes, derived_table, fit_rows, flush, write_rates
 from parser.plan.memory import ModelSpec
 from parser.plan.rates import Rates
 from parser.plan.simulate import Cluster, Workload, simulate_parser
@@ -117,15 +113,6 @@ async def run_episodes(engine: EpisodeEngine, chunks: Sequence[Any], samples: in
     return statistics.mean(t.wall_s for t in trajectories), makespan / samples, trajectories
 
 
-REFERENCE = Probe(2, 64, 0, 4)  # the load gauge: 2 requests per worker, 64 fresh tokens, 4 out
-
-
-async def reference_seconds(calibrator: Calibrator, repeats: int) -> float:
-    """Median makespan (slowest worker) of the reference burst: how fast the machine is now."""
-    times = [max(seconds for _, seconds in await calibrator.measure(REFERENCE)) for _ in range(repeats)]
-    return statistics.median(times)
-
-
 def workload_for(shape: Shape, outputs: Sequence[int], cfg: dict[str, Any], concurrency: int, samples: int,
                  prefix: str) -> Workload:
     # the measured prefix is instructions + chunk, so the frame is folded into doc_tokens
@@ -141,14 +128,14 @@ def cluster_for(rates: Rates, spec: ModelSpec, cfg: dict[str, Any]) -> Cluster:
                    snapshot_every=cfg["snapshot_every"] if spec.linear_attention_layers else None)
 
 
-async def calibrate_servers(calibrator: Calibrator, cfg: dict[str, Any], out_dir: Path) -> Rates:
-    """Step 1: the servers' rates, from synthetic bursts only."""
+async def calibrate_servers(calibrator: Calibrator, cfg: dict[str, Any], path: Path) -> Rates:
+    """The servers' rates, from synthetic bursts only."""
     probes = default_probes(cfg["calibrate_batches"], cfg["calibrate_lengths"], cfg["calibrate_outputs"])
     rows = await calibrator.run(probes, cfg["calibrate_repeats"])
     rates, stats = fit_rows(rows, 1, source=f"python -m parser.plan validate: {cfg['workers']} parser.serve "
                                              f"workers, {cfg['model']}, {cfg['threads_per_worker']} thread(s) each")
     table = derived_table(rates, cfg["calibrate_batches"], cfg["calibrate_lengths"][-1])
-    write_rates(out_dir / "rates.yaml", rates, stats, rows, table)
+    write_rates(path, rates, stats, rows, table)
     print(f"servers: {stats['samples']} bursts ({stats['dropped']} outliers dropped; fit mean rel. error "
           f"{stats['mean_rel_error']:.0%}, max {stats['max_rel_error']:.0%})")
     for row in table:
@@ -159,7 +146,7 @@ async def calibrate_servers(calibrator: Calibrator, cfg: dict[str, Any], out_dir
 
 async def calibrate_client(rates: Rates, spec: ModelSpec, reader: SubagentReader, tokenizer: Any,
                            config: EpisodeConfig, cfg: dict[str, Any]) -> tuple[Rates, list[int]]:
-    """Step 2: one scripted episode on a calibration document (a size not validated on).
+    """One scripted episode on a calibration document (a size not validated on).
 
     It gives the subagents' output lengths, and the engine's own cost per request on top of the
     server's (retry wrapper, reply parsing, observation building, on the same cores), which is
@@ -198,33 +185,30 @@ async def validate(cfg: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
         pool = WorkerPool([HttpBackend(url, api="sglang", timeout_s=600) for url in workers.urls])
         reader = SubagentReader(pool, tokenizer, max_new_tokens=cfg["subagent_max_tokens"])
         try:
-            rates = await calibrate_servers(calibrator, cfg, out_dir)
-            rates, outputs = await calibrate_client(rates, spec, reader, tokenizer, config, cfg)
-            reference = await reference_seconds(calibrator, 3)
-            # 3. predict each workload, then run it
             for i, (paragraphs, concurrency) in enumerate(cfg["workloads"]):
+                print(f"== workload {i}: {paragraphs} paragraphs, concurrency {concurrency}")
+                flush(workers.urls)  # the calibration episode starts cold, as its prediction does
+                rates = await calibrate_servers(calibrator, cfg, out_dir / f"rates_w{i}.yaml")
+                rates, outputs = await calibrate_client(rates, spec, reader, tokenizer, config, cfg)
                 shape, chunks = measure_shape(reader, tokenizer, document(paragraphs, seed=i), cfg["chunk_size"])
                 prefix = f"w{i}-doc"
                 workload = workload_for(shape, outputs, cfg, concurrency, cfg["samples_per_workload"] * concurrency,
                                         prefix)
                 predicted = simulate_parser(workload, cluster_for(rates, spec, cfg))
-                before = await reference_seconds(calibrator, 2)
                 flush(workers.urls)
                 engine = EpisodeEngine(ScriptedLead(tokenizer, cfg["rounds"]), tokenizer, reader, config)
                 latency, amortized, trajectories = await run_episodes(engine, chunks, workload.samples, concurrency, prefix)
-                load = (before + await reference_seconds(calibrator, 2)) / 2 / reference
                 calls = [c for t in trajectories for turn in t.turns for q in turn.queries for c in q.calls]
                 results.append({
                     "paragraphs": paragraphs, "chunks": shape.chunks, "prefix_tokens": shape.prefix_tokens,
                     "concurrency": concurrency, "samples": workload.samples,
                     "predicted_latency_s": predicted.latency_s, "measured_latency_s": latency,
                     "predicted_amortized_s": predicted.amortized_s, "measured_amortized_s": amortized,
-                    "load_factor": load, "predicted_hit_rate": predicted.hit_rate,
+                    "predicted_hit_rate": predicted.hit_rate,
                     "measured_hit_rate": sum(c.cached_tokens > 0 for c in calls) / max(len(calls), 1),
                     "failed_calls": sum(c.status == "failed" for c in calls),
                 })
-                print(f"  workload {i}: {paragraphs} paragraphs, T={shape.chunks}, c={concurrency}: predicted "
-                      f"{predicted.latency_s:.2f}s, measured {latency:.2f}s (machine load x{load:.2f})", flush=True)
+                print(f"  T={shape.chunks}: predicted {predicted.latency_s:.2f}s, measured {latency:.2f}s", flush=True)
         finally:
             await pool.aclose()
             await calibrator.aclose()
@@ -233,10 +217,9 @@ async def validate(cfg: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
 
 def report(results: Sequence[dict[str, Any]]) -> tuple[str, float]:
     """The predicted-vs-measured table and the max relative error over per-episode latency and
-    amortized time per sample. `load` is the reference burst's time around the run over its time
-    after calibration (>1: the machine was slower than when calibrated), a rough diagnostic."""
+    amortized time per sample."""
     lines = ["| doc (paragraphs) | chunks T | concurrency | latency pred / meas (s) | err | amortized pred / meas (s) "
-             "| err | prefix hits pred / meas | load |", "|---|---|---|---|---|---|---|---|---|"]
+             "| err | prefix hits pred / meas |", "|---|---|---|---|---|---|---|---|"]
     worst = 0.0
     for r in results:
         row = []
@@ -245,7 +228,7 @@ def report(results: Sequence[dict[str, Any]]) -> tuple[str, float]:
             worst = max(worst, abs(pred - meas) / meas)
             row.append(f"{pred:.2f} / {meas:.2f} | {abs(pred - meas) / meas:.0%}")
         lines.append(f"| {r['paragraphs']} | {r['chunks']} | {r['concurrency']} | {row[0]} | {row[1]} | "
-                     f"{r['predicted_hit_rate']:.0%} / {r['measured_hit_rate']:.0%} | {r['load_factor']:.2f} |")
+                     f"{r['predicted_hit_rate']:.0%} / {r['measured_hit_rate']:.0%} |")
     return "\n".join(lines), worst
 
 
