@@ -160,14 +160,6 @@ class LocalWorkers:
         self.group.stop()
 
 
-def flush(urls: Sequence[str]) -> None:
-    """Empty every worker's prefix cache (`POST /flush_cache`), so a run starts cold."""
-    import urllib.request
-
-    for url in urls:
-        urllib.request.urlopen(urllib.request.Request(url + "/flush_cache", method="POST"), timeout=30).read()
-
-
 def main(cfg: dict[str, Any], out_dir: Path) -> Rates:
     """`python -m parser.plan calibrate`: local workers (or `urls`), probes, fit, rates file."""
     from contextlib import nullcontext

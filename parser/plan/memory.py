@@ -113,7 +113,8 @@ class ModelSpec:
         if not self.linear_attention_layers:
             return 0
         recurrent = self.linear_value_heads * self.linear_key_head_dim * self.linear_value_head_dim * self.ssm_dtype_bytes
-        channels = 2 * self.linear_key_heads * self.linear_key_head_dim + self.linear_value_heads * self.linear_value_head_dim
+        channels = (2 * self.linear_key_heads * self.linear_key_head_dim
+                    + self.linear_value_heads * self.linear_value_head_dim)
         positions = self.conv_positions if self.conv_positions is not None else max(self.linear_conv_kernel - 1, 0)
         conv = channels * positions * self.conv_dtype_bytes
         return self.linear_attention_layers * (recurrent + conv)

@@ -14,8 +14,10 @@
    each workload is predicted from rates measured just before it, never from the workload.
 3. Predict its per-episode latency and amortized time per sample with `simulate_parser` (token
    shapes from the real reader and tokenizer: prefix = instructions + chunk, suffix = query +
-   template tail), then run the same episodes for real: `parser.episode.EpisodeEngine` with HTTP
-   subagents over a chunk-pinned `WorkerPool` (the same rendezvous hash the simulation uses).
+   template tail), then run the same episodes for real, `runs_per_workload` times on new
+   document ids (cold caches; the medians are compared: a load spike hits single runs):
+   `parser.episode.EpisodeEngine` with HTTP subagents over a chunk-pinned `WorkerPool` (the same
+   rendezvous hash the simulation uses).
 
 The lead is scripted (it issues `rounds` queries, then answers, in no time): the demo's real
 lead is another issue, and what is validated here is the subagent side — scatter, queueing,
@@ -26,11 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from parser.backends.base import Completion
 from parser.backends.http import HttpBackend
@@ -38,7 +41,7 @@ from parser.backends.pool import WorkerPool
 from parser.chunking import chunk_document
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
-from parser.plan.calibrate import Calibrator, LocalWorkers, default_probes, derived_table, fit_rows, flush, write_rates
+from parser.plan.calibrate import Calibrator, LocalWorkers, default_probes, derived_table, fit_rows, write_rates
 from parser.plan.memory import ModelSpec
 from parser.plan.rates import Rates
 from parser.plan.simulate import Cluster, Workload, simulate_parser
@@ -70,6 +73,11 @@ class ScriptedLead:
         pass
 
 
+def scripted_engine(reader: SubagentReader, tokenizer: Any, config: EpisodeConfig, rounds: int) -> EpisodeEngine:
+    """The real episode engine around a fresh scripted lead (its turn counters start at zero)."""
+    return EpisodeEngine(ScriptedLead(tokenizer, rounds), tokenizer, reader, config)
+
+
 def document(paragraphs: int, seed: int = 0) -> str:
     """A synthetic document of `paragraphs` short fact paragraphs."""
     return "\n\n".join(f"Document {i}:\nPlace {i + seed}\nPlace {i + seed} lies on river {(i * 7 + seed) % 11} and "
@@ -96,6 +104,20 @@ def measure_shape(reader: SubagentReader, tokenizer: Any, text: str, chunk_size:
         prefixes.append(common)
         suffixes.append(len(a) - common)
     return Shape(len(chunks), round(statistics.mean(prefixes)), round(statistics.mean(suffixes))), chunks
+
+
+async def repeated_runs(make_engine: Callable[[], EpisodeEngine], chunks: Sequence[Any], samples: int, concurrency: int,
+                        doc_prefix: str, runs: int) -> list[tuple[str, float, float, list[Any]]]:
+    """`run_episodes` `runs` times, each with a fresh engine (and scripted lead) on new document
+    ids (`doc_prefix` must be new too), so every run starts with cold prefix caches as its
+    prediction does (parser.serve's /flush_cache does not empty the CPU backend's cache). (doc prefix, latency, amortized,
+    trajectories) per run; callers compare medians (load spikes on a shared machine hit single runs)."""
+    out = []
+    for run in range(runs):
+        prefix = f"{doc_prefix}r{run}-doc"
+        latency, per_sample, trajectories = await run_episodes(make_engine(), chunks, samples, concurrency, prefix)
+        out.append((prefix, latency, per_sample, trajectories))
+    return out
 
 
 async def run_episodes(engine: EpisodeEngine, chunks: Sequence[Any], samples: int, concurrency: int,
@@ -145,25 +167,29 @@ async def calibrate_servers(calibrator: Calibrator, cfg: dict[str, Any], path: P
 
 
 async def calibrate_client(rates: Rates, spec: ModelSpec, reader: SubagentReader, tokenizer: Any,
-                           config: EpisodeConfig, cfg: dict[str, Any]) -> tuple[Rates, list[int]]:
+                           config: EpisodeConfig, cfg: dict[str, Any], tag: str) -> tuple[Rates, list[int]]:
     """One scripted episode on a calibration document (a size not validated on).
 
     It gives the subagents' output lengths, and the engine's own cost per request on top of the
     server's (retry wrapper, reply parsing, observation building, on the same cores), which is
-    added to `overhead_s` so that the calibration episode is predicted exactly."""
+    added to `overhead_s` so that the calibration episode is predicted exactly (median over
+    `runs_per_workload` runs)."""
     shape, chunks = measure_shape(reader, tokenizer, document(cfg["calibration_paragraphs"], seed=99), cfg["chunk_size"])
-    engine = EpisodeEngine(ScriptedLead(tokenizer, cfg["rounds"]), tokenizer, reader, config)
-    measured, _, trajectories = await run_episodes(engine, chunks, 1, 1, "calibration-doc")
-    calls = [c for t in trajectories for turn in t.turns for q in turn.queries for c in q.calls]
+    make_engine = functools.partial(scripted_engine, reader, tokenizer, config, cfg["rounds"])
+    runs = await repeated_runs(make_engine, chunks, 1, 1, f"calibration{tag}", cfg["runs_per_workload"])
+    calls = [c for *_, trajectories in runs for t in trajectories for turn in t.turns for q in turn.queries for c in q.calls]
     outputs = [max(c.completion_tokens, 1) for c in calls]
-    workload = workload_for(shape, outputs, cfg, 1, 1, "calibration-doc")
-    base = simulate_parser(workload, cluster_for(rates, spec, cfg)).latency_s
-    step = 1e-3
-    slope = (simulate_parser(workload, cluster_for(dataclasses.replace(rates, overhead_s=rates.overhead_s + step),
-                                                   spec, cfg)).latency_s - base) / step
-    extra = max((measured - base) / slope, -rates.overhead_s)
-    print(f"client: calibration episode ({shape.chunks} chunks) {measured:.2f}s vs {base:.2f}s from the servers' "
-          f"rates -> {extra * 1e3:+.1f} ms per request; subagent outputs mean {statistics.mean(outputs):.1f} tokens")
+    extras, step = [], 1e-3
+    for prefix, measured, _, _ in runs:
+        workload = workload_for(shape, outputs, cfg, 1, 1, prefix)
+        base = simulate_parser(workload, cluster_for(rates, spec, cfg)).latency_s
+        slower = cluster_for(dataclasses.replace(rates, overhead_s=rates.overhead_s + step), spec, cfg)
+        extras.append((measured - base) / ((simulate_parser(workload, slower).latency_s - base) / step))
+    extra = max(statistics.median(extras), -rates.overhead_s)
+    measured = statistics.median(r[1] for r in runs)
+    print(f"client: calibration episode ({shape.chunks} chunks, median of {len(runs)}) {measured:.2f}s -> "
+          f"{extra * 1e3:+.1f} ms per request on top of the servers' rates; subagent outputs mean "
+          f"{statistics.mean(outputs):.1f} tokens")
     return dataclasses.replace(rates, overhead_s=rates.overhead_s + extra,
                                source=rates.source + f"; + {extra * 1e3:.1f} ms/request engine overhead"), outputs
 
@@ -187,28 +213,32 @@ async def validate(cfg: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
         try:
             for i, (paragraphs, concurrency) in enumerate(cfg["workloads"]):
                 print(f"== workload {i}: {paragraphs} paragraphs, concurrency {concurrency}")
-                flush(workers.urls)  # the calibration episode starts cold, as its prediction does
                 rates = await calibrate_servers(calibrator, cfg, out_dir / f"rates_w{i}.yaml")
-                rates, outputs = await calibrate_client(rates, spec, reader, tokenizer, config, cfg)
+                rates, outputs = await calibrate_client(rates, spec, reader, tokenizer, config, cfg, tag=f"w{i}")
                 shape, chunks = measure_shape(reader, tokenizer, document(paragraphs, seed=i), cfg["chunk_size"])
-                prefix = f"w{i}-doc"
-                workload = workload_for(shape, outputs, cfg, concurrency, cfg["samples_per_workload"] * concurrency,
-                                        prefix)
-                predicted = simulate_parser(workload, cluster_for(rates, spec, cfg))
-                flush(workers.urls)
-                engine = EpisodeEngine(ScriptedLead(tokenizer, cfg["rounds"]), tokenizer, reader, config)
-                latency, amortized, trajectories = await run_episodes(engine, chunks, workload.samples, concurrency, prefix)
-                calls = [c for t in trajectories for turn in t.turns for q in turn.queries for c in q.calls]
-                results.append({
+                samples = cfg["samples_per_workload"] * concurrency
+                runs = await repeated_runs(functools.partial(scripted_engine, reader, tokenizer, config, cfg["rounds"]),
+                                           chunks, samples, concurrency, f"w{i}", cfg["runs_per_workload"])
+                # each run is predicted for its own document ids (they decide the workers' loads)
+                predicted = [simulate_parser(workload_for(shape, outputs, cfg, concurrency, samples, prefix),
+                                             cluster_for(rates, spec, cfg)) for prefix, *_ in runs]
+                calls = [c for t in runs[-1][3] for turn in t.turns for q in turn.queries for c in q.calls]
+                latency = statistics.median(r[1] for r in runs)
+                result = {
                     "paragraphs": paragraphs, "chunks": shape.chunks, "prefix_tokens": shape.prefix_tokens,
-                    "concurrency": concurrency, "samples": workload.samples,
-                    "predicted_latency_s": predicted.latency_s, "measured_latency_s": latency,
-                    "predicted_amortized_s": predicted.amortized_s, "measured_amortized_s": amortized,
-                    "predicted_hit_rate": predicted.hit_rate,
+                    "concurrency": concurrency, "samples": samples, "runs": len(runs),
+                    "predicted_latency_s": statistics.median(p.latency_s for p in predicted),
+                    "measured_latency_s": latency,
+                    "predicted_amortized_s": statistics.median(p.amortized_s for p in predicted),
+                    "measured_amortized_s": statistics.median(r[2] for r in runs),
+                    "measured_latency_runs_s": [r[1] for r in runs],
+                    "predicted_hit_rate": predicted[-1].hit_rate,
                     "measured_hit_rate": sum(c.cached_tokens > 0 for c in calls) / max(len(calls), 1),
                     "failed_calls": sum(c.status == "failed" for c in calls),
-                })
-                print(f"  T={shape.chunks}: predicted {predicted.latency_s:.2f}s, measured {latency:.2f}s", flush=True)
+                }
+                results.append(result)
+                print(f"  T={shape.chunks}: predicted {result['predicted_latency_s']:.2f}s, measured {latency:.2f}s "
+                      f"(runs: {', '.join(f'{r[1]:.2f}' for r in runs)})", flush=True)
         finally:
             await pool.aclose()
             await calibrator.aclose()
