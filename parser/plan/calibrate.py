@@ -50,7 +50,7 @@ def default_probes(batches: Sequence[int], lengths: Sequence[int], outputs: Sequ
 
 
 class Calibrator:
-    """Times probes against `urls` (one per worker) and fits rates."""
+    """Times probes against `urls` (one server per worker); `fit_rows` turns the rows into rates."""
 
     def __init__(self, urls: Sequence[str], tokenizer: Any, *, api: str = "sglang", seed: int = 0,
                  timeout_s: float = 600.0):
