@@ -6,12 +6,13 @@
 
 0. The paper: `parser.plan.table2` (fit on Table 2's short lengths, predict up to 896K).
 1. Start `workers` CPU `parser.serve` processes.
-2. For each validation workload (document length, concurrency), right before running it:
-   calibrate the servers' rates on synthetic bursts, then run one scripted episode on a
-   calibration document (a size not validated on) for the subagents' output lengths and the
-   engine's own per-request cost on top of the servers' (added to the rates' overhead). On a
-   shared machine the CPU's speed drifts by 2x within minutes with other processes' load, so
-   each workload is predicted from rates measured just before it, never from the workload.
+2. For each validation workload (document length, concurrency): calibrate the servers' rates
+   on synthetic bursts right before it, and run scripted episodes on a calibration document (a
+   size not validated on), interleaved with the workload's runs, for the subagents' output
+   lengths and the engine's own per-request cost on top of the servers' (added to the rates'
+   overhead). On a shared machine the CPU's speed drifts by 2x within minutes with other
+   processes' load, so each workload is predicted from rates measured around it — never from
+   anything measured on the workload itself.
 3. Predict its per-episode latency and amortized time per sample with `simulate_parser` (token
    shapes from the real reader and tokenizer: prefix = instructions + chunk, suffix = query +
    template tail), then run the same episodes for real, `runs_per_workload` times on new
@@ -106,18 +107,15 @@ def measure_shape(reader: SubagentReader, tokenizer: Any, text: str, chunk_size:
     return Shape(len(chunks), round(statistics.mean(prefixes)), round(statistics.mean(suffixes))), chunks
 
 
-async def repeated_runs(make_engine: Callable[[], EpisodeEngine], chunks: Sequence[Any], samples: int, concurrency: int,
-                        doc_prefix: str, runs: int) -> list[tuple[str, float, float, list[Any]]]:
-    """`run_episodes` `runs` times, each with a fresh engine (and scripted lead) on new document
-    ids (`doc_prefix` must be new too), so every run starts with cold prefix caches as its
-    prediction does (parser.serve's /flush_cache does not empty the CPU backend's cache). (doc prefix, latency, amortized,
-    trajectories) per run; callers compare medians (load spikes on a shared machine hit single runs)."""
-    out = []
-    for run in range(runs):
-        prefix = f"{doc_prefix}r{run}-doc"
-        latency, per_sample, trajectories = await run_episodes(make_engine(), chunks, samples, concurrency, prefix)
-        out.append((prefix, latency, per_sample, trajectories))
-    return out
+async def cold_run(make_engine: Callable[[], EpisodeEngine], chunks: Sequence[Any], samples: int, concurrency: int,
+                   doc_prefix: str) -> tuple[str, float, float, list[Any]]:
+    """`run_episodes` with a fresh engine (and scripted lead) on document ids `{doc_prefix}doc{i}`,
+    which must be new: every run starts with cold prefix caches, as its prediction does
+    (parser.serve's /flush_cache does not empty the CPU backend's cache). Returns (doc prefix,
+    mean latency, amortized time, trajectories)."""
+    prefix = f"{doc_prefix}doc"
+    latency, per_sample, trajectories = await run_episodes(make_engine(), chunks, samples, concurrency, prefix)
+    return prefix, latency, per_sample, trajectories
 
 
 async def run_episodes(engine: EpisodeEngine, chunks: Sequence[Any], samples: int, concurrency: int,
@@ -166,17 +164,12 @@ async def calibrate_servers(calibrator: Calibrator, cfg: dict[str, Any], path: P
     return rates
 
 
-async def calibrate_client(rates: Rates, spec: ModelSpec, reader: SubagentReader, tokenizer: Any,
-                           config: EpisodeConfig, cfg: dict[str, Any], tag: str) -> tuple[Rates, list[int]]:
-    """One scripted episode on a calibration document (a size not validated on).
-
-    It gives the subagents' output lengths, and the engine's own cost per request on top of the
-    server's (retry wrapper, reply parsing, observation building, on the same cores), which is
-    added to `overhead_s` so that the calibration episode is predicted exactly (median over
-    `runs_per_workload` runs)."""
-    shape, chunks = measure_shape(reader, tokenizer, document(cfg["calibration_paragraphs"], seed=99), cfg["chunk_size"])
-    make_engine = functools.partial(scripted_engine, reader, tokenizer, config, cfg["rounds"])
-    runs = await repeated_runs(make_engine, chunks, 1, 1, f"calibration{tag}", cfg["runs_per_workload"])
+def calibrate_client(rates: Rates, spec: ModelSpec, shape: Shape, runs: Sequence[tuple[str, float, float, list[Any]]],
+                     cfg: dict[str, Any]) -> tuple[Rates, list[int]]:
+    """Scripted episodes on a calibration document (a size not validated on) give the subagents'
+    output lengths, and the engine's own cost per request on top of the servers' (retry wrapper,
+    reply parsing, observation building, on the same cores), added to `overhead_s` so that the
+    calibration episodes are predicted exactly (the median over runs)."""
     calls = [c for *_, trajectories in runs for t in trajectories for turn in t.turns for q in turn.queries for c in q.calls]
     outputs = [max(c.completion_tokens, 1) for c in calls]
     extras, step = [], 1e-3
@@ -186,8 +179,7 @@ async def calibrate_client(rates: Rates, spec: ModelSpec, reader: SubagentReader
         slower = cluster_for(dataclasses.replace(rates, overhead_s=rates.overhead_s + step), spec, cfg)
         extras.append((measured - base) / ((simulate_parser(workload, slower).latency_s - base) / step))
     extra = max(statistics.median(extras), -rates.overhead_s)
-    measured = statistics.median(r[1] for r in runs)
-    print(f"client: calibration episode ({shape.chunks} chunks, median of {len(runs)}) {measured:.2f}s -> "
+    print(f"client: calibration episodes ({shape.chunks} chunks) {', '.join(f'{r[1]:.2f}' for r in runs)}s -> "
           f"{extra * 1e3:+.1f} ms per request on top of the servers' rates; subagent outputs mean "
           f"{statistics.mean(outputs):.1f} tokens")
     return dataclasses.replace(rates, overhead_s=rates.overhead_s + extra,
@@ -210,15 +202,22 @@ async def validate(cfg: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
         calibrator = Calibrator(workers.urls, tokenizer, seed=cfg["seed"])
         pool = WorkerPool([HttpBackend(url, api="sglang", timeout_s=600) for url in workers.urls])
         reader = SubagentReader(pool, tokenizer, max_new_tokens=cfg["subagent_max_tokens"])
+        make_engine = functools.partial(scripted_engine, reader, tokenizer, config, cfg["rounds"])
+        calibration_shape, calibration_chunks = measure_shape(
+            reader, tokenizer, document(cfg["calibration_paragraphs"], seed=99), cfg["chunk_size"])
         try:
             for i, (paragraphs, concurrency) in enumerate(cfg["workloads"]):
                 print(f"== workload {i}: {paragraphs} paragraphs, concurrency {concurrency}")
                 rates = await calibrate_servers(calibrator, cfg, out_dir / f"rates_w{i}.yaml")
-                rates, outputs = await calibrate_client(rates, spec, reader, tokenizer, config, cfg, tag=f"w{i}")
                 shape, chunks = measure_shape(reader, tokenizer, document(paragraphs, seed=i), cfg["chunk_size"])
                 samples = cfg["samples_per_workload"] * concurrency
-                runs = await repeated_runs(functools.partial(scripted_engine, reader, tokenizer, config, cfg["rounds"]),
-                                           chunks, samples, concurrency, f"w{i}", cfg["runs_per_workload"])
+                # calibration episodes interleaved with the workload's runs, so both see the same
+                # machine load; nothing measured on the workload enters its prediction
+                calibration_runs, runs = [], []
+                for r in range(cfg["runs_per_workload"]):
+                    calibration_runs.append(await cold_run(make_engine, calibration_chunks, 1, 1, f"cal{i}-{r}-"))
+                    runs.append(await cold_run(make_engine, chunks, samples, concurrency, f"w{i}-{r}-"))
+                rates, outputs = calibrate_client(rates, spec, calibration_shape, calibration_runs, cfg)
                 # each run is predicted for its own document ids (they decide the workers' loads)
                 predicted = [simulate_parser(workload_for(shape, outputs, cfg, concurrency, samples, prefix),
                                              cluster_for(rates, spec, cfg)) for prefix, *_ in runs]
