@@ -1,6 +1,6 @@
 """Check the planner against real runs on this machine: calibrate, predict, run, compare.
 
-    python -m parser.plan validate                       # tiny-qwen3.5 on 2 CPU workers, ~5 min
+    python -m parser.plan validate                       # tiny-qwen3.5 on 2 CPU workers, ~3.5-5 min
     python -m parser.plan validate validate.model=smollm2 validate.chunk_size=64   # slower, a real LM
     python -m parser.plan validate validate.smoke=true   # seconds: the pipeline, not the accuracy
 
