@@ -141,3 +141,30 @@ def parse_lead_output(text: str, tool_names: Iterable[str] | None = (TOOL_NAME,)
     if "<answer>" in action:
         return LeadAction(thinking, [], None, "unterminated <answer> block")
     return LeadAction(thinking, [], None, "no tool call and no <answer> block")
+
+
+def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = False) -> str:
+    """The language "exactly one tool call, or one <answer>, per turn" as a regular expression
+    (the lead constraint, `EpisodeConfig.lead_constrained`; for untrained small leads).
+
+    `tools` are the OpenAI-style schemas offered; each must take exactly one string argument
+    (`query_agents(query)`). `dialect` is the chat template's call format ("json": Hermes, "xml":
+    Qwen3.5's). `thinking`: the generation prompt opened `<think>`, so a thinking block closed by
+    `</think>` comes first. Every string this matches parses to one call or one answer here.
+    """
+    calls = []
+    for tool in tools:
+        function = tool.get("function", tool)
+        params = function.get("parameters", {}).get("properties", {})
+        if len(params) != 1 or next(iter(params.values())).get("type") != "string":
+            raise ValueError(f"lead constraint: tool {function.get('name')!r} must take exactly one string argument")
+        name, arg = re.escape(function["name"]), re.escape(next(iter(params)))
+        if dialect == "xml":
+            calls.append(f"<tool_call>\\n<function={name}>\\n<parameter={arg}>\\n[^<\\n]+\\n</parameter>\\n</function>\\n</tool_call>")
+        elif dialect == "json":
+            calls.append(f'<tool_call>\\{{"name": "{name}", "arguments": \\{{"{arg}": "[^"\\\\\\n<]+"\\}}\\}}</tool_call>')
+        else:
+            raise ValueError(f"lead constraint: unknown tool-call dialect {dialect!r} (json or xml)")
+    head = "([^<]|<[^/])*</think>\\n\\n" if thinking else ""
+    answer = "<answer>[^<\\n]+</answer>"
+    return head + "(" + "|".join([*calls, answer]) + ")"

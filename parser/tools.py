@@ -27,13 +27,11 @@ import dataclasses
 import time
 from typing import Any, Awaitable, Callable, Protocol
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
-
 from parser import gather, prompts
 from parser.actions import TOOL_NAME, ToolCall
-from parser.backends.base import BackendError
 from parser.chunking import Chunk
 from parser.reader import ChunkReader
+from parser.retry import retrying
 from parser.trajectory import Finding, QueryRecord, SubagentCall
 
 
@@ -62,10 +60,6 @@ class Toolset(Protocol):
         ...
 
     async def execute(self, calls: list[ToolCall]) -> ToolResult: ...
-
-
-def _retryable(error: BaseException) -> bool:
-    return isinstance(error, asyncio.TimeoutError) or (isinstance(error, BackendError) and error.retryable)
 
 
 @dataclasses.dataclass
@@ -137,12 +131,7 @@ class QueryAgents:
         started = time.perf_counter()
         attempts = 0
         try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(cfg.max_attempts),
-                wait=wait_exponential_jitter(multiplier=cfg.retry_backoff_s, max=30.0, jitter=cfg.retry_backoff_s),
-                retry=retry_if_exception(_retryable),
-                reraise=True,
-            ):
+            async for attempt in retrying(cfg.max_attempts, cfg.retry_backoff_s):
                 with attempt:
                     attempts += 1
                     async with self.slots:

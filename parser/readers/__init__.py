@@ -25,12 +25,12 @@ READER_TYPES = ("subagent", "thinking", "dci")
 
 def reader_for_episode(cfg: Mapping[str, Any] | None, models: Any, episode: Any) -> Any:
     """`build_reader`, with the episode config's subagent settings (temperature, reply budget,
-    prompt version) as the default subagent's defaults. Eval (`ParSerMethod`) and training (the
+    prompt version, JSON constraint) as the default subagent's defaults. Eval (`ParSerMethod`) and training (the
     verl agent loop) both build their reader here, so the two cannot drift."""
     cfg = dict(cfg or {})
     if cfg.get("type", "subagent") == "subagent":
         cfg = {"temperature": episode.subagent_temperature, "max_new_tokens": episode.subagent_max_tokens,
-               "prompt_version": episode.prompt_version, **cfg}
+               "prompt_version": episode.prompt_version, "json_constrained": episode.constrain_subagents, **cfg}
     return build_reader(cfg, models)
 
 
