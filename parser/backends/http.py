@@ -279,7 +279,10 @@ def _openai_sampling(self: HttpBackend, s: SamplingParams) -> dict[str, Any]:
 def _openai_constraint(self: HttpBackend, kind: str, spec: str) -> dict[str, Any]:
     """The request fields that make `server` decode under a JSON schema or a regex."""
     if self.server == "vllm":
-        return {"structured_outputs": {"json": orjson.loads(spec)} if kind == "json_schema" else {"regex": spec}}
+        if kind == "regex":
+            return {"structured_outputs": {"regex": spec}}
+        # compact JSON, as in process: a budgeted reply spends no tokens on free whitespace
+        return {"structured_outputs": {"json": orjson.loads(spec), "disable_any_whitespace": True}}
     if self.server == "sglang":
         if kind == "regex":
             return {"regex": spec}
