@@ -144,3 +144,41 @@ def test_verl_refuses_the_lead_constraint_but_not_the_subagent_one():
     assert episode_config({"constrain_subagents": True}, 512).constraints() == ["subagents: json_schema"]
     with pytest.raises(ValueError, match="constrain_lead"):
         episode_config({"constrain_lead": True}, 512)
+
+
+@pytest.mark.parametrize("api,server_kind", [("sglang", "sglang"), ("chat", "vllm")])
+def test_json_constrained_subagent_replies_through_the_server(server, tiny_tokenizer, api, server_kind):
+    """SGLang's sampling_params.json_schema and vLLM's structured_outputs reach the model: even a
+    random model's reply is the finding's JSON, answer first."""
+    import orjson
+
+    backend = HttpBackend(server.url, api=api, server=server_kind)
+    reader = SubagentReader(backend, tiny_tokenizer, temperature=0.0, max_new_tokens=40, json_constrained=True)
+
+    async def go():
+        try:
+            return await reader.read("Who directed Zorvan?", CHUNKS[0], "d1")
+        finally:
+            await backend.aclose()
+
+    reply = asyncio.run(go())
+    assert reply.text.startswith('{"answer": "'), reply.text
+    if reply.completion_tokens < 40:  # finished inside the budget: complete JSON
+        assert list(orjson.loads(reply.text)) == ["answer", "evidence"]
+
+
+@pytest.mark.parametrize("dialect", ["json", "xml"])
+def test_action_regex_accepts_exactly_one_bounded_call_or_answer(dialect):
+    from parser import prompts
+    from parser.actions import MAX_QUERY_CHARS, action_regex
+
+    regex = action_regex(prompts.lead_tools(prompts.DEFAULT_VERSION), dialect)
+    call = ('<tool_call>{{"name": "query_agents", "arguments": {{"query": "{}"}}}}</tool_call>' if dialect == "json" else
+            "<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>")
+    assert parse_lead_output(re.fullmatch(regex, call.format("Who directed Zorvan?")).group(0)).queries == ["Who directed Zorvan?"]
+    assert re.fullmatch(regex, "<answer>Miro Tal</answer>")
+    assert not re.fullmatch(regex, call.format("q" * (MAX_QUERY_CHARS + 1)))
+    assert not re.fullmatch(regex, call.format("a") + call.format("b"))  # one call per turn
+    assert not re.fullmatch(regex, "The answer is <answer>x</answer>")
+    with pytest.raises(ValueError, match="one string argument"):
+        action_regex([{"type": "function", "function": {"name": "f", "parameters": {"properties": {}}}}], dialect)
