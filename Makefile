@@ -50,4 +50,4 @@ vllm-env: $(VLLM_STAMP)
 # Starts vLLM on 127.0.0.1 with the converted SmolLM2 weights (about 3 min to healthy on 2 cores)
 # and runs the episode engine, a wide scatter round, constrained replies and failure cases against it.
 test-servers: setup assets vllm-env
-	PARSER_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -p no:cacheprovider tests/servers
+	PARSER_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -s -p no:cacheprovider --durations=0 tests/servers
