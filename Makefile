@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test assets bench vllm-env test-servers
+.PHONY: setup demo test test-fast assets bench vllm-env test-servers
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,12 +25,19 @@ demo: setup
 assets: setup
 	$(PY) -m parser.testing.assets
 
+# CI's command (README): the whole suite, tests/e2e/ (processes, servers, benchmark smokes) included.
 test: setup assets
 	$(PY) -m pytest -q
 
+# The in-process tests only (skips everything marked slow, i.e. tests/e2e/): for quick iterations.
+test-fast: setup assets
+	$(PY) -m pytest -q -m "not slow"
+
 bench: setup
 	$(PY) scripts/bench_scatter.py
+	$(PY) scripts/bench_chunking.py
 	$(PY) scripts/bench_data.py
+	$(PY) scripts/bench_latency.py
 
 # A real vLLM (CPU build) in its own environment, for tests/servers/: vLLM pins its own torch and
 # transformers, so it never shares .venv. PyPI's torchvision/torchaudio/torchcodec are CUDA builds

@@ -11,12 +11,14 @@ function's arguments. `tokenizer` (a name or path, optional) adds token statisti
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep import recipes
+from data_prep.records import DataError
 
 
 def run(cfg: dict[str, Any]) -> Any:
@@ -32,7 +34,11 @@ def run(cfg: dict[str, Any]) -> Any:
 
 @hydra.main(config_path="../configs/data", config_name="synthetic_eval", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    written = run(OmegaConf.to_container(cfg, resolve=True))
+    try:
+        written = run(OmegaConf.to_container(cfg, resolve=True))
+    except DataError as error:  # bad input: say which file, record and field, and exit non-zero
+        print(f"data_prep.build: error: {error}", file=sys.stderr)
+        sys.exit(2)
     for key, path in (written.items() if isinstance(written, dict) else [("", written)]):
         print(f"{key}\t{path}")
 

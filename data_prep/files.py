@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import glob
 import json
 import os
 import platform
@@ -25,10 +26,16 @@ from data_prep.records import DataError
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temp path beside `path`; on success it replaces `path`, on error it is removed."""
+    """Yield a temp path beside `path`; on success it replaces `path`, on error it is removed.
+
+    The temp name carries the writer's pid (`.{name}.{pid}.{random}.tmp`). A killed build (SIGKILL,
+    OOM) cannot remove its temp file, so each write first removes the temps beside its target
+    whose writer is gone; a live writer's temp is left alone.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    remove_stale_temps(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     umask = os.umask(0)
     os.umask(umask)
@@ -40,6 +47,29 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def remove_stale_temps(target: Path) -> list[Path]:
+    """Delete `.{target.name}.*.tmp` files left by writers that no longer run; return them."""
+    removed = []
+    for tmp in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
+        pid = tmp.name[len(target.name) + 2 :].split(".", 1)[0]
+        if pid.isdigit() and _alive(int(pid)):
+            continue  # a live writer's (older temps without a pid are stale by construction)
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
 
 
 def write_json(path: str | os.PathLike, obj: Any, indent: bool = False) -> Path:

@@ -27,7 +27,17 @@ from data_prep.verl_parquet import write_rl_parquet
 
 def load_source(name: str, split: str | None = None, path: str | None = None, revision: str | None = None,
                 **synthetic: Any) -> tuple[list[Question], Corpus, dict[str, Any]]:
-    """(questions, corpus, provenance) for a source config: hub by name, a local file, or synthetic."""
+    """(questions, corpus, provenance) for a source config: hub by name, a local file, or synthetic.
+    An empty source, or one whose every record is dropped, is an error (not an empty dataset)."""
+    questions, corpus, provenance = _load_source(name, split, path, revision, **synthetic)
+    if not questions:
+        raise DataError(f"source {provenance}: no usable questions (empty input, or every record was dropped "
+                        "because a supporting title is missing from its context)")
+    return questions, corpus, provenance
+
+
+def _load_source(name: str, split: str | None, path: str | None, revision: str | None,
+                 **synthetic: Any) -> tuple[list[Question], Corpus, dict[str, Any]]:
     if name == "synthetic":
         from data_prep.synthetic_world import synthetic_source
 
@@ -76,6 +86,8 @@ def _token_counts(rows: list[dict[str, Any]], tokenizer: Any) -> list[int] | Non
 def _write_eval(out_dir: Path, name: str, rows: list[dict[str, Any]], *, recipe: str, config: dict[str, Any],
                 source: dict[str, Any], tokenizer: Any = None, tokenizer_name: str | None = None,
                 parquet: bool = False, data_source: str = "") -> Path:
+    if not rows:
+        raise DataError(f"{out_dir / name}: nothing to write (num_questions={config.get('num_questions')!r} selected no question)")
     path = write_records(out_dir / f"{name}.json", rows)
     counts = {"rows": len(rows), "questions": len({r["meta"]["question_id"] for r in rows}),
               "paragraphs": sum(r["num_docs"] for r in rows), "chars": sum(len(r["context"]) for r in rows)}
@@ -116,6 +128,8 @@ def train_set(*, source: dict[str, Any], out_dir: str, name: str = "train", leng
     if knowledge_filter and knowledge_filter.get("enabled", True):
         questions = _apply_filter(questions, Path(out_dir) / f"{name}.filter.jsonl", knowledge_filter, counts)
     questions = questions[:keep] if keep else questions
+    if not questions:
+        raise DataError(f"train_set {name}: the knowledge filter dropped all {counts['source_questions']} questions")
     rows = build_grid(questions, corpus, [length], seed=seed, compat=compat, workers=workers)[length]
     counts.update(rows=len(rows), paragraphs=sum(r["num_docs"] for r in rows))
     config = {"length": length, "keep": keep, "seed": seed, "compat": compat, "knowledge_filter": knowledge_filter}

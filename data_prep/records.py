@@ -17,6 +17,12 @@ class DataError(ValueError):
     """Bad input data; the message names the source (file / record) and the field."""
 
 
+def _scorable(answer: str) -> bool:
+    from parser.reward import normalize_answer  # the scorer's own definition of "empty"
+
+    return bool(normalize_answer(answer))
+
+
 def paragraph_text(title: str, sentences: Sequence[str] | str) -> str:
     body = sentences if isinstance(sentences, str) else "".join(sentences)
     return f"{title}\n{body}"
@@ -50,6 +56,9 @@ class Question:
             raise DataError(f"{where}: field 'question' is empty")
         if not self.answers:
             raise DataError(f"{where}: field 'answers' is empty")
+        for i, answer in enumerate(self.answers):
+            if not isinstance(answer, str) or not _scorable(answer):
+                raise DataError(f"{where}: answers[{i}] = {answer!r} normalizes to nothing; it would match every prediction")
         if len(set(self.paragraphs)) != len(self.paragraphs):
             raise DataError(f"{where}: field 'paragraphs' holds duplicates; deduplicate before building")
         for name, idx in (("gold", self.gold), ("logical", self.logical)):
@@ -111,6 +120,47 @@ def logical_order(titles: Sequence[str], gold: Sequence[int], evidences: Iterabl
         order.extend(layer)
         remaining = [g for g in remaining if g not in layer]
     return tuple(order)
+
+
+def require_record(row: Any, source: str) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise DataError(f"{source}: expected a JSON object, got {type(row).__name__}")
+    return row
+
+
+def require_text(record: dict[str, Any], field: str, source: str) -> str:
+    """A string field that must have content (a list or number where text belongs is an error)."""
+    value = require(record, field, source)
+    if not isinstance(value, str):
+        raise DataError(f"{source}: field {field!r} must be a string, got {type(value).__name__} {str(value)[:60]}")
+    if not value.strip():
+        raise DataError(f"{source}: field {field!r} is empty")
+    return value
+
+
+def require_answers(values: Any, field: str, source: str) -> list[str]:
+    """Gold answers: strings (an integer is read as its digits), each non-empty once normalized."""
+    if not isinstance(values, (list, tuple)) or not values:
+        raise DataError(f"{source}: field {field!r} must be a non-empty list of strings, got {str(values)[:60]}")
+    answers = []
+    for i, value in enumerate(values):
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str):
+            raise DataError(f"{source}: {field}[{i}] must be a string, got {type(value).__name__} {str(value)[:60]}")
+        if not _scorable(value):
+            raise DataError(f"{source}: {field}[{i}] = {value!r} normalizes to nothing; it would match every prediction")
+        answers.append(value)
+    return answers
+
+
+def unique_ids(ids: Iterable[str], source: str) -> None:
+    """Refuse a split whose ids repeat (rows would overwrite each other downstream)."""
+    first: dict[str, int] = {}
+    for i, row_id in enumerate(ids):
+        if row_id in first:
+            raise DataError(f"{source}: duplicate id {row_id!r} in records {first[row_id]} and {i}")
+        first[row_id] = i
 
 
 def require(record: dict[str, Any], field: str, source: str) -> Any:

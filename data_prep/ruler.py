@@ -29,10 +29,12 @@ import math
 import random
 import re
 import string
-import sys
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
 
 from data_prep.packing import derived_seed, draw_distractors, own_indices
 from data_prep.records import Corpus, DataError, Question
@@ -442,13 +444,8 @@ def build_files(cfg: dict[str, Any]) -> list[Path]:
     return written
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    config_dir = Path(__file__).resolve().parents[1] / "configs" / "data"
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        cfg = compose(config_name="ruler", overrides=list(sys.argv[1:] if argv is None else argv))
+@hydra.main(config_path="../configs/data", config_name="ruler", version_base="1.3")
+def main(cfg: DictConfig) -> None:
     for path in build_files(OmegaConf.to_container(cfg, resolve=True)):
         print(f"[ruler] wrote {path}")
 

@@ -25,7 +25,6 @@ from data_prep.records import DataError
 
 # The seven lengths MemAgent released (tokens of its Qwen2.5 tokenizer), 128 samples each.
 LENGTHS = (8192, 16384, 32768, 65536, 131072, 262144, 524288)
-NUM_SAMPLES = 128
 
 NIAH_NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
 NIAH_TEMPLATE = ("Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. "
@@ -83,8 +82,6 @@ TASKS: dict[str, RulerTask] = {t.name: t for t in (
     # The reference's qa_1 packs SQuAD paragraphs; ours packs synthetic-world paragraphs.
     RulerTask("qa_1", "qa", "Answer the question based on the given documents. {query}", " Answer:", 32),
 )}
-# The ten tasks of the paper's heat map (Figure 4); qa_1 is released by MemAgent but not plotted.
-PAPER_TASKS = tuple(name for name in TASKS if name != "qa_1")
 
 
 def get_task(name: str) -> RulerTask:

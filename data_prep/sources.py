@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from data_prep.files import read_records
-from data_prep.records import Corpus, DataError, Question, logical_order, paragraph_text, require
+from data_prep.records import (Corpus, DataError, Question, logical_order, paragraph_text, require, require_answers,
+                               require_record, require_text, unique_ids)
 
 HOTPOTQA = ("hotpotqa/hotpot_qa", "distractor")
 FLASHRAG = ("RUC-NLPIR/FlashRAG_datasets", "2wikimultihopqa")
@@ -39,23 +40,38 @@ def _context_pairs(context: Any, source: str) -> list[tuple[str, Any]]:
         sentences = context.get("sentences", context.get("content"))
         if titles is None or sentences is None:
             raise DataError(f"{source}: field 'context' needs 'title' and 'sentences' (or 'content')")
+        if not isinstance(titles, list) or not isinstance(sentences, list):
+            raise DataError(f"{source}: 'context.title' and its sentences must be lists")
         if len(titles) != len(sentences):
             raise DataError(f"{source}: 'context.title' has {len(titles)} items but the sentences have {len(sentences)}")
-        return list(zip(titles, sentences))
-    if isinstance(context, list):
+        pairs = list(zip(titles, sentences))
+    elif isinstance(context, list):
         for i, pair in enumerate(context):
             if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
                 raise DataError(f"{source}: 'context[{i}]' is not a [title, sentences] pair")
-        return [(t, s) for t, s in context]
-    raise DataError(f"{source}: field 'context' has unexpected type {type(context).__name__}")
+        pairs = [(t, s) for t, s in context]
+    else:
+        raise DataError(f"{source}: field 'context' has unexpected type {type(context).__name__}")
+    for i, (title, body) in enumerate(pairs):
+        if not isinstance(title, str):
+            raise DataError(f"{source}: context title {i} must be a string, got {type(title).__name__}")
+        if not (isinstance(body, str) or (isinstance(body, (list, tuple)) and all(isinstance(x, str) for x in body))):
+            raise DataError(f"{source}: context paragraph {i} ({title!r}) must be a string or a list of sentence strings")
+    return pairs
 
 
 def _supporting_titles(facts: Any, source: str) -> list[str]:
     if isinstance(facts, dict):
         if "title" not in facts:
             raise DataError(f"{source}: field 'supporting_facts' has no 'title'")
-        return list(facts["title"])
+        titles = facts["title"]
+        if not isinstance(titles, list) or not all(isinstance(t, str) for t in titles):
+            raise DataError(f"{source}: 'supporting_facts.title' must be a list of strings")
+        return list(titles)
     if isinstance(facts, list):
+        for i, fact in enumerate(facts):
+            if not (isinstance(fact, (list, tuple)) and fact and isinstance(fact[0], str)):
+                raise DataError(f"{source}: 'supporting_facts[{i}]' is not a [title, sentence_id] pair")
         return [f[0] for f in facts]
     raise DataError(f"{source}: field 'supporting_facts' has unexpected type {type(facts).__name__}")
 
@@ -77,8 +93,12 @@ def _build(row_id: str, index: int, question: str, answers: Sequence[str], conte
         return None  # ReMemR1 skips questions whose supporting title is missing from the context
     gold = tuple(dict.fromkeys(remap[unique[texts[titles.index(t)]]] for t in support))
     kept_titles = [titles[i] for i in keep]
+    if not isinstance(evidences, (list, tuple)) or not all(isinstance(e, (list, tuple)) for e in evidences):
+        raise DataError(f"{source}: 'metadata.evidences' must be a list of [subject, relation, object] triples")
     evidences = tuple(tuple(str(x) for x in e) for e in evidences if len(e) == 3)
-    return Question(id=str(row_id), index=index, question=question, answers=tuple(str(a) for a in answers),
+    if not isinstance(row_id, (str, int)) or isinstance(row_id, bool):
+        raise DataError(f"{source}: field 'id' must be a string, got {type(row_id).__name__}")
+    return Question(id=str(row_id), index=index, question=question, answers=tuple(answers),
                     paragraphs=tuple(texts[i] for i in keep), gold=gold,
                     logical=logical_order(kept_titles, gold, evidences), dataset=dataset,
                     qtype=qtype, level=level, evidences=evidences)
@@ -86,17 +106,20 @@ def _build(row_id: str, index: int, question: str, answers: Sequence[str], conte
 
 def read_hotpotqa(rows: Iterable[dict[str, Any]], source: str = "hotpotqa") -> tuple[list[Question], Corpus]:
     """HotpotQA rows (HF or original JSON layout) -> questions + the split's paragraph corpus."""
-    questions = []
+    questions, ids = [], []
     for i, row in enumerate(rows):
         where = f"{source} record {i}"
+        row = require_record(row, where)
         row_id = row.get("id", row.get("_id"))
         if row_id is None:
             raise DataError(f"{where}: missing field 'id' (or '_id')")
-        q = _build(row_id, i, str(require(row, "question", where)), [require(row, "answer", where)],
+        ids.append(str(row_id))
+        q = _build(row_id, i, require_text(row, "question", where), require_answers([require(row, "answer", where)], "answer", where),
                    require(row, "context", where), require(row, "supporting_facts", where), dataset="hotpotqa",
                    source=where, qtype=row.get("type"), level=row.get("level"))
         if q is not None:
             questions.append(q)
+    unique_ids(ids, source)
     return questions, Corpus.from_questions(questions)
 
 
@@ -107,21 +130,22 @@ def read_2wiki(rows: Iterable[dict[str, Any]], source: str = "2wikimultihopqa", 
     Questions get a trailing '?' if missing, as ReMemR1 does. `extra_paragraphs` widens the
     distractor corpus (the synthetic world passes its whole encyclopedia).
     """
-    questions = []
+    questions, ids = [], []
     for i, row in enumerate(rows):
         where = f"{source} record {i}"
-        meta = require(row, "metadata", where)
-        text = str(require(row, "question", where)).strip()
-        if text and not text.endswith("?"):
+        row = require_record(row, where)
+        meta = require_record(require(row, "metadata", where), where + " field 'metadata'")
+        text = require_text(row, "question", where).strip()
+        if not text.endswith("?"):
             text += "?"
-        answers = require(row, "golden_answers", where)
-        if isinstance(answers, str) or not isinstance(answers, (list, tuple)):
-            raise DataError(f"{where}: field 'golden_answers' must be a list of strings")
+        answers = require_answers(require(row, "golden_answers", where), "golden_answers", where)
+        ids.append(str(require(row, "id", where)))
         q = _build(require(row, "id", where), i, text, answers, require(meta, "context", where + " metadata"),
                    require(meta, "supporting_facts", where + " metadata"), dataset=dataset, source=where,
                    qtype=meta.get("type"), level=meta.get("level"), evidences=meta.get("evidences") or ())
         if q is not None:
             questions.append(q)
+    unique_ids(ids, source)
     return questions, Corpus.from_questions(questions, extra_paragraphs)
 
 
@@ -129,15 +153,17 @@ def check_eval_rows(rows: Iterable[dict[str, Any]], source: str) -> list[dict[st
     """MemAgent-style eval rows, checked for the fields eval needs (errors name source and record)."""
     out = []
     for i, row in enumerate(rows):
-        row = dict(row)
-        for field in ("context", "input", "answers"):
-            if row.get(field) is None:
-                raise DataError(f"{source} record {i}: missing field {field!r}")
-        if not isinstance(row["answers"], list):
-            raise DataError(f"{source} record {i}: field 'answers' must be a list")
+        where = f"{source} record {i}"
+        row = dict(require_record(row, where))
+        require_text(row, "context", where)
+        require_text(row, "input", where)
+        if not isinstance(row.get("answers"), list):
+            raise DataError(f"{where}: field 'answers' must be a list" if "answers" in row else f"{where}: missing field 'answers'")
+        require_answers(row["answers"], "answers", where)
         row.setdefault("num_docs", row.get("length"))
         row.setdefault("id", f"{row.get('index', i)}_L{row.get('num_docs')}")
         out.append(row)
+    unique_ids((str(r["id"]) for r in out), source)
     return out
 
 

@@ -52,3 +52,12 @@ def write_rl_parquet(path: str | Path, rows: Iterable[dict[str, Any]], data_sour
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, row_group_size=256)
     return Path(path)
+
+
+def read_rl_parquet(path: str | Path) -> list[Any]:
+    """A training parquet read row by row as the agent loop reads it (`parser.verl.rows`), in this
+    project's layout or the authors' released one; errors name the row. For checking a file
+    before a run: `read_rl_parquet("data/train/hotpotqa_train_process_emb-select_llm-unable.parquet")`."""
+    from parser.verl.rows import episode_inputs
+
+    return [episode_inputs(row) for row in pq.read_table(path).to_pylist()]

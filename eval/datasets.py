@@ -19,7 +19,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
-from parser.methods import Sample
+from parser.methods.base import Sample
 
 
 @dataclasses.dataclass

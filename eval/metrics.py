@@ -6,32 +6,57 @@ MemAgent/ReMemR1 reference scorer (an empty normalized prediction is a Sub_EM hi
 numbers can be set beside published ones; see `tests/test_eval_metrics_on_cpu.py`. One known
 difference remains: the reference scores only `answers[0]`, the core takes the max over all
 golds (identical on single-gold rows such as MemAgent's HotpotQA files).
+
+`sub_em_release` is the authors' release's eval Sub_EM (release eval/eval.py), reported beside
+ours for `method=parser_release`: it reads the whole lead completion (every turn, thinking
+included; `completion_text`), scores a missing answer as the string "No answer found", and takes
+the max with the last `**bold**` span of the completion. Rows without turns (baselines) are
+scored on their answer alone.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from parser.reward import exact_match, sub_em
+from parser.protocol import strip_trailing_markers
+from parser.reward import exact_match, release_sub_em, sub_em
 
 
 @dataclasses.dataclass(frozen=True)
 class Metric:
+    """A per-sample score. Tables average it over samples, then over runs (`eval.report.run_averaged`);
+    the report reads `percent` (print 100 x mean) and `higher_is_better` (which value is the best
+    in a column, bolded in the Markdown table)."""
+
     name: str
-    fn: Callable[[str | None, Sequence[str]], float]
-    aggregation: str = "mean"  # per subset: mean over samples, then mean over runs
+    fn: Callable[[str | None, Sequence[str], str | None], float]  # (prediction, golds, completion)
     higher_is_better: bool = True
-    percent: bool = True  # tables print 100 x mean
+    percent: bool = True
+
+
+def _release(prediction: str | None, golds: Sequence[str], completion: str | None) -> float:
+    if completion is None:
+        completion = f"<answer>{prediction}</answer>" if prediction else ""
+    return release_sub_em(completion, golds)
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("sub_em", lambda p, g: sub_em(p, g)),
-    Metric("em", lambda p, g: exact_match(p, g)),
-    Metric("sub_em_compat", lambda p, g: sub_em(p, g, compat=True)),
-    Metric("em_compat", lambda p, g: exact_match(p, g, compat=True)),
+    Metric("sub_em", lambda p, g, c: sub_em(p, g)),
+    Metric("em", lambda p, g, c: exact_match(p, g)),
+    Metric("sub_em_compat", lambda p, g, c: sub_em(p, g, compat=True)),
+    Metric("em_compat", lambda p, g, c: exact_match(p, g, compat=True)),
+    Metric("sub_em_release", _release),
 )
 PRIMARY = "sub_em"
+BY_NAME = {m.name: m for m in METRICS}
 
 
-def score(prediction: str | None, golds: Sequence[str]) -> dict[str, float]:
-    return {m.name: m.fn(prediction, list(golds)) for m in METRICS}
+def completion_text(record: Mapping[str, Any] | None) -> str | None:
+    """The lead's whole completion as the release decodes it (turns joined, end markers stripped);
+    None for records without turns."""
+    turns = (record or {}).get("turns")
+    return "".join(strip_trailing_markers(t["text"]) for t in turns) if turns else None
+
+
+def score(prediction: str | None, golds: Sequence[str], completion: str | None = None) -> dict[str, float]:
+    return {m.name: m.fn(prediction, list(golds), completion) for m in METRICS}

@@ -107,26 +107,7 @@ MAX_DELTA_AVG: dict[tuple[str, str, str], tuple[float | None, float]] = {
     ("2wikimultihopqa", "Qwen3.5-9B", "ParSer w/o RL"): (None, 84.86),
 }
 
-# Table 2 / Figure 3, HotpotQA, Qwen3.5-4B, amortized seconds per sample.
-LATENCY_S = {
-    1: {"ParSer": {50: 5.33, 6400: 78.22}, "MemAgent": {50: 10.56, 6400: 876.20}},
-    16: {"ParSer": {6400: 59.0}, "MemAgent": {6400: 102.0}},
-}
 # MemAgent seconds / ParSer seconds at concurrency 1 (project page, speedup figure).
 SPEEDUP_C1 = _row(2.0, 2.7, 4.5, 6.7, 8.5, 9.9, 10.4, 11.2)
-# Mean sequential steps per sample (Figure 3): MemAgent grows with chunks, ParSer stays near 4.
-STEPS = {"MemAgent": {50: 3.1, 6400: 177.0}, "ParSer": {length: 4.0 for length in LENGTHS}}
-
-# Method registry names -> the paper's row names, used when a config gives no `report.row`.
-ROW_NAMES = {
-    "parser": "ParSer",
-    "memagent": "MemAgent",
-    "rememr1": "ReMemR1",
-    "full_context": "Full-context",
-    "rag": "Agentic RAG",
-    "dci": "DCI agent",
-}
-
-
 def published(dataset: str, backbone: str, row: str) -> dict[int, float] | None:
     return SUB_EM.get(dataset, {}).get(backbone, {}).get(row)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from eval import paper_numbers
-from eval.metrics import PRIMARY
+from eval.metrics import BY_NAME, PRIMARY
 from eval.store import RESULTS, TIMINGS, read_jsonl
 
 DATASET_TITLES = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2WikiMultiHopQA", "synthetic": "Synthetic world"}
@@ -72,7 +72,8 @@ def run_averaged(rows: Sequence[dict[str, Any]], field: str) -> float:
 # ----------------------------------------------------------------------------- accuracy
 
 def accuracy_cells(rows: Sequence[dict[str, Any]], metric: str = PRIMARY) -> dict[tuple[str, str, str], dict[int, dict[str, Any]]]:
-    """(dataset, backbone, row) -> length -> {value (%), n samples per run, runs}."""
+    """(dataset, backbone, row) -> length -> {value (% if the metric is a percentage), n samples per run, runs}."""
+    scale = 100 if BY_NAME[metric].percent else 1
     groups: dict[tuple[str, str, str, int], list[dict[str, Any]]] = collections.defaultdict(list)
     for r in rows:
         if r.get("condition") is None:
@@ -81,7 +82,7 @@ def accuracy_cells(rows: Sequence[dict[str, Any]], metric: str = PRIMARY) -> dic
     for (dataset, backbone, row, length), members in sorted(groups.items()):
         runs = {int(m["run"]) for m in members}
         cells[(dataset, backbone, row)][length] = {
-            "value": 100 * run_averaged(members, metric), "n": len(members) // max(len(runs), 1), "runs": len(runs)}
+            "value": scale * run_averaged(members, metric), "n": len(members) // max(len(runs), 1), "runs": len(runs)}
     return dict(cells)
 
 
@@ -153,24 +154,51 @@ def table_to_csv(header: Sequence[str], body: Sequence[Sequence[str]], extra: Se
     return buf.getvalue()
 
 
-def accuracy_rows(table: dict[str, Any], dataset: str) -> tuple[list[str], list[list[str]]]:
+def best_per_length(table: dict[str, Any], metric: str = PRIMARY) -> dict[int, float]:
+    """The best of our values in each length column (the metric says which direction is better)."""
+    pick = max if BY_NAME[metric].higher_is_better else min
+    ours = [values for _, _, values, _, _, note in table["lines"] if note.startswith("ours")]
+    return {L: pick(v[L] for v in ours if L in v) for L in table["lengths"] if any(L in v for v in ours)}
+
+
+def accuracy_rows(table: dict[str, Any], dataset: str, bold: dict[int, float] | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and body; values equal to `bold[length]` are marked `**x**` (Markdown only)."""
     lengths = table["lengths"]
     header = ["Backbone", "Method", *(_length_header(L, dataset) for L in lengths), "Max δ", "Avg."]
-    body = [[backbone, label, *(_fmt(values.get(L)) for L in lengths), _fmt(delta), _fmt(avg)]
-            for backbone, label, values, delta, avg, _ in table["lines"]]
+
+    def cell(values: dict[int, float], L: int, ours: bool) -> str:
+        text = _fmt(values.get(L))
+        return f"**{text}**" if bold and ours and L in values and values[L] == bold.get(L) else text
+
+    body = [[backbone, label, *(cell(values, L, note.startswith("ours")) for L in lengths), _fmt(delta), _fmt(avg)]
+            for backbone, label, values, delta, avg, note in table["lines"]]
     return header, body
 
 
 # ----------------------------------------------------------------------------- latency, tokens
 
 def latency_table(rows: Sequence[dict[str, Any]], timings: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Amortized s/sample = sum of subset wall times / samples they finished; steps from rows."""
+    """Amortized s/sample = sum of subset wall times / samples they finished; steps from rows.
+
+    A subset session that finished wrote a timing line. One that was killed did not; its rows
+    (same `session`) are timed from the first sample's start (`finished_at - wall_s`) to the
+    last one's finish, so every finished sample is counted once, whichever session ran it.
+    """
     wall: dict[tuple, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for t in timings:
         if t.get("condition") is None and t.get("samples"):
             key = (t["dataset"], t["backbone"], t["row"], int(t["concurrency"]), int(t["length"]))
             wall[key][0] += float(t["wall_s"])
             wall[key][1] += int(t["samples"])
+    timed_sessions = {t["session"] for t in timings if t.get("session")}
+    killed: dict[tuple, list[dict[str, Any]]] = collections.defaultdict(list)
+    for r in rows:
+        if r.get("condition") is None and r.get("session") and r["session"] not in timed_sessions and "finished_at" in r:
+            killed[(r["session"], r["dataset"], r["backbone"], r["row"], int(r["concurrency"]), int(r["length"]))].append(r)
+    for (_, *key), session_rows in killed.items():
+        started = min(float(r["finished_at"]) - float(r["wall_s"]) for r in session_rows)
+        wall[tuple(key)][0] += max(float(r["finished_at"]) for r in session_rows) - started
+        wall[tuple(key)][1] += len(session_rows)
     steps: dict[tuple, list[float]] = collections.defaultdict(list)
     for r in rows:
         if r.get("condition") is None:
@@ -217,7 +245,7 @@ def controlled_table(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]
     out: dict[str, dict[str, Any]] = {}
     for (d, b, m, cond), members in groups.items():
         table = out.setdefault(d, {"conditions": sorted(order[d], key=order[d].get), "lines": {}})
-        table["lines"].setdefault((b, m), {})[cond] = 100 * run_averaged(members, PRIMARY)
+        table["lines"].setdefault((b, m), {})[cond] = (100 if BY_NAME[PRIMARY].percent else 1) * run_averaged(members, PRIMARY)
     return out
 
 
@@ -346,7 +374,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
     for dataset, table in tables.items():
         header, body = accuracy_rows(table, dataset)
         title = f"Accuracy (Sub_EM %) · {DATASET_TITLES.get(dataset, dataset)}"
-        md.append(f"## {title}\n\n" + table_to_markdown(header, body))
+        md.append(f"## {title}\n\n" + table_to_markdown(*accuracy_rows(table, dataset, bold=best_per_length(table))))
         tex.append(table_to_latex(header, body, title))
         csv_parts.append(table_to_csv(header, body, extra=[dataset]))
     (out / "accuracy.md").write_text("\n".join(md))

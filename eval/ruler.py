@@ -237,9 +237,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     def run(cfg: Any) -> None:
         sys.exit(asyncio.run(evaluate_ruler(cfg)))
 
-    if not any(arg.startswith("hydra.searchpath") for arg in argv):  # shared presets: configs/backend, configs/episode
-        argv.append(f"hydra.searchpath=[file://{Path(__file__).resolve().parent.parent / 'configs'}]")
-    sys.argv = [sys.argv[0], *argv]
+    from eval.run import with_search_path  # shared presets: configs/backend, configs/episode, configs/method
+
+    sys.argv = [sys.argv[0], *with_search_path(argv)]
     run()
 
 

@@ -14,6 +14,8 @@ Features
   one-off costs (lazy init, first-call kernels) do not land in the first subset's latency.
 - A sample whose method raises is logged to `errors.jsonl` and not written, so a re-run
   retries it; the command then exits 1.
+- One process per `out_dir`: a second `eval.run` on a directory in use exits 2 with a message
+  naming the holder (`eval.store.lock_run_dir`).
 
     python -m eval.run                                   # configs/eval/default.yaml
     python -m eval.run --config-name tiny_cpu limit=4 runs=1
@@ -38,9 +40,8 @@ from tqdm import tqdm
 
 from eval import provenance
 from eval.datasets import Subset, load_subsets
-from eval.metrics import PRIMARY, score
-from eval.paper_numbers import ROW_NAMES
-from eval.store import ResultsStore
+from eval.metrics import PRIMARY, completion_text, score
+from eval.store import ResultsStore, RunDirLocked, lock_run_dir
 from parser.methods import Method, MethodResult, Sample, build_method
 
 
@@ -61,12 +62,12 @@ def seed_everything(seed: int) -> None:
 
 
 def row_label(cfg: DictConfig) -> str:
-    """The table row: `report.row` (by default the method config's `label`), else the paper's name."""
-    return cfg.report.get("row") or ROW_NAMES.get(cfg.method.name, cfg.method.name)
+    """The table row: `report.row`, which defaults to the method config's `label`."""
+    return cfg.report.row
 
 
 def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, cfg: DictConfig,
-               save_record: bool) -> dict[str, Any]:
+               save_record: bool, session: str = "") -> dict[str, Any]:
     row: dict[str, Any] = {
         "dataset": subset.dataset,
         "length": subset.length,
@@ -80,13 +81,16 @@ def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, c
         "question": sample.question,
         "answers": sample.answers,
         "prediction": result.answer,
-        **score(result.answer, sample.answers),
+        **score(result.answer, sample.answers, completion_text(result.record)),
         "steps": result.steps,
         "wall_s": round(result.wall_s, 4),
         "lead_output_tokens": result.lead_output_tokens,
         "subagent_output_tokens": result.subagent_output_tokens,
         "meta": sample.meta,
         "finished": provenance.now(),
+        "finished_at": round(time.time(), 3),  # with `session`: times a subset whose session was killed
+        "session": session,
+        "concurrency": int(cfg.concurrency),
     }
     if save_record:
         row["record"] = result.record
@@ -107,6 +111,7 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
                disable=not cfg.progress, dynamic_ncols=True)
     semaphore = asyncio.Semaphore(int(cfg.concurrency))
     written = failed = 0
+    session = f"{os.getpid()}@{time.time():.3f}"  # this process's pass over this subset
 
     async def one(sample: Sample) -> None:
         nonlocal written, failed
@@ -119,7 +124,7 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
                                  "error": repr(err), "traceback": traceback.format_exc(), "time": provenance.now()})
                 bar.write(f"[eval] {subset.label} run {run} sample {sample.id}: {err!r} (logged, will retry on re-run)")
                 return
-        row = result_row(subset, run, sample, result, cfg, bool(cfg.save_records))
+        row = result_row(subset, run, sample, result, cfg, bool(cfg.save_records), session)
         if store.append(row):
             written += 1
             scores.append(row[PRIMARY])
@@ -133,7 +138,7 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
     store.log_timing({"dataset": subset.dataset, "length": subset.length, "run": run, "condition": subset.condition,
                       "method": cfg.method.name, "row": row_label(cfg), "backbone": cfg.report.backbone,
                       "concurrency": int(cfg.concurrency), "samples": written, "failed": failed,
-                      "wall_s": round(wall, 4), "pid": os.getpid(), "finished": provenance.now()})
+                      "wall_s": round(wall, 4), "pid": os.getpid(), "session": session, "finished": provenance.now()})
     return written, failed
 
 
@@ -150,7 +155,7 @@ async def warm_up(method: Method, subsets: list[Subset], n: int) -> None:
 
 def build_eval_method(cfg: DictConfig) -> Method:
     """The models and the method a config names (the method owns and closes its models)."""
-    from parser.backends import build_models
+    from parser.backends.models import build_models
 
     models = build_models(OmegaConf.to_container(cfg.models, resolve=True))
     method_cfg = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k not in ("name", "label")}
@@ -159,7 +164,13 @@ def build_eval_method(cfg: DictConfig) -> Method:
 
 async def evaluate(cfg: DictConfig, method: Method | None = None) -> int:
     """Run (or resume) one eval. Pass `method` to reuse built models across several evals
-    (RULER's tasks); the caller then closes it. Otherwise it is built from `cfg` and closed here."""
+    (RULER's tasks); the caller then closes it. Otherwise it is built from `cfg` and closed here.
+    Raises `RunDirLocked` if another process is evaluating into `cfg.out_dir`."""
+    with lock_run_dir(cfg.out_dir):
+        return await _evaluate(cfg, method)
+
+
+async def _evaluate(cfg: DictConfig, method: Method | None) -> int:
     subsets = load_subsets(cfg.dataset, limit=cfg.limit)
     store = ResultsStore(cfg.out_dir)
     seeds = {"base": int(cfg.seed), "per_run": [int(cfg.seed) + r for r in range(int(cfg.runs))]}
@@ -198,12 +209,25 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 @hydra.main(config_path="../configs/eval", config_name="default", version_base="1.3")
 def _main(cfg: DictConfig) -> None:
-    sys.exit(asyncio.run(evaluate(cfg)))
+    try:
+        sys.exit(asyncio.run(evaluate(cfg)))
+    except RunDirLocked as error:
+        print(f"eval.run: error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+def with_search_path(argv: list[str]) -> list[str]:
+    """`argv` plus `hydra.searchpath=[configs/]`, placed among the other overrides: Hydra parses
+    overrides as one positional run, so an override after a flag (`--cfg job`, `--config-name x`)
+    would be refused."""
+    if any(arg.startswith("hydra.searchpath") for arg in argv):
+        return list(argv)
+    at = next((i for i, arg in enumerate(argv) if "=" in arg and not arg.startswith("-")), len(argv))
+    return [*argv[:at], f"hydra.searchpath=[file://{CONFIGS}]", *argv[at:]]
 
 
 def main() -> None:
-    if not any(arg.startswith("hydra.searchpath") for arg in sys.argv[1:]):
-        sys.argv.append(f"hydra.searchpath=[file://{CONFIGS}]")
+    sys.argv = [sys.argv[0], *with_search_path(sys.argv[1:])]
     _main()
 
 

@@ -8,17 +8,27 @@ them, so samples are never duplicated or lost. A line torn by a kill mid-write i
 load (and the file truncated back to the last complete line) instead of poisoning the file.
 
 Per-subset wall times live in a second file (`timings.jsonl`), one line per (subset, session),
-so amortized latency (subset wall time / samples finished in it) survives resumes.
+so amortized latency (subset wall time / samples finished in it) survives resumes. A session
+killed mid-subset writes no line; its rows carry `session` and `finished_at`, from which the
+report times them instead (`eval.report.latency_table`).
 
-    store = ResultsStore(run_dir)
-    done = store.done_keys()
-    store.append(row)            # row carries dataset/length/run/sample_id
+One process owns a run directory at a time: `lock_run_dir` holds an exclusive `flock` on
+`.eval.lock` (released by the kernel when the process exits, however it dies), and a second
+`eval.run` on the same `out_dir` stops with `RunDirLocked` instead of writing rows twice.
+
+    with lock_run_dir(run_dir):
+        store = ResultsStore(run_dir)
+        done = store.done_keys()
+        store.append(row)        # row carries dataset/length/run/sample_id
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -28,6 +38,35 @@ ERRORS = "errors.jsonl"
 KEY_FIELDS = ("dataset", "length", "run", "sample_id")
 
 Key = tuple[str, int, int, str]
+LOCK = ".eval.lock"
+
+
+class RunDirLocked(RuntimeError):
+    """Another process is evaluating into this run directory."""
+
+
+@contextlib.contextmanager
+def lock_run_dir(run_dir: str | Path) -> Iterator[None]:
+    """Hold `run_dir` exclusively for the block; refuse at once if another process holds it."""
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / LOCK, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise RunDirLocked(f"{path} is in use by another eval.run ({holder}); wait for it to finish, "
+                               "or give this run its own out_dir") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}, since {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.truncate(0)
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def row_key(row: dict[str, Any]) -> Key:
@@ -103,6 +142,3 @@ class ResultsStore:
             f.flush()
             os.fsync(f.fileno())
 
-
-def load_timings(run_dir: str | Path) -> list[dict[str, Any]]:
-    return list(read_jsonl(Path(run_dir) / TIMINGS))

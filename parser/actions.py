@@ -21,30 +21,41 @@ Two tool-call dialects are accepted so the engine serves both model families:
 `parse_tool_calls` reads calls to any tool; `parse_lead_output` keeps the calls to the tools the
 agent was offered (`tool_names`), and the final answer, the last ``<answer>…</answer>`` after the
 thinking. A generation with neither a usable call nor an answer gets `error` set; the engine then
-appends the invalid-action hint and continues (paper Algorithm 1). Never raises on model output.
+appends the invalid-action hint and continues (paper Algorithm 1). Never raises on model output,
+and runs in time linear in its length: tags are found with `str.find` (a regex like
+`<parameter=([^>\n]+)>(.*?)</parameter>` rescans the rest of the text from every unclosed
+opener, quadratic on repeated tags), and JSON goes through `parser.lenient_json`.
+
+`protocol="release"` applies the authors' turn rules instead (release
+train/scripts/parser_agent_loop.py): the whole turn is searched, thinking included, after
+trailing `<|im_end|>`/`<|endoftext|>` are stripped; only closed `<tool_call>` blocks count
+(strict JSON, else the XML dialect); any call wins over an answer; a call to another tool, or
+with a missing/empty/non-string query, stays a call whose tool reply is an error (`ToolCall.error`),
+so the turn is still a valid step; an empty `<answer></answer>` is no answer.
+
+    parse_lead_output(text, protocol="release").queries   # valid non-empty queries, in order
 """
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
-import json_repair
-import orjson
+from parser.lenient_json import loads_lenient, loads_strict
+
+from parser import protocol as release
 
 TOOL_NAME = "query_agents"
 
 _THINK_END = "</think>"
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
-_XML_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|\Z)", re.DOTALL)
-_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)  # linear: an unclosed call ends the text
 
 
 @dataclasses.dataclass
 class ToolCall:
     name: str
     arguments: dict[str, Any]
+    error: str | None = None  # release protocol: the tool reply for an unusable call (not executed)
 
 
 @dataclasses.dataclass
@@ -64,30 +75,70 @@ def split_thinking(text: str) -> tuple[str, str]:
     return head.replace("<think>", "", 1).strip(), rest
 
 
+def _answers(text: str) -> list[str]:
+    """Bodies of `<answer>…</answer>`, as `re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)`."""
+    found, pos = [], 0
+    while (start := text.find("<answer>", pos)) >= 0:
+        end = text.find("</answer>", start + 8)
+        if end < 0:
+            break  # no later opener can close either
+        found.append(text[start + 8 : end])
+        pos = end + 9
+    return found
+
+
+def _named_blocks(text: str, tag: str, *, need_close: bool) -> Iterator[tuple[str, str]]:
+    """(name, body) of each `<tag=name>body</tag>` in order, as the regex
+    `<tag=([^>\n]+)>(.*?)</tag>` (or `(?:</tag>|\Z)` without `need_close`) finds them."""
+    opener, closer = f"<{tag}=", f"</{tag}>"
+    pos, gt = 0, -1
+    while (start := text.find(opener, pos)) >= 0:
+        name_start = start + len(opener)
+        if gt < name_start:  # the first '>' after name_start; reused while still ahead (no rescans)
+            gt = text.find(">", name_start)
+            if gt < 0:
+                return
+        newline = text.find("\n", name_start, gt)
+        if newline >= 0:  # a name never spans a line, and no opener before this newline can close
+            pos = newline + 1
+            continue
+        if gt == name_start:  # empty name
+            pos = name_start
+            continue
+        end = text.find(closer, gt + 1)
+        if end < 0:
+            if not need_close:
+                yield text[name_start:gt], text[gt + 1 :]
+            return
+        yield text[name_start:gt], text[gt + 1 : end]
+        pos = end + len(closer)
+
+
 def _parse_call(body: str, closed: bool) -> tuple[ToolCall | None, str | None]:
     """(call, problem) for one tool-call body in either dialect.
 
     JSON is repaired leniently only inside a closed `<tool_call>`; a call cut off by the token
     limit must parse as it stands, so a half-written argument is never used.
     """
-    function = _XML_FUNCTION.search(body)
+    function = next(_named_blocks(body, "function", need_close=False), None)
     if function:
-        params: dict[str, Any] = {k.strip(): v.strip("\n") for k, v in _XML_PARAMETER.findall(function.group(2))}
-        return ToolCall(function.group(1).strip(), params), None
+        params: dict[str, Any] = {k.strip(): v.strip("\n") for k, v in _named_blocks(function[1], "parameter", need_close=True)}
+        return ToolCall(function[0].strip(), params), None
     stripped = body.strip()
     if not stripped.startswith("{"):
         return None, "tool call is neither XML nor JSON"
-    try:
-        call = json_repair.loads(stripped) if closed else orjson.loads(stripped)
-    except orjson.JSONDecodeError:
-        return None, "truncated tool call"
+    call, problem = loads_lenient(stripped) if closed else loads_strict(stripped)
+    if problem:
+        return None, f"tool call JSON {problem}" if closed or problem.startswith("nested") else "truncated tool call"
     if not isinstance(call, dict):
         return None, "tool call JSON is not an object"
     if not isinstance(call.get("name"), str):
         return None, "tool call JSON has no 'name'"
     arguments = call.get("arguments", call.get("parameters", {}))
     if isinstance(arguments, str):
-        arguments = json_repair.loads(arguments)
+        arguments, problem = loads_lenient(arguments)
+        if problem:
+            return None, f"tool call arguments are {problem}"
     if not isinstance(arguments, dict):
         return None, "tool call arguments are not an object"
     return ToolCall(call["name"], arguments), None
@@ -116,10 +167,13 @@ def _check_query(call: ToolCall) -> str | None:
     return None
 
 
-def parse_lead_output(text: str, tool_names: Iterable[str] | None = (TOOL_NAME,)) -> LeadAction:
-    """Answer, or the usable calls to `tool_names` (None: any tool). An answer wins over calls."""
+def parse_lead_output(text: str, tool_names: Iterable[str] | None = (TOOL_NAME,), protocol: str = "parser") -> LeadAction:
+    """Answer, or the usable calls to `tool_names` (None: any tool). An answer wins over calls
+    (`protocol="release"`: the release's rules, module docstring; `tool_names` is query_agents)."""
+    if release.check_protocol(protocol) == "release":
+        return _parse_release(text)
     thinking, action = split_thinking(text)
-    answers = _ANSWER.findall(action)
+    answers = _answers(action)
     if answers:
         return LeadAction(thinking, [], answers[-1].strip())
     allowed = None if tool_names is None else set(tool_names)
@@ -143,6 +197,99 @@ def parse_lead_output(text: str, tool_names: Iterable[str] | None = (TOOL_NAME,)
     return LeadAction(thinking, [], None, "no tool call and no <answer> block")
 
 
+# --- the release's turn rules ---
+_RELEASE_FUNCTION = re.compile(r"<function\s*=\s*([^>\n]+)>\s*(.*?)\s*</function>", re.DOTALL)
+_RELEASE_PARAMETER = re.compile(r"<parameter\s*=\s*([^>\n]+)>\s*(.*?)\s*</parameter>", re.DOTALL)
+
+
+def _release_arguments(arguments: Any) -> dict[str, Any]:
+    if isinstance(arguments, dict):
+        return arguments
+    if arguments is None:
+        return {}
+    if isinstance(arguments, str) and arguments.strip().startswith(("{", "[")):
+        parsed, problem = loads_strict(arguments.strip())
+        if problem is not None:
+            return {"_raw": arguments}
+        return parsed if isinstance(parsed, dict) else {"_raw": parsed}
+    return {"_raw": arguments}
+
+
+def _release_json_calls(spec: Any) -> list[ToolCall]:
+    if isinstance(spec, list):
+        return [call for item in spec for call in _release_json_calls(item)]
+    if not isinstance(spec, dict):
+        return []
+    function = spec["function"] if isinstance(spec.get("function"), dict) else spec
+    name = function.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return []
+    return [ToolCall(name.strip(), _release_arguments(function.get("arguments", {})))]
+
+
+def _release_value(raw: str) -> Any:
+    value = raw.strip()
+    if value.startswith(("{", "[")) or (value.startswith('"') and value.endswith('"') and value):
+        parsed, problem = loads_strict(value)
+        return value if problem is not None else parsed
+    return value
+
+
+def _release_block(payload: str) -> list[ToolCall]:
+    """The calls in one closed `<tool_call>` block: strict JSON first, else the XML dialect
+    (after literal backslash escapes the model sometimes writes are unescaped)."""
+    payload = payload.strip()
+    if payload.startswith(("{", "[")):
+        parsed, problem = loads_strict(payload)  # depth-capped: nested brackets never raise
+        calls = _release_json_calls(parsed) if problem is None else []
+        if calls:
+            return calls
+    payload = payload.replace("\\r\\n", "\n").replace("\\n", "\n").replace("\\t", "\t").strip()
+    calls = []
+    for function in _RELEASE_FUNCTION.finditer(payload):
+        name = function.group(1).strip()
+        if name:
+            params = {k.strip(): _release_value(v) for k, v in _RELEASE_PARAMETER.findall(function.group(2)) if k.strip()}
+            calls.append(ToolCall(name, params))
+    return calls
+
+
+def _release_calls(text: str) -> list[ToolCall]:
+    calls, position = [], 0
+    while (start := text.find("<tool_call>", position)) >= 0:
+        end = text.find("</tool_call>", start)
+        if end < 0:
+            break
+        calls += _release_block(text[start + len("<tool_call>"): end])
+        position = end + len("</tool_call>")
+    return calls
+
+
+def _release_check(call: ToolCall) -> ToolCall:
+    if call.name != TOOL_NAME:
+        call.error = release.unknown_tool_error(call.name)
+        return call
+    query = call.arguments.get("query") or ""
+    if not isinstance(query, str):
+        call.error = release.query_type_error(query)
+    elif not query.strip():
+        call.error = release.MISSING_QUERY_ERROR
+    else:
+        call.arguments["query"] = query.strip()
+    return call
+
+
+def _parse_release(text: str) -> LeadAction:
+    text = release.strip_trailing_markers(text)
+    thinking = split_thinking(text)[0]
+    calls = [_release_check(call) for call in _release_calls(text)]
+    if calls:
+        return LeadAction(thinking, [c.arguments["query"] for c in calls if c.error is None], None, calls=calls)
+    answer = release.extract_answer(text)
+    if answer is not None:
+        return LeadAction(thinking, [], answer)
+    return LeadAction(thinking, [], None, "no tool call and no non-empty <answer> block")
+
 # The lead constraint's bounds on a query and an answer, in characters: a constrained call then
 # always fits a small turn budget (about 25 tokens of wrapper plus at most ~35 of query).
 MAX_QUERY_CHARS = 120
@@ -151,7 +298,7 @@ MAX_ANSWER_CHARS = 100
 
 def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = False) -> str:
     """The language "exactly one tool call, or one <answer>, per turn" as a regular expression
-    (the lead constraint, `EpisodeConfig.lead_constrained`; for untrained small leads).
+    (the lead constraint, `EpisodeConfig.constrain_lead`; for untrained small leads).
 
     `tools` are the OpenAI-style schemas offered; each must take exactly one string argument
     (`query_agents(query)`). `dialect` is the chat template's call format ("json": Hermes, "xml":

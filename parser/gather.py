@@ -5,15 +5,29 @@ unparsable junk — are dropped (paper §2.2). Every kept finding is labelled by
 (`agent_{i}`) and keeps its quoted evidence, so the lead can check grounding (the failure
 case of paper Appendix F.2 comes from ungrounded findings). Identical answers can be merged.
 The observation is bounded by a token budget and says what it cut.
+
+A reply is whatever a worker sent back, so `parse_reply` takes any value (a number or null
+from a broken worker is junk) and runs in linear time (`parser.lenient_json`).
+
+`protocol="release"` renders what the authors' release shows instead (release
+train/scripts/subagent.py): a reply containing one of the subagent's SGLang stop strings
+("unknown", "Unknown": any occurrence, case-sensitive) or a failed request (None) is dropped; the
+rest is read from a fenced ```json block, else the outermost {...}, with json-repair; falsy
+`evidence`/`answer` are left out, a reply that is not a JSON object but is longer than 64
+characters is passed on as `raw_response`; the kept replies go out as one JSON object keyed
+`agent_{i}` (indent 2, non-ASCII kept), or a fixed message when none is left. No merging, no budget.
+
+    text, num_findings = gather_replies(["Unknown", '{"evidence": "...", "answer": "..."}', None], protocol="release")
 """
 from __future__ import annotations
 
+import json
 import re
-from typing import Any, Callable
-
-import json_repair
+from typing import Any, Callable, Sequence
 
 from parser import prompts
+from parser import protocol as release
+from parser.lenient_json import loads_leading, loads_lenient
 from parser.reward import normalize_answer
 from parser.trajectory import Finding
 
@@ -21,19 +35,34 @@ ABSTENTIONS = frozenset(
     {"unknown", "none", "n/a", "na", "null", "not found", "not mentioned", "no information", "not available", "unanswerable"}
 )
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
-_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 
 
-def parse_reply(text: str) -> tuple[str, str] | None:
-    """(answer, evidence) for a finding, or None for an abstention / junk."""
+def _fenced(body: str) -> str | None:
+    """The inside of the first ```` ```json … ``` ```` fence, as the regex
+    ```` ```(?:json)?\s*(.*?)``` ```` finds it (whose `\s*` backtracking is quadratic on a long
+    unclosed fence of whitespace)."""
+    start = body.find("```")
+    end = body.find("```", start + 3) if start >= 0 else -1
+    if end < 0:
+        return None
+    inside = body[start + 3 : end]
+    return inside.removeprefix("json").lstrip()
+
+
+def parse_reply(text: Any) -> tuple[str, str] | None:
+    """(answer, evidence) for a finding, or None for an abstention / junk (any non-string too)."""
+    if not isinstance(text, str):
+        return None
     body = _THINK_BLOCK.sub("", text).strip()
-    fenced = _FENCE.search(body)
-    if fenced:
-        body = fenced.group(1)
+    fenced = _fenced(body)
+    if fenced is not None:
+        body = fenced
     start = body.find("{")
     if start < 0:
         return None
-    parsed: Any = json_repair.loads(body[start:])
+    parsed, problem = loads_leading(body[start:])
+    if problem:
+        return None
     if isinstance(parsed, list):  # several objects: keep the first that is a dict
         parsed = next((p for p in parsed if isinstance(p, dict)), None)
     if not isinstance(parsed, dict):
@@ -88,3 +117,53 @@ def render_observation(
         lines.append(prompts.render("omitted", version, count=omitted))
     text = prompts.render("observation", version, query=query, num_findings=reporting, num_agents=num_agents, findings="\n".join(lines))
     return text, omitted
+
+
+def gather_replies(replies: Sequence[str | None], protocol: str = "parser", *, query: str = "",
+                   count_tokens: Callable[[str], int] | None = None, token_budget: int = 4096,
+                   merge: bool = True, version: str = prompts.DEFAULT_VERSION) -> tuple[str, int]:
+    """(observation text, number of findings) for one query's replies, reply i from chunk i
+    (None: the request failed). The `parser` keywords are its observation's settings; without
+    `count_tokens` the budget is not applied."""
+    if release.check_protocol(protocol) == "release":
+        return render_release_observation([parse_release_reply(r) for r in replies])
+    findings = []
+    for index, text in enumerate(replies):
+        parsed = parse_reply(text) if text is not None else None
+        if parsed:
+            findings.append(Finding(agent=f"agent_{index}", chunk_index=index, answer=parsed[0], evidence=parsed[1]))
+    if merge:
+        findings = merge_identical(findings)
+    counter = count_tokens or (lambda _: 0)
+    text, _ = render_observation(query, findings, len(replies), counter, token_budget, version)
+    reporting = sum(1 + len(f.merged_agents) for f in findings)
+    return text, reporting
+
+
+_RELEASE_FENCE = re.compile(r"```json\s*(.*?)\s*```", re.DOTALL)
+_RELEASE_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
+
+
+def parse_release_reply(text: str | None) -> dict[str, Any] | None:
+    """One subagent reply as the release keeps it: {evidence?, answer?} or {raw_response}; None
+    for a failure, an abstention (a stop string anywhere) or an empty finding."""
+    if not isinstance(text, str) or any(stop in text for stop in release.STOP_STRINGS):
+        return None
+    fenced = _RELEASE_FENCE.search(text)
+    body = fenced.group(1) if fenced else (m.group(0) if (m := _RELEASE_OBJECT.search(text)) else text)
+    parsed, _ = loads_lenient(body)  # json-repair as the release, but bounded: garbage never stalls a round
+    if isinstance(parsed, dict):
+        kept = {key: parsed.get(key) for key in release.FINDING_KEYS if parsed.get(key)}
+    elif len(text.strip()) > release.RAW_MIN_CHARS:
+        kept = {release.RAW_KEY: text.strip()}
+    else:
+        kept = {}
+    return kept or None
+
+
+def render_release_observation(parsed: Sequence[dict[str, Any] | None]) -> tuple[str, int]:
+    """The release's tool reply for one query, from `parse_release_reply` per chunk, in chunk order."""
+    findings = {release.AGENT_KEY.format(index=i): p for i, p in enumerate(parsed) if p}
+    if not findings:
+        return release.NO_FINDINGS, 0
+    return json.dumps(findings, indent=2, ensure_ascii=False), len(findings)

@@ -1,4 +1,4 @@
-"""Answer normalization, EM and Sub_EM: the one definition used by training and eval.
+r"""Answer normalization, EM and Sub_EM: the one definition used by training and eval.
 
 Training rewards the lead with binary `exact_match` (paper §2.3); tables report `sub_em`, the
 bidirectional-substring variant that MemAgent's and ReMemR1's open-source eval code implements
@@ -8,6 +8,16 @@ bidirectional-substring variant that MemAgent's and ReMemR1's open-source eval c
 scores 0 (its caller's `if pred else 0` guard), but a prediction that only *normalizes* to the
 empty string ("the", "...") counts as a hit under Sub_EM ("" is a substring of everything). Use
 it only to compare with published numbers; the default scores any empty prediction 0.
+
+`protocol="release"` is the authors' *training* reward (release train/scripts/reward.py): articles
+are replaced *before* punctuation is removed, and punctuation is Unicode (`[^\w\s]`, so "¿", "–",
+"·" go and "_" stays). Their eval scorer uses the `parser` normalizer; `release_sub_em` is their
+eval Sub_EM.
+
+A gold answer that normalizes to "" ("", "the", "?") never scores, in any mode or protocol: ""
+is a substring of every prediction, so it would be free accuracy. Data prep refuses such records
+(`data_prep.records`); this guards what reaches scoring anyway. (The release would let an empty
+normalized prediction equal an empty normalized gold; that quirk is not kept.)
 """
 from __future__ import annotations
 
@@ -15,29 +25,44 @@ import re
 import string
 from typing import Iterable
 
+from parser.protocol import NO_ANSWER, check_protocol, extract_answer
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
+_UNICODE_PUNCTUATION = re.compile(r"[^\w\s]")
+_BOLD = re.compile(r"\*\*(.*?)\*\*")
 
 
-def normalize_answer(text: str) -> str:
-    """Lowercase, drop punctuation, replace articles by a space, collapse whitespace."""
+def normalize_answer(text: str, protocol: str = "parser") -> str:
+    """Lowercase, drop punctuation, replace articles by a space, collapse whitespace
+    (`release`: articles first, then Unicode punctuation)."""
+    if check_protocol(protocol) == "release":
+        if not text:
+            return ""
+        text = _ARTICLES.sub(" ", text.lower())
+        return " ".join(_UNICODE_PUNCTUATION.sub("", text).split())
     text = text.lower()
     text = "".join(ch for ch in text if ch not in _PUNCTUATION)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 
 
-def _golds(golds: str | Iterable[str]) -> list[str]:
-    return [golds] if isinstance(golds, str) else [str(g) for g in golds]
+def _golds(golds: str | Iterable[str], protocol: str = "parser") -> list[str]:
+    """The normalized golds that can score (never an empty one)."""
+    raw = [golds] if isinstance(golds, str) else [str(g) for g in golds]
+    return [g for g in (normalize_answer(r, protocol) for r in raw) if g]
 
 
-def exact_match(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
+def exact_match(prediction: str | None, golds: str | Iterable[str], compat: bool = False, protocol: str = "parser") -> float:
     if not prediction:
         return 0.0
+    if check_protocol(protocol) == "release":
+        pred = normalize_answer(prediction, "release")
+        return float(any(pred == g for g in _golds(golds, "release")))
     pred = normalize_answer(prediction)
     if not pred and not compat:
         return 0.0
-    return float(any(pred == normalize_answer(g) for g in _golds(golds)))
+    return float(any(pred == g for g in _golds(golds)))
 
 
 def sub_em(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
@@ -47,8 +72,17 @@ def sub_em(prediction: str | None, golds: str | Iterable[str], compat: bool = Fa
     pred = normalize_answer(prediction)
     if not pred and not compat:
         return 0.0
-    for gold in _golds(golds):
-        g = normalize_answer(gold)
+    for g in _golds(golds):
         if g in pred or pred in g:
             return 1.0
     return 0.0
+
+
+def release_sub_em(completion: str, golds: str | Iterable[str]) -> float:
+    """The release's eval Sub_EM (release eval/eval.py) over a whole completion (every lead turn,
+    thinking included): the last `<answer>` block, scored as the string "No answer found" when
+    there is none, or — if that scores higher — the last `**bold**` span; reference Sub_EM."""
+    answer = extract_answer(completion) or NO_ANSWER
+    bold = _BOLD.findall(completion)
+    candidates = [answer] + ([bold[-1].strip() or NO_ANSWER] if bold else [NO_ANSWER])
+    return max(sub_em(c, golds, compat=True) for c in candidates)

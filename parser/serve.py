@@ -21,6 +21,14 @@ Every response carries `X-Worker-Id`, so clients and gateway tests can see which
 answered. It binds 127.0.0.1 unless `--host` says otherwise, and shuts down gracefully on
 SIGINT/SIGTERM. Streaming, `n > 1` and batched prompts are refused with a 400.
 
+A client error is a 400 naming the field, never a 500 (which clients and routers retry):
+token ids outside the vocabulary, `top_p` outside (0, 1], `top_k` 0, a negative temperature,
+unknown roles, messages the chat template refuses, a prompt over `context_length` tokens or
+16 bytes per token of it. A temperature below 1e-5 means greedy, as in SGLang and vLLM.
+Templates are never taken from a request (`chat_template`, or as a `chat_template_kwargs`
+key); rendering and tokenising run on a worker thread, so `/health` answers during a huge
+prompt, and a client that disconnects cancels its generation (`handler_cancellation`).
+
     python -m parser.serve --model tiny-qwen3.5 --port 30001 --worker-id w1
     python -m parser.serve --model smollm2 --port 30002
     python -m parser.serve --model Qwen/Qwen3.5-0.8B --port 30003   # any HF path
@@ -44,6 +52,16 @@ from parser.backends.base import ROUTING_HEADER, Backend, BackendError, Completi
 
 WORKER_HEADER = "X-Worker-Id"
 BACKLOG = 4096  # a scatter round opens up to T connections at once; the default 128 drops SYNs
+MAX_REQUEST_BYTES = 16 * 1024**2  # aiohttp answers 413 above this, before reading the body
+BYTES_PER_TOKEN_BOUND = 16  # a prompt longer than this many bytes per context token cannot fit
+GREEDY_BELOW = 1e-5  # SGLang/vLLM read a smaller temperature as greedy (logits / 1e-30 overflow)
+ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+# apply_chat_template's own parameters: a client may set template variables, not these
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "chat_template", "tools", "documents", "tokenize", "add_generation_prompt", "continue_final_message",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "padding", "truncation", "max_length",
+    "tokenizer_kwargs", "conversation",
+})
 
 
 # ---------------------------------------------------------------------- hosting an app
@@ -78,7 +96,7 @@ class ServerHandle:
         loop = self._loop
         asyncio.set_event_loop(loop)
         runner = web.AppRunner(self._app, access_log=None, handle_signals=False,
-                               shutdown_timeout=self._shutdown_timeout)
+                               shutdown_timeout=self._shutdown_timeout, handler_cancellation=True)
         try:
             loop.run_until_complete(runner.setup())
             site = web.TCPSite(runner, self.host, self.port, backlog=self._backlog)
@@ -152,6 +170,7 @@ class ModelServer:
                  worker_id: str = "worker-0", context_length: int = 32768):
         self.backend = backend
         self.tokenizer = tokenizer if tokenizer is not None else getattr(backend, "tokenizer", None)
+        self.vocab_size = _vocab_size(backend, self.tokenizer)
         self.model_name = model_name
         self.worker_id = worker_id
         self.context_length = context_length
@@ -160,7 +179,7 @@ class ModelServer:
         self.started = time.time()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024**2)
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         add_worker_header(app, self.worker_id)
         route = self._guarded
         app.router.add_get("/health", self.health)
@@ -249,15 +268,27 @@ class ModelServer:
         return web.Response(text="Cache flushed.\n")
 
     # -------------------------------------------------------------- generation
-    def _count(self, prompt: str | list[int]) -> int:
-        if not isinstance(prompt, str):
-            return len(prompt)
-        if self.tokenizer is None:
-            return 0
-        return len(self.tokenizer.encode(prompt, add_special_tokens=False))
+    async def _count(self, prompt: str | list[int], field: str, max_new: int) -> int:
+        """Prompt tokens, checked against the context (tokenised off the event loop)."""
+        budget = self.context_length - max_new
+        if isinstance(prompt, str):
+            if len(prompt) > BYTES_PER_TOKEN_BOUND * self.context_length:  # chars <= bytes: cheap first cut
+                raise BadRequest(f"{field}: {len(prompt)} characters cannot fit the context of {self.context_length} tokens")
+            if self.tokenizer is None:
+                return 0
+            count = len(await asyncio.to_thread(self.tokenizer.encode, prompt, add_special_tokens=False))
+        else:
+            count = len(prompt)
+            if self.vocab_size is not None:
+                bad = next((i for i, t in enumerate(prompt) if not 0 <= t < self.vocab_size), None)
+                if bad is not None:
+                    raise BadRequest(f"{field}[{bad}]: token id {prompt[bad]} is outside the vocabulary [0, {self.vocab_size})")
+        if count > budget:
+            raise BadRequest(f"{field}: {count} prompt tokens + {max_new} new tokens exceed the context of {self.context_length}")
+        return count
 
-    async def _run(self, request: web.Request, prompt: Any, sampling: SamplingParams) -> Completion:
-        n_prompt = self._count(prompt)
+    async def _run(self, request: web.Request, prompt: Any, sampling: SamplingParams, field: str) -> Completion:
+        n_prompt = await self._count(prompt, field, sampling.max_new_tokens)
         self.inflight_tokens += n_prompt
         try:
             comp = await self.backend.generate(
@@ -294,7 +325,7 @@ class ModelServer:
         if body.get("stream"):
             raise BadRequest("/generate: stream=true is not supported by parser.serve")
         t0 = time.perf_counter()
-        comp = await self._run(request, prompt, sampling)
+        comp = await self._run(request, prompt, sampling, "/generate: " + ("input_ids" if ids is not None else "text"))
         n_out = len(comp.token_ids)
         reason: dict[str, Any] = ({"type": "length", "length": n_out}
                                   if comp.finish_reason == "length" else {"type": "stop"})
@@ -329,7 +360,7 @@ class ModelServer:
         logprobs = body.get("logprobs")
         sampling = _sampling(body, "/v1/completions", max_key="max_tokens", default_max=16,
                              seed_key="seed", logprobs=logprobs is not None and logprobs is not False)
-        comp = await self._run(request, prompt, sampling)
+        comp = await self._run(request, prompt, sampling, "/v1/completions: prompt")
         lp_block = None
         if sampling.return_logprobs:
             tokens = [self._token_text(t) for t in comp.token_ids]
@@ -352,20 +383,23 @@ class ModelServer:
     async def chat(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         _refuse_unsupported(body, "/v1/chat/completions")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise BadRequest("/v1/chat/completions: 'messages' must be a non-empty list of objects")
-        kwargs = body.get("chat_template_kwargs") or {}
-        if not isinstance(kwargs, dict):
-            raise BadRequest("/v1/chat/completions: chat_template_kwargs must be an object")
+        where = "/v1/chat/completions"
+        messages = _messages(body.get("messages"), where)
+        kwargs = _template_kwargs(body, where)
         if self.tokenizer is None:
-            raise BadRequest("/v1/chat/completions: this server has no tokenizer to render chat")
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=True, **kwargs)
+            raise BadRequest(f"{where}: this server has no tokenizer to render chat")
         max_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        sampling = _sampling(body, "/v1/chat/completions", max_key=max_key, default_max=1024,
+        sampling = _sampling(body, where, max_key=max_key, default_max=1024,
                              seed_key="seed", logprobs=bool(body.get("logprobs")))
-        comp = await self._run(request, text, sampling)
+        size = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else len(orjson.dumps(m)) for m in messages)
+        if size > BYTES_PER_TOKEN_BOUND * self.context_length:
+            raise BadRequest(f"{where}: messages: {size} characters cannot fit the context of {self.context_length} tokens")
+        try:  # the server's own template, on a worker thread; what it raises is about these messages
+            text = await asyncio.to_thread(self.tokenizer.apply_chat_template, messages, tokenize=False,
+                                           add_generation_prompt=True, **kwargs)
+        except Exception as error:  # noqa: BLE001 - jinja raises TemplateError, but templates raise anything
+            raise BadRequest(f"{where}: messages: the chat template refused them: {type(error).__name__}: {error}") from None
+        comp = await self._run(request, text, sampling, f"{where}: messages")
         lp_block = None
         if sampling.return_logprobs:
             lp_block = {"content": [
@@ -425,6 +459,42 @@ def _single_prompt(value: Any, where: str) -> str | list[int]:
                      "(batched prompts are not supported)")
 
 
+def _vocab_size(backend: Backend, tokenizer: Any) -> int | None:
+    """Rows of the model's input embedding (an id past them crashes the forward), else the tokenizer's size."""
+    model = getattr(backend, "model", None)
+    if model is not None and hasattr(model, "get_input_embeddings"):
+        return int(model.get_input_embeddings().num_embeddings)
+    return len(tokenizer) if tokenizer is not None and hasattr(tokenizer, "__len__") else None
+
+
+def _messages(messages: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise BadRequest(f"{where}: 'messages' must be a non-empty list of objects")
+    for i, message in enumerate(messages):
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise BadRequest(f"{where}: messages[{i}].role: {str(role)[:40]!r} is not one of {', '.join(sorted(ROLES))}")
+        if not (content is None or isinstance(content, str)
+                or (isinstance(content, list) and all(isinstance(p, dict) for p in content))):
+            raise BadRequest(f"{where}: messages[{i}].content: expected a string or a list of content parts")
+    return messages
+
+
+def _template_kwargs(body: dict[str, Any], where: str) -> dict[str, Any]:
+    """Template variables a client may set (`enable_thinking`): scalars, never a template."""
+    if "chat_template" in body:
+        raise BadRequest(f"{where}: chat_template: templates are not accepted from requests; the server renders its model's own")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise BadRequest(f"{where}: chat_template_kwargs must be an object")
+    for key, value in kwargs.items():
+        if key in _RESERVED_TEMPLATE_KWARGS:
+            raise BadRequest(f"{where}: chat_template_kwargs.{key}: not accepted from requests")
+        if not (value is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= 256)):
+            raise BadRequest(f"{where}: chat_template_kwargs.{key}: expected a boolean, number or short string")
+    return kwargs
+
+
 def _number(d: dict[str, Any], key: str, default: Any, kind: type, where: str) -> Any:
     value = d.get(key, default)
     if value is None:
@@ -450,12 +520,21 @@ def _sampling(d: dict[str, Any], where: str, *, max_key: str, default_max: int, 
     max_new = _number(d, max_key, default_max, int, where)
     if max_new < 0:
         raise BadRequest(f"{where}.{max_key}: must be >= 0, got {max_new}")
+    temperature = _number(d, "temperature", 1.0, float, where)
+    if not 0.0 <= temperature < float("inf"):
+        raise BadRequest(f"{where}.temperature: must be a finite number >= 0, got {temperature}")
+    top_p = _number(d, "top_p", 1.0, float, where)
+    if not 0.0 < top_p <= 1.0:
+        raise BadRequest(f"{where}.top_p: must be in (0, 1], got {top_p}")
+    top_k = _number(d, "top_k", -1, int, where)
+    if top_k < -1 or top_k == 0:
+        raise BadRequest(f"{where}.top_k: must be -1 (off) or at least 1, got {top_k}")
     seed = d.get(seed_key)
     return SamplingParams(
         max_new_tokens=max_new,
-        temperature=_number(d, "temperature", 1.0, float, where),
-        top_p=_number(d, "top_p", 1.0, float, where),
-        top_k=_number(d, "top_k", -1, int, where),
+        temperature=0.0 if temperature < GREEDY_BELOW else temperature,
+        top_p=top_p,
+        top_k=top_k,
         stop=stop_t,
         seed=None if seed is None else _number(d, seed_key, None, int, where),
         return_logprobs=logprobs,
@@ -465,9 +544,10 @@ def _sampling(d: dict[str, Any], where: str, *, max_key: str, default_max: int, 
 
 def start_server(backend: Backend, host: str = "127.0.0.1", port: int = 0, *,
                  tokenizer: Any = None, model_name: str = "default",
-                 worker_id: str = "worker-0") -> ServerHandle:
+                 worker_id: str = "worker-0", context_length: int = 32768) -> ServerHandle:
     """Serve `backend` on a background thread; port 0 picks a free port (`handle.port`)."""
-    server = ModelServer(backend, tokenizer=tokenizer, model_name=model_name, worker_id=worker_id)
+    server = ModelServer(backend, tokenizer=tokenizer, model_name=model_name, worker_id=worker_id,
+                         context_length=context_length)
     return ServerHandle(server.app(), host, port)
 
 
@@ -489,7 +569,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"parser.serve: {args.model} on http://{args.host}:{args.port} "
           f"(worker {server.worker_id})", flush=True)
     web.run_app(server.app(), host=args.host, port=args.port, backlog=BACKLOG,
-                access_log=None, print=None, shutdown_timeout=10.0)
+                access_log=None, print=None, shutdown_timeout=10.0, handler_cancellation=True)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,18 @@ trajectory. So ParSer, agentic RAG and the DCI agent/subagent share one loop:
 
     engine = EpisodeEngine(lead, tokenizer, reader, config)
     await engine.run(question, chunks, doc_id=...)             # ParSer: QueryAgents over chunks
-    await engine.run_tools(question, RetrievalTools(...))      # parser.baselines.rag
-    await engine.run_tools(question, SandboxTools(...))        # parser.baselines.dci_agent
+    await engine.run_tools(question, RetrievalTools(...))      # parser.methods.rag
+    await engine.run_tools(question, SandboxTools(...))        # parser.dci
 
 `QueryAgents` is ParSer's one tool, the scatter–gather of paper Algorithm 1: each query goes to
 every chunk's reader concurrently (queries of one turn too), with a per-request timeout and
 retries with backoff for retryable errors; what still fails is recorded as a failed call and
 treated as an abstention — it never kills the episode. Replies are gathered into one bounded
 observation per query (`parser.gather`). The lead never sees a chunk.
+
+With `protocol="release"`, `QueryAgents` speaks the authors' release (`parser.protocol`): its
+prompts and tool schema, its invalid-step hint, its JSON observation (`parser.gather`), and a
+call the release rejects (unknown tool, empty query) answered by its error as the tool reply.
 
 `FunctionTools` is the base for tool sets made of plain async functions (`arguments -> text`):
 a failing function becomes an "Error: ..." observation, never an exception.
@@ -28,9 +32,10 @@ import time
 from typing import Any, Awaitable, Callable, Protocol
 
 from parser import gather, prompts
+from parser import protocol as release
 from parser.actions import TOOL_NAME, ToolCall
 from parser.chunking import Chunk
-from parser.reader import ChunkReader
+from parser.config import EpisodeConfig
 from parser.retry import retrying
 from parser.trajectory import Finding, QueryRecord, SubagentCall
 
@@ -63,15 +68,29 @@ class Toolset(Protocol):
 
 
 @dataclasses.dataclass
-class ScatterSettings:
-    """The `EpisodeConfig` values the scatter uses (kept apart so this module needs no engine)."""
+class ReaderReply:
+    """One chunk reader's answer to one query: the reply text and what it cost."""
 
-    prompt_version: str = prompts.DEFAULT_VERSION
-    observation_token_budget: int = 4096
-    merge_identical_answers: bool = True
-    request_timeout_s: float = 300.0
-    max_attempts: int = 4
-    retry_backoff_s: float = 0.5
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class ChunkReader(Protocol):
+    """What answers one query about one chunk (`parser.readers`: the paper's frozen subagent, a
+    thinking subagent, a DCI subagent). `QueryAgents` is its consumer, so the protocol lives here.
+
+    A reader may raise `BackendError`; `QueryAgents` retries it and records what still fails.
+    `forget(doc_id)` drops one document's state once its episode is over (the DCI reader's
+    per-chunk corpora); `close()` releases what the reader holds. Stateless readers do nothing.
+    """
+
+    async def read(self, query: str, chunk: Chunk, doc_id: str) -> ReaderReply: ...
+
+    def forget(self, doc_id: str) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class QueryAgents:
@@ -83,33 +102,45 @@ class QueryAgents:
 
     names = (TOOL_NAME,)
 
-    def __init__(self, reader: ChunkReader, chunks: list[Chunk], doc_id: str, settings: ScatterSettings,
+    def __init__(self, reader: ChunkReader, chunks: list[Chunk], doc_id: str, config: EpisodeConfig,
                  slots: asyncio.Semaphore, count_tokens: Callable[[str], int]):
         if not chunks:
             raise ValueError(f"episode {doc_id!r} has no chunks to read")
         self.reader, self.chunks, self.doc_id = reader, chunks, doc_id
-        self.settings, self.slots, self.count_tokens = settings, slots, count_tokens
+        self.config, self.slots, self.count_tokens = config, slots, count_tokens
+        self.release = (release.load_release_prompts(config.protocol_release.get("repo"))
+                        if release.check_protocol(config.protocol) == "release" else None)
 
     def schemas(self) -> list[dict[str, Any]]:
-        return prompts.lead_tools(self.settings.prompt_version)
+        return self.release.tools if self.release else prompts.lead_tools(self.config.prompt_version)
 
     def system_prompt(self) -> str:
-        return prompts.render("lead_system", self.settings.prompt_version)
+        return self.release.lead_system if self.release else prompts.render("lead_system", self.config.prompt_version)
 
     def user_prompt(self, question: str) -> str:
-        return prompts.render("lead_user", self.settings.prompt_version, question=question)
+        if self.release:
+            return release.USER_TURN.format(question=question)
+        return prompts.render("lead_user", self.config.prompt_version, question=question)
 
     def invalid_action(self, error: str) -> str:
-        # v1's hint takes no error field: the trained lead's prompts stay as they were
-        return prompts.render("invalid_action", self.settings.prompt_version)
+        # neither hint takes an error field: the trained leads' prompts stay as they were
+        return self.release.invalid_hint if self.release else prompts.render("invalid_action", self.config.prompt_version)
 
     async def execute(self, calls: list[ToolCall]) -> ToolResult:
-        queries = list(await asyncio.gather(*(self.scatter(c.arguments["query"]) for c in calls)))
-        return ToolResult([{"role": "tool", "name": TOOL_NAME, "content": q.observation} for q in queries], queries=queries)
+        """One tool message per call, in call order; a call carrying an `error` (release protocol)
+        is answered by it without a scatter."""
+        usable = [c for c in calls if c.error is None]
+        queries = list(await asyncio.gather(*(self.scatter(c.arguments["query"]) for c in usable)))
+        replies = iter(q.observation for q in queries)
+        messages = [{"role": "tool", "name": c.name or TOOL_NAME, "content": c.error if c.error is not None else next(replies)}
+                    for c in calls]
+        return ToolResult(messages, queries=queries)
 
     async def scatter(self, query: str) -> QueryRecord:
         started = time.perf_counter()
         calls = await asyncio.gather(*(self._read(query, chunk) for chunk in self.chunks))
+        if self.release:
+            return self._gather_release(query, calls, started)
         findings = []
         for chunk, (call, text) in zip(self.chunks, calls):
             parsed = gather.parse_reply(text) if call.status != "failed" else None
@@ -118,16 +149,32 @@ class QueryAgents:
                 findings.append(Finding(agent=f"agent_{chunk.index}", chunk_index=chunk.index, answer=parsed[0], evidence=parsed[1]))
             elif call.status != "failed":
                 call.status = "abstain"
-        if self.settings.merge_identical_answers:
+        if self.config.merge_identical_answers:
             findings = gather.merge_identical(findings)
         observation, omitted = gather.render_observation(
-            query, findings, len(self.chunks), self.count_tokens, self.settings.observation_token_budget, self.settings.prompt_version
+            query, findings, len(self.chunks), self.count_tokens, self.config.observation_token_budget, self.config.prompt_version
         )
         return QueryRecord(query, findings, [c for c, _ in calls], observation, omitted, time.perf_counter() - started)
 
+    def _gather_release(self, query: str, calls: list[tuple[SubagentCall, str]], started: float) -> QueryRecord:
+        parsed = [gather.parse_release_reply(text if call.status != "failed" else None) for call, text in calls]
+        findings = []
+        for chunk, (call, text), kept in zip(self.chunks, calls, parsed):
+            if kept:
+                call.status, call.raw = "finding", text
+                answer = kept.get("answer", "")
+                evidence = kept.get("evidence", kept.get(release.RAW_KEY, ""))
+                findings.append(Finding(f"agent_{chunk.index}", chunk.index,
+                                        answer if isinstance(answer, str) else str(answer),
+                                        evidence if isinstance(evidence, str) else str(evidence)))
+            elif call.status != "failed":
+                call.status = "abstain"
+        observation, _ = gather.render_release_observation(parsed)
+        return QueryRecord(query, findings, [c for c, _ in calls], observation, 0, time.perf_counter() - started)
+
     async def _read(self, query: str, chunk: Chunk) -> tuple[SubagentCall, str]:
         """One (query, chunk) request with timeout and retries; failures become a record."""
-        cfg = self.settings
+        cfg = self.config
         started = time.perf_counter()
         attempts = 0
         try:

@@ -86,6 +86,14 @@ class Trajectory:
     response_ids: list[int] = dataclasses.field(default_factory=list)
     response_mask: list[int] = dataclasses.field(default_factory=list)  # 1 = lead-generated
     response_logprobs: list[float] = dataclasses.field(default_factory=list)
+    # [start, end) in response_ids of each invalid turn's generated tokens (the release's mask rule)
+    invalid_turn_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+
+    def mask_invalid_turns(self, trainable: bool) -> None:
+        """The release's rule: an invalid turn's tokens are trained (mask 1) only if `trainable`
+        — its episode's reward is below `parser.protocol.INVALID_MASK_REWARD` — else masked out."""
+        for start, end in self.invalid_turn_spans:
+            self.response_mask[start:end] = [int(trainable)] * (end - start)
 
     @property
     def num_turns(self) -> int:

@@ -1,6 +1,7 @@
 """How fast `chunk_document` packs a paper-scale document, against tokenizing it bare.
 
     .venv/bin/python scripts/bench_chunking.py            # 6,400 paragraphs (~900K tokens)
+    .venv/bin/python scripts/bench_chunking.py --smoke    # seconds (the suite runs it)
 
 Target (issue: "an 896K-token document must chunk in about a second with a fast tokenizer"):
 chunking costs little more than one batched tokenization of the same text. The baseline is the
@@ -30,7 +31,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--paragraphs", type=int, default=6400)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="200 paragraphs, 1 repeat: seconds (the suite runs it)")
     args = ap.parse_args()
+    if args.smoke:
+        args.paragraphs, args.repeats = 200, 1
 
     tokenizer = qwen3_tokenizer()
     paragraphs = [f"Title {i}\n" + f"Paragraph {i} tells how entity {i * 7} met entity {i * 13} in year {1800 + i % 200}. " * 4

@@ -22,6 +22,7 @@ baseline 886 paragraphs/s; 12.7x; 575 MiB of JSONL written. About 80% of the fas
 
     .venv/bin/python scripts/bench_data.py                          # full grid, 128 questions
     .venv/bin/python scripts/bench_data.py --questions 16 --lengths 50,100,200 --no-write
+    .venv/bin/python scripts/bench_data.py --smoke                  # seconds (the suite runs it)
 """
 from __future__ import annotations
 
@@ -75,6 +76,9 @@ class _Encoding:
 
     def __init__(self, ids, offsets):
         self.ids, self.offsets = ids, offsets
+
+    def __len__(self):  # chunk_document sizes each paragraph by len(encoding), as for the Rust Encoding
+        return len(self.ids)
 
 
 class PrefixCachedTokenizer:
@@ -138,7 +142,10 @@ def main() -> None:
     # --- output
     ap.add_argument("--out", default="/tmp/parser_bench_data")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="2 questions x L=50,100, 1 worker, nothing written: seconds")
     args = ap.parse_args()
+    if args.smoke:
+        args.questions, args.lengths, args.workers, args.baseline_questions, args.verify, args.no_write = 2, "50,100", 1, 1, 1, True
     lengths = [int(x) for x in args.lengths.split(",")]
 
     from transformers import AutoTokenizer

@@ -13,6 +13,7 @@ chunk -> query) wrapped in a Qwen chat template, with chunks of ~4 characters pe
 
     .venv/bin/python scripts/bench_scatter.py        # 15 s on 2 idle cores, ~60 s on busy ones
     .venv/bin/python scripts/bench_scatter.py --workers 4 --rounds 5 --api completions
+    .venv/bin/python scripts/bench_scatter.py --smoke    # seconds (the suite runs it)
 """
 from __future__ import annotations
 
@@ -176,7 +177,10 @@ def main() -> None:
     ap.add_argument("--scatter", nargs="+", type=scatter_spec, default=[(220, 4096), (1750, 512)],
                     help="rounds to run, as T:chunk_tokens (default 220:4096 1750:512)")
     ap.add_argument("--api", choices=["sglang", "completions"], default="sglang")
+    ap.add_argument("--smoke", action="store_true", help="1 worker, 2 rounds of 32 chunks: seconds (the suite runs it)")
     args = ap.parse_args()
+    if args.smoke:
+        args.workers, args.rounds, args.scatter = 1, 2, [(32, 512)]
 
     procs, urls = start_workers(args.workers)
     try:

@@ -263,7 +263,7 @@ def _load_render(tokenizer_path: str | None) -> Callable[[str], str] | None:
         return None
     from transformers import AutoTokenizer
 
-    from parser.reader import render_chat
+    from parser.readers.subagent import render_chat
 
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
     return lambda text: render_chat(tok, [{"role": "user", "content": text}], enable_thinking=False)

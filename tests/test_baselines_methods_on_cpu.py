@@ -18,12 +18,14 @@ from typing import Callable
 import pytest
 
 from parser.backends.base import Completion
-from parser.baselines.full_context import ContextOverflow
-from parser.baselines.dci_agent import SandboxTools
-from parser.baselines.memagent import TfidfRecall, extract_answer, last_boxed
+from parser.dci import SandboxTools
+from parser.methods.full_context import ContextOverflow
+from parser.methods.memagent import TfidfRecall, extract_answer, last_boxed
 from parser.dci import Sandbox
-from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.methods import Models, Sample, build_method
+from parser.config import EpisodeConfig
+from parser.episode import EpisodeEngine
+from parser.backends.models import Models
+from parser.methods import Sample, build_method
 from parser.tools import FunctionTools
 
 
@@ -151,7 +153,7 @@ def test_answer_extraction_and_tfidf(tiny_tokenizer):
 # -- agentic RAG ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def minilm():
-    from parser.baselines.rag import build_embedder
+    from parser.backends.embedder import build_embedder
 
     return build_embedder({"model": "minilm"})
 

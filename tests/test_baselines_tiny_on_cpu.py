@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from parser.methods import MethodResult, Models, Sample, build_method
+from parser.backends.models import Models
+from parser.methods import MethodResult, Sample, build_method
 
 SHORT = {"max_tokens_per_turn": 12}
 PARSER_EPISODE = {"max_turns": 2, "max_tokens_per_turn": 12, "chunk_size": 1500}

@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from parser.episode import EpisodeConfig
+from parser.config import EpisodeConfig
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

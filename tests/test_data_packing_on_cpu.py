@@ -18,7 +18,7 @@ from data_prep.packing import build_grid, eval_record, pack
 from data_prep.records import DataError
 from data_prep.sources import read_hotpotqa
 from parser.chunking import split_paragraphs
-from parser.methods import Sample
+from parser.methods.base import Sample
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 

@@ -20,7 +20,7 @@ from data_prep.records import DataError
 from data_prep.sources import read_2wiki, read_eval_file
 from data_prep.synthetic_world import QUESTION_TYPES, synthetic_rows, synthetic_source
 from parser.chunking import split_paragraphs
-from parser.methods import Sample
+from parser.methods.base import Sample
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 

@@ -17,7 +17,8 @@ import pytest
 
 from parser.backends.base import Completion
 from parser.chunking import chunk_document
-from parser.methods import Models, Sample, build_method
+from parser.backends.models import Models
+from parser.methods import Sample, build_method
 from parser.readers import DCIReader, ThinkingReader
 
 

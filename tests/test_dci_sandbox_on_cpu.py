@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from parser.dci import Refused, Sandbox, _locate, materialize_corpus
+from parser.dci_options import GRAMMARS, OptionRefused, check_options
 from parser.chunking import render_paragraphs
 
 SECRET = "TOP-SECRET-7f3a"
@@ -233,3 +237,152 @@ def test_without_rg_the_model_is_told_to_use_grep(world, monkeypatch):
     assert "rg" not in bare.programs
     assert "use grep instead" in run(bare.call("bash", {"command": "rg Anna"}))
     assert "doc_00002.txt" in run(bare.bash("grep -rl Swedish ."))
+
+
+# -- options are an allowlist of exact spellings (GNU tools take abbreviations) ---------------
+@pytest.mark.parametrize(
+    "command, message",
+    [
+        ("grep --dereference-rec TOP .", "an abbreviation of --dereference-recursive"),
+        ("grep --deref TOP .", "follows symlinks"),
+        ("wc --files0 list.txt", "an abbreviation of --files0-from"),
+        ("wc --files0-f=list.txt", "reads a list of arbitrary files"),
+        ("grep --exclude-fr=list.txt -r x .", "reads a list of arbitrary files"),
+        ("ls --derefe .", "follows symlinks"),
+        ("grep -rnR TOP .", "follows symlinks"),
+        ("head --line=3 doc_00001.txt", "spell options in full"),
+        ("grep -D skip TOP .", "not an allowed option"),
+    ],
+)
+def test_abbreviated_and_unknown_options_are_refused(world, command, message):
+    sandbox, outside, _ = world
+    (sandbox.root / "list.txt").write_bytes(str(outside / "secret.txt").encode() + b"\0")
+    reply = run(sandbox.call("bash", {"command": command}))
+    assert reply.startswith("Error: refused") and message in reply and SECRET not in reply
+
+
+@settings(max_examples=300, deadline=None)
+@given(program=st.sampled_from(sorted(GRAMMARS)), name=st.text(alphabet="abcdefghilmnoprstuvwxyz0-", min_size=1, max_size=24))
+def test_a_long_option_passes_only_if_spelled_exactly_as_allowed(program, name):
+    """GNU getopt maps a prefix to the option it abbreviates; only an exact allowed spelling
+    (which getopt matches before any prefix) may get through."""
+    grammar = GRAMMARS[program]
+    allowed = grammar.long_flags | grammar.long_valued
+    try:
+        check_options(program, [f"--{name}", "x"])
+    except OptionRefused:
+        assert f"--{name}" not in allowed
+    else:
+        assert f"--{name}" in allowed
+
+
+def test_glued_and_separate_values_are_read_like_getopt(world):
+    sandbox, _, _ = world
+    assert "doc_00002.txt" in run(sandbox.bash("grep -rlm1 -e Swedish ."))
+    assert "Anna" in run(sandbox.bash("grep -rhA1 --max-count 1 Anna ."))
+    assert run(sandbox.call("bash", {"command": "grep -e Anna -f../outside/secret.txt ."})).startswith("Error: refused: path")
+    assert run(sandbox.call("bash", {"command": "grep -e x -- -x/../../outside"})).startswith("Error: refused: path")  # operands after --
+
+
+# -- hard links, swapped symlinks, memory, odd arguments --------------------------------------
+def test_hard_links_are_refused_by_read_and_bash(world):
+    sandbox, outside, _ = world
+    os.link(outside / "secret.txt", sandbox.root / "innocent.txt")
+    assert "hard links" in run(sandbox.call("read", {"file": "innocent.txt"}))
+    for command in ("grep -r TOP .", "wc -l doc_00001.txt"):
+        reply = run(sandbox.call("bash", {"command": command}))
+        assert "hard links" in reply and SECRET not in reply
+    os.unlink(sandbox.root / "innocent.txt")
+    assert "Anna" in run(sandbox.call("bash", {"command": "grep -r Anna ."}))
+
+
+def test_a_symlink_swapped_in_after_the_check_is_not_followed(world, monkeypatch):
+    """A second writer replaces a checked file (or its directory) by a symlink out between
+    `resolve` and the open; the open is done without following symlinks, so it fails."""
+    sandbox, outside, _ = world
+    (sandbox.root / "sub").mkdir()
+    (sandbox.root / "sub" / "note.txt").write_text("fine\n")
+    real_resolve = Sandbox.resolve
+
+    def resolve_then_swap(self, path):
+        resolved = real_resolve(self, path)
+        target = sandbox.root / path
+        if target.is_dir():
+            os.rename(target, sandbox.root / "moved")
+            target.symlink_to(outside, target_is_directory=True)
+        else:
+            target.unlink()
+            target.symlink_to(outside / "secret.txt")
+        return resolved
+
+    monkeypatch.setattr(Sandbox, "resolve", resolve_then_swap)
+    for path in ("doc_00001.txt", "sub"):
+        reply = run(sandbox.call("read", {"file": path if path != "sub" else "sub/note.txt"}))
+        assert reply.startswith("Error:") and SECRET not in reply, reply
+
+
+def test_swapped_directory_component_is_not_followed(world, monkeypatch):
+    sandbox, outside, _ = world
+    (sandbox.root / "sub").mkdir()
+    (sandbox.root / "sub" / "secret.txt").write_text("fine\n")
+    real_resolve = Sandbox.resolve
+
+    def resolve_then_swap(self, path):
+        resolved = real_resolve(self, path)
+        os.rename(sandbox.root / "sub", sandbox.root / "moved")
+        (sandbox.root / "sub").symlink_to(outside, target_is_directory=True)
+        return resolved
+
+    monkeypatch.setattr(Sandbox, "resolve", resolve_then_swap)
+    reply = run(sandbox.call("read", {"file": "sub/secret.txt"}))
+    assert reply.startswith("Error:") and SECRET not in reply
+
+
+def test_memory_limit_stops_a_backtracking_regex_before_the_timeout(world):
+    """GNU regex with a back-reference grows its state log without bound on a long line."""
+    sandbox, _, _ = world
+    (sandbox.root / "long.txt").write_text("a" * 200_000 + "\n")
+    limited = Sandbox(sandbox.root, timeout_s=20, memory_limit_bytes=64 << 20)
+    started = time.perf_counter()
+    reply = run(limited.call("bash", {"command": r"grep -E '(a*)*\1$' long.txt"}))
+    assert "memory exhausted" in reply and "exit status" in reply
+    assert time.perf_counter() - started < 15
+
+
+@pytest.mark.parametrize(
+    "name, arguments",
+    [
+        ("read", {"file": "doc_00001.txt", "offset": float("inf")}),
+        ("read", {"file": "doc_00001.txt", "offset": float("nan")}),
+        ("read", {"file": "doc_00001.txt", "offset": "1" * 400}),
+        ("read", {"file": "doc_00001.txt", "offset": [3]}),
+        ("read", {"file": "doc_\ud800.txt"}),
+        ("read", {"file": {"path": "x"}}),
+        ("bash", {"command": "grep \udfff ."}),
+        ("bash", {"command": ["grep", "x"]}),
+        ("bash", ["grep -r x ."]),
+        ("read", None),
+        ("bash", "grep -r x ."),
+    ],
+)
+def test_odd_argument_values_become_error_text(world, name, arguments):
+    sandbox, _, _ = world
+    reply = run(sandbox.call(name, arguments))
+    assert reply.startswith("Error: ")
+
+
+def test_numeric_offsets_from_json_still_work(world):
+    sandbox, _, _ = world
+    for offset in (2, 2.0, "2", " 2 "):
+        assert run(sandbox.call("read", {"file": "doc_00001.txt", "offset": offset})).lstrip().startswith("2\t")
+
+
+@needs_rg
+def test_many_rg_threads_still_run_under_the_memory_limit(world):
+    """glibc reserves 64 MB per thread arena; without MALLOC_ARENA_MAX, `rg -j 64` under a
+    1 GiB address-space limit panics spawning threads and hangs until the timeout."""
+    sandbox, _, _ = world
+    started = time.perf_counter()
+    reply = run(sandbox.call("bash", {"command": "rg -j 64 -c Anna ."}))
+    assert "doc_00002.txt" in reply and "exit status" not in reply
+    assert time.perf_counter() - started < 5

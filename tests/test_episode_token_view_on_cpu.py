@@ -11,8 +11,9 @@ import pytest
 from parser import prompts
 from parser.backends.base import Completion
 from parser.chunking import chunk_document, render_paragraphs
-from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.reader import ReaderReply
+from parser.config import EpisodeConfig
+from parser.episode import EpisodeEngine
+from parser.tools import ReaderReply
 
 CALL = "<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
 SCRIPT = [
@@ -159,7 +160,7 @@ def test_templates_without_tool_support_get_the_tools_as_text(qwen3_5_tokenizer)
                           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     config = EpisodeConfig()
     chunks = chunk_document("Document 1:\nA\nText.", qwen3_5_tokenizer, 64)
-    toolset = QueryAgents(ScriptedReader(), chunks, "d", config.scatter_settings(), asyncio.Semaphore(1), plain.encode)
+    toolset = QueryAgents(ScriptedReader(), chunks, "d", config, asyncio.Semaphore(1), plain.encode)
     for tokenizer, expect_fallback in ((plain, True), (qwen3_5_tokenizer, False)):
         context = LeadContext(tokenizer, toolset, "Who?", config)
         system = context.messages[0]["content"]
@@ -170,7 +171,7 @@ def test_templates_without_tool_support_get_the_tools_as_text(qwen3_5_tokenizer)
 def test_subagent_prompt_frames_render_exactly_like_the_template(qwen3_5_tokenizer, tiny_tokenizer):
     """The reader reuses each chunk's rendered frame across queries; it must equal a full render."""
     from parser.chunking import Chunk
-    from parser.reader import SubagentReader, render_chat
+    from parser.readers.subagent import SubagentReader, render_chat
 
     chunk = Chunk(3, "Document 4:\nZorvan\nZorvan is a film {with braces} directed by Miro Tal.", (4,), 20)
     for tokenizer in (qwen3_5_tokenizer, tiny_tokenizer):

@@ -10,10 +10,11 @@ import pytest
 
 from parser import prompts
 from parser.backends.base import Completion
-from parser.baselines import templates
-from parser.baselines.dci_agent import SandboxTools
+from parser import prompts
+from parser.dci import SandboxTools
 from parser.dci import Sandbox, materialize_corpus
-from parser.episode import EpisodeConfig, EpisodeEngine
+from parser.config import EpisodeConfig
+from parser.episode import EpisodeEngine
 
 DOCUMENT = "Document 1:\nZorvan\nZorvan is a film directed by Miro Tal.\n\nDocument 2:\nLake Y\nLake Y lies north."
 GREP = "<tool_call>\n<function=bash>\n<parameter=command>\ngrep -rl Zorvan .\n</parameter>\n</function>\n</tool_call>"
@@ -68,7 +69,7 @@ def test_other_tools_keep_the_appended_token_view(appended):
         assert stream[: len(prompt)] == prompt and stream[len(prompt): len(prompt) + len(generated)] == generated
     assert sum(trajectory.response_mask) == sum(len(g) for g in model.generated)
     first = tok.decode(trajectory.prompt_ids)
-    assert templates.render("dci_system") in first and '"name": "bash"' in first and "query_agents" not in first
+    assert prompts.BASELINES.render("dci_system") in first and '"name": "bash"' in first and "query_agents" not in first
     assert all(k == {"request_id": "d", "routing_key": "d:0"} for k in model.kwargs)
 
 
@@ -81,7 +82,7 @@ def test_tool_results_and_continuation_are_the_templates_rendering(appended):
     second = tok.decode(model.prompts[1][len(model.prompts[0]) + len(model.generated[0]):])
     expected = "\n<|im_start|>user\n" + "\n".join(f"<tool_response>\n{r.strip()}\n</tool_response>" for r in results)
     assert second == expected + "<|im_end|>\n<|im_start|>assistant\n<think>\n"  # the template trims contents
-    rendered = tok.apply_chat_template(trajectory.messages[:5], tools=templates.tools("read", "bash"), tokenize=False,
+    rendered = tok.apply_chat_template(trajectory.messages[:5], tools=prompts.baseline_tools("read", "bash"), tokenize=False,
                                        add_generation_prompt=True, enable_thinking=True)
     assert rendered.endswith(second)
     third = tok.decode(model.prompts[2][len(model.prompts[1]) + len(model.generated[1]):])
@@ -95,7 +96,7 @@ def test_defaults_are_parsers_behaviour(qwen3_5_tokenizer, tmp_path):
     trajectory, model = run_dci(qwen3_5_tokenizer, tmp_path, script)
     assert trajectory.stop_reason == "answer" and trajectory.num_turns == 3 and trajectory.token_view_valid
     hints = [m["content"] for m in trajectory.messages if m["role"] == "user"][1:]
-    assert hints == [templates.render("invalid_action", error="no tool call and no <answer> block")] * 2
+    assert hints == [prompts.BASELINES.render("invalid_action", error="no tool call and no <answer> block")] * 2
 
 
 def test_eval_only_options_rerender_and_lose_the_token_view(qwen3_5_tokenizer, tmp_path):

@@ -1,8 +1,8 @@
-"""Every shipped eval config composes, names a registered method, and resolves its paths.
+"""Every shipped eval config composes, names a known method, and resolves its paths.
 
-So no config under configs/eval/ rots: each primary config (default, tiny_cpu, bench_cpu) with
-each dataset and method option is composed through Hydra exactly as `python -m eval.run`
-would, and the episode section must be a valid `EpisodeConfig`.
+So no config under configs/eval/ or configs/method/ rots: each primary config (default,
+tiny_cpu, bench_cpu) with each dataset and method option is composed through Hydra exactly as
+`python -m eval.run` would, and every episode section must be a valid `EpisodeConfig`.
 
     .venv/bin/pytest tests/test_eval_configs_on_cpu.py -q
 """
@@ -15,14 +15,14 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from eval.datasets import load_subsets
-from parser.episode import EpisodeConfig
-from parser.methods import _REGISTRY, build_method  # noqa: F401  (build_method imports the registrations)
+from parser.config import EpisodeConfig
+from parser.methods import METHODS as KNOWN_METHODS
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 EVAL = CONFIGS / "eval"
 PRIMARY = sorted(p.stem for p in EVAL.glob("*.yaml") if not p.stem.startswith("ruler"))
 DATASETS = sorted(p.stem for p in (EVAL / "dataset").glob("*.yaml"))
-METHODS = sorted(p.stem for p in (EVAL / "method").glob("*.yaml"))
+METHODS = sorted(p.stem for p in (CONFIGS / "method").glob("*.yaml"))
 
 
 def _compose(name: str, *overrides: str):
@@ -41,15 +41,20 @@ def test_primary_configs_compose(name):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_method_options_name_registered_methods(method):
-    import parser.baselines  # noqa: F401
-    import parser.parser_method  # noqa: F401
-
     full = OmegaConf.to_container(_compose("default", f"method={method}"), resolve=True)
     cfg = full["method"]
-    assert cfg["name"] in _REGISTRY
+    assert cfg["name"] in KNOWN_METHODS
     assert full["report"]["row"] == cfg["label"]  # tables label the row by the method, not by a default
-    if "episode" in cfg:
-        EpisodeConfig(**cfg["episode"])  # unknown or misspelled keys fail here
+    for episode in (cfg.get("episode"), (cfg.get("reader") or {}).get("episode")):
+        if episode is not None:
+            EpisodeConfig(**episode)  # unknown or misspelled keys fail here
+
+
+def test_labels_say_the_mode():
+    labels = {m: _compose("default", f"method={m}").method.label for m in METHODS}
+    assert labels["full_context_think"] == "Full-context (think)" and labels["full_context"] == "Full-context (non-think)"
+    assert len({labels[m] for m in METHODS if not m.endswith(("_cpu", "_yarn"))}) == len(
+        [m for m in METHODS if not m.endswith(("_cpu", "_yarn"))])  # every paper row has its own label
 
 
 def test_eval_preset_is_the_papers():

@@ -8,6 +8,7 @@ behaviour so the tricky cases are checked against an independent implementation.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import string
 
@@ -98,9 +99,21 @@ def test_normalization_is_the_reference_one():
         assert normalize_answer(text) == _reference_normalize(text)
 
 
-def test_metrics_declare_direction_and_aggregation():
+def test_metrics_declare_direction_and_the_report_reads_it(monkeypatch):
+    from eval.metrics import BY_NAME
+    from eval.report import accuracy_rows, best_per_length
+
     assert {m.name for m in METRICS} >= {"sub_em", "em", "sub_em_compat", "em_compat"}
-    assert all(m.higher_is_better and m.aggregation == "mean" for m in METRICS)
+    assert all(m.higher_is_better and m.percent for m in METRICS)
+    table = {"lengths": [50, 100], "lines": [("B", "ParSer", {50: 80.0, 100: 70.0}, 10.0, 75.0, "ours"),
+                                             ("B", "MemAgent", {50: 60.0, 100: 75.0}, 15.0, 67.5, "ours"),
+                                             ("B", "ParSer (paper)", {50: 90.0}, 0.0, 90.0, "published")]}
+    best = best_per_length(table)
+    assert best == {50: 80.0, 100: 75.0}  # published numbers never win a column
+    _, body = accuracy_rows(table, "x", bold=best)
+    assert body[0][2:4] == ["**80.00**", "70.00"] and body[1][2:4] == ["60.00", "**75.00**"] and body[2][2] == "90.00"
+    monkeypatch.setitem(BY_NAME, "sub_em", dataclasses.replace(BY_NAME["sub_em"], higher_is_better=False))
+    assert best_per_length(table) == {50: 60.0, 100: 70.0}  # a lower-is-better metric picks the minimum
 
 
 def test_table_aggregation_averages_runs_then_reports_range():

@@ -109,3 +109,32 @@ def test_viewer_escapes_model_text():
     assert "<script>" not in page
     assert "&lt;script&gt;" in page
     assert "agent_3, agent_7" in page and "6 abstained" in page and "1 failed" in page
+
+
+def test_latency_counts_the_samples_of_a_killed_session_once(tmp_path):
+    """Session A finished 3 samples of a subset and was killed (no timing line); session B ran
+    the other 2 and logged 4 s. The table must time all 5, each once."""
+    store = ResultsStore(tmp_path / "run")
+    base = {"length": 50, "backbone": "tiny", "concurrency": 1}
+    for i, (finished_at, wall) in enumerate(((101.0, 1.0), (103.0, 2.0), (106.0, 3.0))):
+        store.append(_row(sid=f"q{i}", session="A", finished_at=finished_at, wall_s=wall, **base))
+    for i in (3, 4):
+        store.append(_row(sid=f"q{i}", session="B", finished_at=300.0 + i, wall_s=2.0, **base))
+    store.log_timing({"dataset": "synthetic", "length": 50, "run": 0, "condition": None, "row": "ParSer", "backbone": "tiny",
+                      "concurrency": 1, "samples": 2, "wall_s": 4.0, "session": "B"})
+    from eval.report import latency_table
+
+    (entry,) = latency_table(store.rows(), list(read_jsonl(tmp_path / "run" / "timings.jsonl")))
+    assert entry["samples"] == 5
+    assert entry["amortized_s"] == pytest.approx((6.0 + 4.0) / 5)  # A: 100 s (first start) .. 106 s
+
+
+def test_a_second_process_cannot_take_a_run_dir(tmp_path):
+    from eval.store import RunDirLocked, lock_run_dir
+
+    with lock_run_dir(tmp_path / "run"):
+        with pytest.raises(RunDirLocked, match=r"in use by another eval.run \(pid \d+"):
+            with lock_run_dir(tmp_path / "run"):
+                pass
+    with lock_run_dir(tmp_path / "run"):  # released on exit
+        pass

@@ -308,7 +308,7 @@ def test_loopback_reports_load_while_busy(fresh_loopback):
 def test_json_schema_reaches_both_apis(capture):
     """Constrained subagent output: SGLang's sampling_params.json_schema, OpenAI's response_format."""
     from parser.chunking import Chunk
-    from parser.reader import SubagentReader
+    from parser.readers import SubagentReader
     from parser.testing import byte_bpe_tokenizer
 
     reader = SubagentReader(HttpBackend(capture.url), byte_bpe_tokenizer(), json_constrained=True)
@@ -361,7 +361,7 @@ def test_vllm_token_ids_and_aligned_logprobs(capture):
 
 def test_chat_sends_the_subagent_messages_not_rendered_text(capture):
     from parser.chunking import Chunk
-    from parser.reader import SubagentReader
+    from parser.readers import SubagentReader
     from parser.testing import byte_bpe_tokenizer
 
     capture.replies.append((200, {"choices": [{"index": 0, "finish_reason": "stop",

@@ -1,5 +1,7 @@
 """EM / Sub_EM definitions on tricky cases. Run: .venv/bin/pytest tests/test_reward_on_cpu.py -q"""
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from parser.reward import exact_match, normalize_answer, sub_em
 
@@ -36,4 +38,15 @@ def test_compat_reproduces_reference_empty_normalized_hit():
     assert sub_em("", ["Paris"], compat=True) == 0.0  # the reference's caller skips a falsy raw prediction
     assert sub_em(None, ["Paris"], compat=True) == 0.0
     assert sub_em("Berlin", ["Paris"], compat=True) == 0.0
-    assert exact_match("...", [""], compat=True) == 1.0 and exact_match("", [""], compat=True) == 0.0
+    # an empty gold never scores, compat or not: "" is a substring of everything (free accuracy)
+    assert exact_match("...", [""], compat=True) == 0.0 and exact_match("", [""], compat=True) == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(prediction=st.text(max_size=40), empty_gold=st.sampled_from(["", " ", "the", "A.", "?!", "an the", "\t...\n"]),
+       compat=st.booleans())
+def test_a_gold_that_normalizes_to_empty_never_scores(prediction, empty_gold, compat):
+    assert sub_em(prediction, [empty_gold], compat=compat) == 0.0
+    assert exact_match(prediction, [empty_gold], compat=compat) == 0.0
+    assert sub_em(prediction, empty_gold, compat=compat) == 0.0
+    assert sub_em("Paris", [empty_gold, "paris"], compat=compat) == 1.0  # the real gold still counts

@@ -142,6 +142,47 @@ def test_verl_sampling_policy_and_turn_budget_reach_the_server(scripted):
     assert len({r.request_id for r in manager.requests}) == len(out) == 4
 
 
+def test_lead_stops_at_its_end_of_turn_tokens(scripted, tiny_tokenizer):
+    """SGLang under verl skips its tokenizer: the stop ids must travel with every lead request."""
+    _, manager, _, _ = scripted
+    ends = [tiny_tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    assert manager.requests and all(r.sampling_params["stop_token_ids"] == ends for r in manager.requests)
+
+
+def test_weight_versions_reach_verls_trajectory_fields(scripted):
+    """verl's trainer casts each trajectory's min/max_global_steps to int (trainer_base.py); a
+    two-turn episode served by versions 7 then 8 must report 7 and 8, per trajectory."""
+    out, manager, _, _ = scripted
+    assert list(out.non_tensor_batch["min_global_steps"]) == [7] * 4
+    assert list(out.non_tensor_batch["max_global_steps"]) == [8] * 4
+    assert all(int(v) == v for v in out.non_tensor_batch["max_global_steps"])
+
+
+def test_adapter_pools_versions_per_request_and_forgets_them():
+    from verl.workers.rollout.replica import TokenOutput
+
+    from parser.backends.base import SamplingParams
+    from parser.verl.server_manager import ServerManagerBackend
+
+    class Versions:  # the server manager's contract; versions as verl's clients report them
+        def __init__(self):
+            self.extras = [{"global_steps": 3}, {"global_steps": 5, "min_global_steps": 4, "max_global_steps": 5}, {}]
+
+        async def generate(self, request_id, *, prompt_ids, sampling_params):
+            return TokenOutput(token_ids=[1], extra_fields=self.extras.pop(0))
+
+    backend = ServerManagerBackend(Versions(), {"temperature": 1.0})
+
+    async def run():
+        for request_id in ("a", "a", "b"):
+            await backend.generate([1, 2], SamplingParams(max_new_tokens=4), request_id=request_id)
+
+    asyncio.run(run())
+    assert backend.take_weight_versions("a") == {"min_global_steps": 3, "max_global_steps": 5}
+    assert backend.take_weight_versions("b") == {"min_global_steps": None, "max_global_steps": None}
+    assert backend.versions == {}
+
+
 def test_subagents_answer_over_http_with_chunk_routing_keys(scripted):
     out, _, records, _ = scripted
     stats = list(out.non_tensor_batch["parser_stats"])
@@ -157,7 +198,7 @@ def test_step_metrics_from_the_batch(scripted):
     metrics = step_metrics(list(out.non_tensor_batch["parser_stats"]), list(out.non_tensor_batch["acc"]))
     assert metrics["parser/turns/mean"] == 2 and metrics["parser/queries_per_turn"] == 0.5
     assert metrics["parser/replies_per_query"] == 1.0  # only the needle's chunk answers
-    assert metrics["parser/invalid_action_rate"] == 0 and metrics["parser/subagent_failures"] == 0
+    assert metrics["parser/invalid_action_rate"] == 0 and metrics["parser/subagent_failures/sum"] == 0
     assert metrics["parser/reward/mean"] == 0.5 and metrics["parser/answered"] == 1.0
     assert metrics["parser/lead_tokens_per_turn"] > 0
 
@@ -259,3 +300,18 @@ def test_v1_path_output_and_replay_buffer_metrics(loopback, model_dir, tiny_qwen
         sampler_kwargs=config.trainer.v1.sampler.sampler_kwargs,
     )
     assert buffer.filter_groups_metric == "reward"  # dynamic sampling reaches verl's eviction logic
+
+
+def test_grpo_group_fractions_count_sampled_and_evicted_groups():
+    from parser.verl.metrics import group_metrics
+    from parser.verl.sampler import rewards_by_group
+
+    keys = ["u1_0_0", "u1_1_0", "u2_0_0", "u2_1_0", "u3_0_0", "u3_1_0"]
+    rows = [{"reward_extra_info": {"acc": a}} for a in (1.0, 0.0, 1.0, 1.0, 0.0, 0.0)]
+    tags = [{}] * 5 + [{"is_padding": True}]
+    groups = rewards_by_group(keys, rows, tags)
+    assert groups == {"u1": [1.0, 0.0], "u2": [1.0, 1.0], "u3": [0.0]}
+    # verl evicted 2 all-right and 3 all-wrong groups before sampling (dynamic sampling)
+    metrics = group_metrics(groups, {1.0: 2, 0.0: 3})
+    assert metrics == {"parser/grpo/solve_all": 3 / 8, "parser/grpo/solve_none": 4 / 8}
+    assert group_metrics({}) == {}

@@ -19,12 +19,13 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.errors import ConfigCompositionException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from parser.episode import EpisodeConfig  # noqa: E402
+from parser.config import EpisodeConfig  # noqa: E402
 from parser.verl.agent_loop import episode_config  # noqa: E402
 from parser.verl.config_checks import TrainConfigError, check_train_config  # noqa: E402
 from parser.verl.train import CONFIG_DIR, prepare  # noqa: E402
 
 SHIPPED = sorted(f"train/{p.stem}" for p in (CONFIG_DIR / "train").glob("parser_*.yaml") if p.stem != "parser_base")
+TABLE9 = [name for name in SHIPPED if not name.endswith("_release")]  # the paper's runs
 GATEWAY = "parser.gateway_url=http://127.0.0.1:30000"
 
 
@@ -33,11 +34,12 @@ def compose_config(name: str, overrides: list[str] = ()):  # type: ignore[assign
         return compose(config_name=name, overrides=list(overrides))
 
 
-def test_shipped_configs_are_the_4b_and_9b_runs():
-    assert SHIPPED == ["train/parser_4b", "train/parser_9b"]
+def test_shipped_configs_are_the_4b_and_9b_runs_and_the_release_run():
+    assert SHIPPED == ["train/parser_4b", "train/parser_4b_release", "train/parser_9b"]
+    assert TABLE9 == ["train/parser_4b", "train/parser_9b"]  # the release run: tests/test_release_protocol_on_cpu.py
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", TABLE9)
 def test_config_composes_and_passes_verl_validation(name):
     from verl.trainer.config import AlgoConfig
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -96,7 +98,7 @@ def test_config_composes_and_passes_verl_validation(name):
 
 
 def test_model_paths_differ_by_size():
-    paths = {name: compose_config(name, [GATEWAY]).actor_rollout_ref.model.path for name in SHIPPED}
+    paths = {name: compose_config(name, [GATEWAY]).actor_rollout_ref.model.path for name in TABLE9}
     assert paths == {"train/parser_4b": "Qwen/Qwen3.5-4B", "train/parser_9b": "Qwen/Qwen3.5-9B"}
 
 
@@ -140,3 +142,92 @@ def test_naive_weight_sync_is_rejected():
     config = compose_config("train/parser_4b", [GATEWAY, "actor_rollout_ref.rollout.checkpoint_engine.backend=naive"])
     with pytest.raises(TrainConfigError, match="naive"):
         check_train_config(config)
+
+
+# ----------------------------------------------------------------------------- schema, CPU, staleness
+def verl_reference(engine: str):
+    """verl's own ppo_trainer composed for one model engine: the schema our YAML must stay inside."""
+    from pathlib import Path
+
+    import verl
+
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=[f"model_engine={engine}"])
+
+
+@pytest.mark.parametrize("name,engine", [*((n, "megatron") for n in SHIPPED), ("train/cpu_smoke", "dp")])
+def test_every_key_set_in_our_yaml_exists_in_verls_schema(name, engine):
+    from parser.verl.config_checks import unknown_keys
+
+    assert unknown_keys(compose_config(name, [GATEWAY]), verl_reference(engine)) == []
+
+
+def test_a_typo_in_a_yaml_file_is_caught(tmp_path):
+    """Hydra merges an unknown key from a YAML file silently; the schema check does not."""
+    import shutil
+
+    from parser.verl.config_checks import unknown_keys
+
+    configs = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, configs)
+    base = configs / "train" / "parser_base.yaml"
+    base.write_text(base.read_text().replace("    clip_ratio_high: 0.2\n", "    clip_ratio_high: 0.2\n    clip_ration: 0.3\n"))
+    with initialize_config_dir(config_dir=str(configs), version_base=None):
+        config = compose(config_name="train/parser_4b", overrides=[GATEWAY])  # composes without complaint
+    assert config.actor_rollout_ref.actor.clip_ration == 0.3
+    assert unknown_keys(config, verl_reference("megatron")) == ["actor_rollout_ref.actor.clip_ration"]
+
+
+def test_cpu_smoke_is_the_4b_run_on_the_cpu_engine():
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    smoke = prepare(compose_config("train/cpu_smoke", [GATEWAY, "actor_rollout_ref.model.path=/m",
+                                                       "data.train_files=/t", "data.val_files=/v"]))
+    validate_config(config=smoke, use_reference_policy=need_reference_policy(smoke), use_critic=need_critic(smoke))
+    full = prepare(compose_config("train/parser_4b", [GATEWAY]))
+    # same composition: algorithm, loop, sampler, reward, trainer mode
+    for key in ("algorithm", "reward.custom_reward_function", "trainer.v1.sampler", "actor_rollout_ref.rollout.agent.agent_loop_config_path"):
+        assert OmegaConf.select(smoke, key) == OmegaConf.select(full, key), key
+    assert smoke.trainer.v1.trainer_mode == "separate_async" and smoke.actor_rollout_ref.hybrid_engine is False
+    assert smoke.actor_rollout_ref.actor.use_kl_loss and smoke.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-mean"
+    # device
+    assert (smoke.trainer.device, smoke.actor_rollout_ref.actor.strategy) == ("cpu", "fsdp2")
+    assert smoke.actor_rollout_ref.rollout.name == "parser_cpu" and smoke.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
+    assert smoke.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+    assert smoke.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
+    env = smoke.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env.VERL_PLATFORM == "cpu" and env.VERL_USE_EXTERNAL_MODULES == "parser.verl.cpu"
+    assert "VERL_PLATFORM" not in full.ray_kwargs.ray_init.runtime_env.env_vars
+
+
+def test_megatron_recomputes_through_its_own_settings():
+    """model.enable_gradient_checkpointing is read by the FSDP/VeOmni engines only."""
+    config = compose_config("train/parser_4b", [GATEWAY])
+    recompute = config.actor_rollout_ref.actor.megatron.override_transformer_config
+    assert (recompute.recompute_granularity, recompute.recompute_method, recompute.recompute_num_layers) == ("full", "uniform", 1)
+    assert config.actor_rollout_ref.actor.strategy == "megatron"
+    assert compose_config("train/cpu_smoke", [GATEWAY]).actor_rollout_ref.model.enable_gradient_checkpointing
+
+
+@pytest.mark.parametrize("requested,expected", [(None, "WARN"), ("INFO", "WARN"), ("debug", "WARN"), ("ERROR", "ERROR")])
+def test_verl_log_level_avoids_the_separate_async_info_crash(requested, expected):
+    from parser.verl.train import verl_log_level
+
+    config = compose_config("train/parser_4b", [GATEWAY])
+    assert verl_log_level(config, requested) == expected
+    hybrid = compose_config("train/parser_4b", [GATEWAY, "actor_rollout_ref.hybrid_engine=true"])
+    assert verl_log_level(hybrid, "INFO") == "INFO"  # the crashing log call is only on the hybrid_engine=false path
+
+
+def test_the_releases_dropless_staleness_is_one_override():
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+
+    config = compose_config("train/parser_4b", [GATEWAY, "trainer.v1.sampler.max_off_policy_strategy=wait"])
+    sampler = config.trainer.v1.sampler
+    buffer = ReplayBufferAsync(trainer_mode="separate_async", trainer_config=config.trainer.v1.separate_async,
+                               max_off_policy_threshold=sampler.max_off_policy_threshold,
+                               max_off_policy_strategy=sampler.max_off_policy_strategy, refill_fn=lambda n: None,
+                               sampler_kwargs={})
+    assert (buffer.max_off_policy_threshold, buffer.max_off_policy_strategy) == (2, "wait")
+    assert compose_config("train/parser_4b", [GATEWAY]).trainer.v1.sampler.max_off_policy_strategy == "drop"

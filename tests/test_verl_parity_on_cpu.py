@@ -3,7 +3,7 @@
     .venv/bin/pytest tests/test_verl_parity_on_cpu.py -q
 
 Same scripted lead outputs, same loopback HTTP subagents, same episode settings (the shipped
-training config's `parser.episode`). Eval goes through `parser.parser_method.ParSerMethod`;
+training config's `parser.episode`). Eval goes through `parser.methods.parser.ParSerMethod`;
 training through verl's AgentLoopWorker and `parser.verl.agent_loop.ParserAgentLoop`. The lead
 must see the same token stream every turn, the trained mask must be the eval lead's generated
 spans, and both must end with the same answer.
@@ -21,8 +21,9 @@ from verl_fakes import ANSWER, NEEDLE, SCRIPT, ScriptedServerManager, dataset_ro
 
 from parser.backends.base import Completion  # noqa: E402
 from parser.backends.http import HttpBackend  # noqa: E402
-from parser.methods import Models, Sample  # noqa: E402
-from parser.parser_method import ParSerMethod  # noqa: E402
+from parser.backends.models import Models  # noqa: E402
+from parser.methods.base import Sample  # noqa: E402
+from parser.methods.parser import ParSerMethod  # noqa: E402
 from parser.testing.loopback import start_loopback  # noqa: E402
 from parser.verl.agent_loop import episode_config  # noqa: E402
 from parser.verl.reward import ANSWER_KEY  # noqa: E402

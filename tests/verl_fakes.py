@@ -106,6 +106,7 @@ class ScriptedServerManager:
         self.turns: dict[str, int] = {}
         self.script_of: dict[str, int] = {}
         self.group_counts: dict[tuple[int, ...], int] = {}
+        self.first_version = 7
 
     def script_ids(self, request_id: str, turn: int, prompt_ids: list[int]) -> tuple[list[int], str]:
         if request_id not in self.script_of:
@@ -126,7 +127,11 @@ class ScriptedServerManager:
         ids, finish = self.script_ids(request_id, turn, list(prompt_ids))
         ids = ids[: int(sampling_params["max_tokens"])]
         logprobs = sequence_logprobs(self.model, list(prompt_ids), ids) if sampling_params.get("logprobs") else None
-        return TokenOutput(token_ids=ids, log_probs=logprobs, stop_reason=finish)
+        # verl's LLMServerClient tags every call with the weight version that served it; here the
+        # weights "move" by one version per turn, as when a sync lands mid-trajectory.
+        version = self.first_version + turn
+        extra = {"global_steps": version, "min_global_steps": version, "max_global_steps": version}
+        return TokenOutput(token_ids=ids, log_probs=logprobs, stop_reason=finish, extra_fields=extra)
 
 
 # ----------------------------------------------------------------------------- verl plumbing

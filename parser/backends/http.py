@@ -184,7 +184,13 @@ class HttpBackend:
                 headers[self.request_id_header] = request_id
         meta: dict[str, str | None] = {}
         body = await self._request("POST", self.url, orjson.dumps(payload), headers, meta)
-        completion = _PARSE[self.api](body, sampling, self.url)
+        try:
+            completion = _PARSE[self.api](body, sampling, self.url)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:  # 200 with a broken body
+            raise BackendError(f"POST {self.url}: HTTP 200 but not a {self.api} completion ({type(error).__name__}: "
+                               f"{error}): {str(body)[:200]}", retryable=True) from error
+        if not isinstance(completion.text, str):
+            raise BackendError(f"POST {self.url}: HTTP 200 but 'text' is {type(completion.text).__name__}", retryable=True)
         completion.worker = meta.get("worker")
         return completion
 

@@ -6,10 +6,18 @@ two properties: a chunk's requests go to one worker (rendezvous hashing on the r
 its prefix stays in that worker's cache), and a worker that fails is skipped for `cooldown_s`
 so the engine's retry of that request lands on the next worker in the key's ranking.
 
+What counts as a failure: a retryable `BackendError` (5xx, connection refused, the backend's
+own timeout); a request the caller gave up on after `hung_after_s` (the engine's
+`request_timeout_s` cancels it, so the backend never raises: a hung worker); and an HTTP 200
+whose body is not a completion (a parse error, or `text` that is not a string), re-raised as
+a retryable `BackendError`. The retry of a key that just failed on a worker goes to another
+worker whenever one is up, even if the cooldown has already run out.
+
     pool = WorkerPool([HttpBackend(url) for url in urls])
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from typing import Sequence
@@ -22,12 +30,14 @@ def _score(key: str, worker: int) -> int:
 
 
 class WorkerPool:
-    def __init__(self, backends: Sequence[Backend], cooldown_s: float = 5.0):
+    def __init__(self, backends: Sequence[Backend], cooldown_s: float = 5.0, hung_after_s: float = 5.0):
         if not backends:
             raise ValueError("WorkerPool needs at least one backend")
         self.backends = list(backends)
         self.cooldown_s = cooldown_s
+        self.hung_after_s = hung_after_s  # a cancelled request older than this marks its worker down
         self._down_until = [0.0] * len(self.backends)
+        self._failed_on: dict[str, int] = {}  # key -> the worker its last attempt failed on
         self._next = 0  # round robin for requests without a key
 
     @property
@@ -46,18 +56,42 @@ class WorkerPool:
     def pick(self, key: str | None) -> int:
         now = time.monotonic()
         ranking = self.ranking(key)
-        return next((w for w in ranking if self._down_until[w] <= now), ranking[0])
+        avoid = self._failed_on.get(key) if key is not None else None
+        up = [w for w in ranking if self._down_until[w] <= now]
+        return next((w for w in up if w != avoid), up[0] if up else next((w for w in ranking if w != avoid), ranking[0]))
+
+    def _failed(self, worker: int, key: str | None) -> None:
+        self._down_until[worker] = time.monotonic() + self.cooldown_s
+        if key is not None:
+            if len(self._failed_on) > 65536:  # keys that never succeed again must not pile up
+                self._failed_on.clear()
+            self._failed_on[key] = worker
 
     async def generate(
         self, prompt: Prompt, sampling: SamplingParams, *, routing_key: str | None = None, request_id: str | None = None
     ) -> Completion:
-        worker = self.pick(routing_key or request_id)
+        key = routing_key or request_id
+        worker = self.pick(key)
+        started = time.monotonic()
         try:
-            return await self.backends[worker].generate(prompt, sampling, routing_key=routing_key, request_id=request_id)
+            completion = await self.backends[worker].generate(prompt, sampling, routing_key=routing_key, request_id=request_id)
         except BackendError as error:
             if error.retryable:
-                self._down_until[worker] = time.monotonic() + self.cooldown_s
+                self._failed(worker, key)
             raise
+        except asyncio.CancelledError:  # the caller's timeout: the worker did not answer in time
+            if time.monotonic() - started >= self.hung_after_s:
+                self._failed(worker, key)
+            raise
+        except Exception as error:  # noqa: BLE001 - a 200 the backend could not parse: garbage from this worker
+            self._failed(worker, key)
+            raise BackendError(f"worker {worker}: unusable response ({type(error).__name__}: {error})", retryable=True) from error
+        if not isinstance(completion.text, str):
+            self._failed(worker, key)
+            raise BackendError(f"worker {worker}: response text is {type(completion.text).__name__}, not a string", retryable=True)
+        if key is not None:
+            self._failed_on.pop(key, None)
+        return completion
 
     async def aclose(self) -> None:
         for backend in self.backends:

@@ -108,8 +108,8 @@ class TransformersBackend:
         cls, path_or_name: str, *, tokenizer: Any = None, dtype: Any = "auto", device: str = "cpu", **kwargs: Any
     ) -> "TransformersBackend":
         """Load a causal LM and its tokenizer (hub name, local dir, or a local test model name),
-        eval mode, through the project's one loader (`parser.backends.load_model_and_tokenizer`)."""
-        from parser.backends import load_model_and_tokenizer
+        eval mode, through the project's one loader (`parser.backends.loading.load_model_and_tokenizer`)."""
+        from parser.backends.loading import load_model_and_tokenizer
 
         model, tok = load_model_and_tokenizer(path_or_name, dtype=dtype, **kwargs.pop("model_kwargs", {}))
         return cls(model.to(device), tokenizer or tok, **kwargs)
@@ -123,9 +123,13 @@ class TransformersBackend:
         routing_key: str | None = None,
         request_id: str | None = None,
     ) -> Completion:
-        ids = self.encode_prompt(prompt)
         key = routing_key if routing_key is not None else (request_id if request_id is not None else "")
-        return await asyncio.to_thread(self.generate_ids, ids, sampling, key)
+        cancelled = threading.Event()  # set when the caller gives up (a client disconnect): decoding stops
+        try:  # tokenising a long prompt is heavy too: it runs on the worker thread, not the caller's loop
+            return await asyncio.to_thread(lambda: self.generate_ids(self.encode_prompt(prompt), sampling, key, cancelled))
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
 
     async def aclose(self) -> None:
         with self._lock:
@@ -141,8 +145,10 @@ class TransformersBackend:
             return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
         return [int(t) for t in items]
 
-    def generate_ids(self, ids: list[int], sampling: SamplingParams, key: str = "") -> Completion:
-        """Blocking generate for one prompt of token ids (thread-safe)."""
+    def generate_ids(self, ids: list[int], sampling: SamplingParams, key: str = "",
+                     cancelled: threading.Event | None = None) -> Completion:
+        """Blocking generate for one prompt of token ids (thread-safe); stops early, with
+        finish_reason "abort", once `cancelled` is set."""
         if not ids:
             raise BackendError("TransformersBackend: empty prompt", retryable=False)
         if sampling.max_new_tokens < 1:
@@ -153,9 +159,12 @@ class TransformersBackend:
                 f"TransformersBackend: prompt {len(ids)} + max_new_tokens {sampling.max_new_tokens} "
                 f"exceeds max_position_embeddings {limit}", retryable=False)
         matcher = self._matcher(sampling)
+        cancelled = cancelled or threading.Event()
         with self._lock, torch.inference_mode():
+            if cancelled.is_set():  # gave up while queued for the lock
+                return Completion(text="", finish_reason="abort", prompt_tokens=len(ids), worker=self.name)
             entry, cached, logits = self._prefill(ids, key)
-            out_ids, logprobs, finish, text = self._decode(entry, logits, sampling, matcher)
+            out_ids, logprobs, finish, text = self._decode(entry, logits, sampling, cancelled, matcher)
             self._store(key, entry)
         return Completion(
             text=text,
@@ -262,7 +271,8 @@ class TransformersBackend:
         out = self.model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1].float()
 
-    def _decode(self, entry: _Entry, logits: torch.Tensor, s: SamplingParams, matcher: Any = None) -> tuple[list[int], list[float], str, str]:
+    def _decode(self, entry: _Entry, logits: torch.Tensor, s: SamplingParams,
+                cancelled: threading.Event, matcher: Any = None) -> tuple[list[int], list[float], str, str]:
         gen = None
         if s.temperature > 0:
             gen = torch.Generator().manual_seed(s.seed) if s.seed is not None else self._rng
@@ -286,6 +296,9 @@ class TransformersBackend:
                 if hit is not None:
                     finish, text = "stop", decoded[:hit]
                     break
+            if cancelled.is_set():
+                finish = "abort"
+                break
             if step + 1 < s.max_new_tokens:
                 logits = self._forward(entry.cache, [token])
                 entry.tokens.append(token)

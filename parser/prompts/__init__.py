@@ -43,8 +43,8 @@ FIELDS = {
 class PromptSet:
     """Versioned `str.format` templates in one folder of this package, with their fields declared.
 
-    The lead/engine prompts and the baselines' prompts are two sets (`parser.baselines.templates`),
-    so a change to one never changes the other's version.
+    The lead/engine prompts (`LEAD`) and the baselines' prompts (`BASELINES`) are two sets, so a
+    change to one never changes the other's version.
     """
 
     def __init__(self, folder: str, fields: dict[str, set[str]], default_version: str = DEFAULT_VERSION):
@@ -79,9 +79,26 @@ class PromptSet:
 
 LEAD = PromptSet("", FIELDS)
 
+# The baselines' prompts (`prompts/baselines/<version>/`): full-context, MemAgent, ReMemR1,
+# agentic RAG, the DCI agent and the DCI subagent. The engine's own turns (continuation,
+# finalize, compaction placeholder) are in `LEAD` and shared by every tool set.
+BASELINE_FIELDS = {
+    "full_context_user": {"context", "question"},
+    "full_context_followup": set(),
+    "memagent_update": {"question", "memory", "chunk"},
+    "memagent_final": {"question", "memory"},
+    "rememr1_update": {"question", "memory", "recalled_memory", "chunk"},
+    "rememr1_final": {"question", "memory", "recalled_memory"},
+    "rag_system": set(),
+    "rag_user": {"question"},
+    "dci_system": set(),
+    "dci_user": {"question"},
+    "dci_subagent_system": set(),
+    "dci_subagent_user": {"query"},
+    "invalid_action": {"error"},
+}
 
-def load_template(name: str, version: str = DEFAULT_VERSION) -> str:
-    return LEAD.load(name, version)
+BASELINES = PromptSet("baselines", BASELINE_FIELDS)
 
 
 def render(name: str, version: str = DEFAULT_VERSION, **fields: Any) -> str:
@@ -91,3 +108,12 @@ def render(name: str, version: str = DEFAULT_VERSION, **fields: Any) -> str:
 def lead_tools(version: str = DEFAULT_VERSION) -> list[dict[str, Any]]:
     """The lead's one tool, `query_agents`, as an OpenAI-style function schema."""
     return LEAD.tools(version)
+
+
+def baseline_tools(*names: str, version: str = DEFAULT_VERSION) -> list[dict[str, Any]]:
+    """The named baseline tools' OpenAI-style function schemas, in the order asked."""
+    known = BASELINES.tools(version)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise KeyError(f"no tool schema for {unknown} in prompts/baselines/{version}/tools.json; known: {sorted(known)}")
+    return [known[n] for n in names]

@@ -1,36 +1,37 @@
-"""Chunk readers for ParSer (paper Table 5), built from the `reader` section of a method config.
+"""Chunk readers for ParSer, built from the `reader` section of a method config.
 
-They implement the `parser.reader.ChunkReader` protocol, so the same lead agent and the one
-episode engine coordinate them without retraining:
+Every reader implements `parser.tools.ChunkReader` (read, forget, close), so the same lead
+agent and the one episode engine coordinate any of them without retraining:
 
-    reader = build_reader({"type": "subagent"}, models)   # the default frozen subagent (parser.reader)
-    reader = build_reader({"type": "thinking", "max_new_tokens": 4096}, models)
-    reader = build_reader({"type": "dci", "episode": {"max_turns": 8}}, models)
-    method = build_method("parser", models=models, episode=cfg, reader={"type": "dci"})
-
-A reader may have `forget(doc_id)` (drop one document's state after its episode) and `close()`.
+    reader = build_reader({"type": "subagent"}, models)   # the paper's frozen subagent (subagent.py)
+    reader = build_reader({"type": "thinking", "max_new_tokens": 4096}, models)   # Table 5 (thinking.py)
+    reader = build_reader({"type": "dci", "episode": {"max_turns": 4}}, models)   # Table 5 (dci.py)
+    python -m eval.run method=parser_dci                  # configs/method/parser_dci.yaml
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from parser.reader import SubagentReader
 from parser.readers.dci import DCIReader
+from parser.readers.subagent import SubagentReader
 from parser.readers.thinking import ThinkingReader
 
-__all__ = ["DCIReader", "ThinkingReader", "build_reader", "reader_for_episode", "READER_TYPES"]
+__all__ = ["DCIReader", "SubagentReader", "ThinkingReader", "build_reader", "reader_for_episode", "READER_TYPES"]
 
 READER_TYPES = ("subagent", "thinking", "dci")
 
 
 def reader_for_episode(cfg: Mapping[str, Any] | None, models: Any, episode: Any) -> Any:
     """`build_reader`, with the episode config's subagent settings (temperature, reply budget,
-    prompt version, JSON constraint) as the default subagent's defaults. Eval (`ParSerMethod`) and training (the
+    prompt version, protocol, JSON constraint) as the default subagent's defaults. Eval (`ParSerMethod`) and training (the
     verl agent loop) both build their reader here, so the two cannot drift."""
     cfg = dict(cfg or {})
+    if episode.protocol == "release" and cfg.get("type", "subagent") != "subagent":
+        raise ValueError(f"reader type {cfg['type']!r} has no release protocol: the release has only the subagent reader")
     if cfg.get("type", "subagent") == "subagent":
         cfg = {"temperature": episode.subagent_temperature, "max_new_tokens": episode.subagent_max_tokens,
-               "prompt_version": episode.prompt_version, "json_constrained": episode.constrain_subagents, **cfg}
+               "prompt_version": episode.prompt_version, "protocol": episode.protocol,
+               "release_repo": episode.protocol_release.get("repo"), "json_constrained": episode.constrain_subagents, **cfg}
     return build_reader(cfg, models)
 
 

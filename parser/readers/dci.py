@@ -7,8 +7,8 @@ chunk by `parser.dci.Sandbox`. The final reply is the same JSON the default suba
 (`{"evidence": ..., "answer": ...}` or `{"answer": "unknown"}`), so `parser.gather` and the lead
 are unchanged.
 
-    reader = build_reader({"type": "dci", "episode": {"max_turns": 8}}, models)
-    method = build_method("parser", models=models, episode=..., reader={"type": "dci"})
+    reader = build_reader({"type": "dci", "episode": {"max_turns": 4}}, models)   # configs/episode/dci_reader.yaml + overrides
+    python -m eval.run method=parser_dci
 """
 from __future__ import annotations
 
@@ -18,27 +18,19 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from parser import prompts
 from parser.backends.base import Backend
-from parser.baselines import templates
-from parser.baselines.dci_agent import SandboxTools
 from parser.chunking import Chunk
-from parser.dci import Sandbox, materialize_corpus
-from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.reader import ReaderReply
-
-# the DCI agent's protocol, smaller: 8 non-thinking greedy turns of 2,048 tokens per (query, chunk)
-DCI_READER_EPISODE = {
-    "max_turns": 8, "max_tokens_per_turn": 2048, "lead_temperature": 0.0, "lead_thinking": False,
-    "plain_reply_is_answer": True, "continue_cut_turns": True, "finalize_turn": True,
-    "compact_after_chars": 240_000, "keep_recent_results": 12,
-}
-
+from parser.config import episode_preset
+from parser.dci import Sandbox, SandboxTools, materialize_corpus
+from parser.episode import EpisodeEngine
+from parser.tools import ReaderReply
 
 class DCIReader:
     def __init__(self, backend: Backend, tokenizer: Any, *, command_timeout_s: float = 30.0, workdir: str | None = None,
-                 episode: Mapping[str, Any] | None = None, prompt_version: str = templates.DEFAULT_VERSION):
+                 episode: Mapping[str, Any] | None = None, prompt_version: str = prompts.DEFAULT_VERSION):
         self.command_timeout_s, self.prompt_version = command_timeout_s, prompt_version
-        self.engine = EpisodeEngine(backend, tokenizer, config=EpisodeConfig(**{**DCI_READER_EPISODE, **(episode or {})}))
+        self.engine = EpisodeEngine(backend, tokenizer, config=episode_preset("dci_reader", **(episode or {})))
         self.root = Path(tempfile.mkdtemp(prefix="dci-chunks-", dir=workdir))
         self._sandboxes: dict[tuple[str, int], Sandbox] = {}
 

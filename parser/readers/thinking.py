@@ -1,6 +1,6 @@
 """The thinking subagent (paper Table 5): the default subagent's prompt, with thinking enabled.
 
-Same instructions, chunk and query as `parser.reader.SubagentReader` (so the same lead
+Same instructions, chunk and query as `parser.readers.subagent.SubagentReader` (so the same lead
 coordinates it without retraining), but the model reasons first. Only the part after the last
 `</think>` is handed to gather — the reasoning often contains braces and guesses that the
 lenient JSON parser would otherwise pick up. A reply whose thinking was cut at the token limit
@@ -14,7 +14,8 @@ from parser import prompts
 from parser.actions import split_thinking
 from parser.backends.base import Backend
 from parser.chunking import Chunk
-from parser.reader import ReaderReply, SubagentReader
+from parser.readers.subagent import SubagentReader
+from parser.tools import ReaderReply
 
 
 class ThinkingReader:
@@ -30,3 +31,9 @@ class ThinkingReader:
         else:
             reply.text = split_thinking(reply.text)[1].removesuffix("<|im_end|>").strip()
         return reply
+
+    def forget(self, doc_id: str) -> None:
+        self.inner.forget(doc_id)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -7,7 +7,8 @@ of the prompt's reusable prefix (what a RadixCache would share: everything befor
 "Query:", per the subagent prompt's instructions -> chunk -> query order) and this worker's
 id. It answers with the subagent's abstention, or with a finding when the prompt contains
 `needle`. Faults for retry tests: a delay, failing the first N or every K-th request with an
-HTTP status, or dropping the connection without an answer.
+HTTP status, dropping the connection without an answer, or `garbage`: HTTP 200 with a body
+that is no completion (`text` null on /generate, an empty `choices` list on the OpenAI paths).
 
     python -m parser.testing.loopback --port 31001 --worker-id w1
     python -m parser.testing.loopback --port 31002 --worker-id w2 --fail-every 10 --fail-mode drop
@@ -71,8 +72,8 @@ class LoopbackWorker:
                  needle: str | None = None, needle_answer: str | None = None,
                  routing_header: str = ROUTING_HEADER, request_id_header: str = "X-Request-Id",
                  prefix_marker: str = PREFIX_MARKER, keep_records: bool = True):
-        if fail_mode != "drop" and not fail_mode.isdigit():
-            raise ValueError(f"fail_mode={fail_mode!r}: expected an HTTP status like '500' or 'drop'")
+        if fail_mode not in ("drop", "garbage") and not fail_mode.isdigit():
+            raise ValueError(f"fail_mode={fail_mode!r}: expected an HTTP status like '500', 'drop' or 'garbage'")
         self.worker_id = worker_id
         self.delay_s = delay_s
         self.fail_first = fail_first
@@ -146,6 +147,9 @@ class LoopbackWorker:
             if self.fail_mode == "drop":
                 request.transport.close()  # no status line: the client sees a disconnect
                 raise asyncio.CancelledError
+            if self.fail_mode == "garbage":  # "success" that no client can use
+                return json_response({"text": None, "meta_info": {"finish_reason": {"type": "stop"}}}
+                                     if path == "/generate" else {"choices": []})
             return json_response({"object": "error", "error": {
                 "message": f"loopback {self.worker_id}: injected failure on request {n}",
                 "code": int(self.fail_mode)}}, int(self.fail_mode))
@@ -202,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--delay-s", type=float, default=0.0, help="sleep before answering")
     ap.add_argument("--fail-first", type=int, default=0, help="fail the first N requests")
     ap.add_argument("--fail-every", type=int, default=0, help="fail every K-th request")
-    ap.add_argument("--fail-mode", default="500", help="an HTTP status, or 'drop' the connection")
+    ap.add_argument("--fail-mode", default="500", help="an HTTP status, 'drop' the connection, or 'garbage' (HTTP 200, no completion)")
     ap.add_argument("--needle", default=None, help="answer with a finding when this is in the prompt")
     ap.add_argument("--no-records", action="store_true", help="keep no per-request records")
     args = ap.parse_args(argv)

@@ -11,8 +11,10 @@ into one documented verl extension point, so no verl file is copied or patched:
 | `sampler` | `trainer.v1.sampler.custom_sampler` | verl's async replay buffer, plus per-step ParSer metrics |
 | `metrics` | (pure functions) | trajectory stats -> logged step metrics |
 | `config_checks` / `train` | `verl.trainer.main_ppo.run_ppo` | fail fast on bad configs, then launch |
+| `cpu/` | platform, engine, rollout and checkpoint-engine registries | the same trainer on a CPU (CI, laptops) |
 
-    python -m parser.verl.train --config-name parser_4b parser.gateway_url=http://127.0.0.1:30000
+    python -m parser.verl.train --config-name train/parser_4b parser.gateway_url=http://127.0.0.1:30000
+    recipes/train_cpu_smoke.sh          # 2 real GRPO steps of a tiny lead on this machine
 
 Importing this package does not import verl (the reward function runs in verl's reward
 workers, the metrics in tests without Ray); the modules that need verl import it themselves.

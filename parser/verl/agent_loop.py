@@ -21,9 +21,14 @@ Settings live in the trainer config's `parser:` block (gateway URL, subagent cli
 knobs; see configs/train/parser_base.yaml). `rollout.response_length` caps the response: the
 engine stops generating when it is spent, and what an observation pushes past it is cut here.
 
-Dataset row (data issue's verl parquet): `prompt` = chat messages holding only the question
+Dataset row (`data_prep.verl_parquet`): `prompt` = chat messages holding only the question
 (arrives as `raw_prompt`), `extra_info.context` = the document, `reward_model.ground_truth` =
-gold answers. Unknown columns are accepted and ignored.
+gold answers. The authors' released parquet (a top-level `context`, the question in `prompt[0]`)
+loads as it is (`parser.verl.rows`). Unknown columns are accepted and ignored.
+
+With `parser.episode.protocol: release` (configs/train/parser_4b_release.yaml) the reward is the
+release's training EM and its invalid-turn mask rule applies: an invalid turn's tokens train
+only in an episode rewarded below 0.2 (`parser.protocol.INVALID_MASK_REWARD`).
 """
 from __future__ import annotations
 
@@ -37,57 +42,18 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from parser.backends import build_backend
 from parser.chunking import chunk_document
-from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.methods import Models
+from parser.config import EpisodeConfig
+from parser.episode import EpisodeEngine
+from parser.backends.models import Models
+from parser.protocol import INVALID_MASK_REWARD
 from parser.readers import reader_for_episode
 from parser.trajectory import Trajectory
 from parser.verl.metrics import trajectory_metrics
-from parser.verl.reward import ANSWER_KEY, score_answer
-from parser.verl.server_manager import ServerManagerBackend
+from parser.verl.rows import EpisodeInputs, episode_inputs  # noqa: F401  (EpisodeInputs: the row's reading)
+from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, score_answer
+from parser.verl.server_manager import ServerManagerBackend, lead_stop_token_ids
 
 AGENT_NAME = "parser_agent"  # configs/train/agent_loop.yaml `name`; the dataset's agent_name
-
-
-@dataclasses.dataclass
-class EpisodeInputs:
-    """What the engine needs from one dataset row."""
-
-    question: str
-    document: str
-    golds: Any
-    doc_id: str
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars/arrays and DictConfigs from verl's batch -> plain Python."""
-    if isinstance(value, DictConfig):
-        return OmegaConf.to_container(value, resolve=True)
-    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
-        return value.tolist()
-    return value
-
-
-def episode_inputs(row: Mapping[str, Any]) -> EpisodeInputs:
-    """Read question, document, gold answers and a document id from a verl dataset row."""
-    extra = _plain(row.get("extra_info")) or {}
-    index = _plain(row.get("index", extra.get("index", "")))
-    where = f"dataset row index={index!r}"
-    question = extra.get("question")
-    if not question:
-        messages = _plain(row.get("raw_prompt")) or []
-        users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-        if not users:
-            raise ValueError(f"{where}: no question (neither extra_info.question nor a user message in `prompt`)")
-        question = users[-1]["content"]
-    document = extra.get("context")
-    if not document:
-        raise ValueError(f"{where}: extra_info.context (the document) is missing or empty")
-    reward_model = _plain(row.get("reward_model")) or {}
-    golds = reward_model.get("ground_truth", extra.get("answers"))
-    if golds is None or (not isinstance(golds, str) and len(golds) == 0):
-        raise ValueError(f"{where}: no gold answers (reward_model.ground_truth / extra_info.answers)")
-    doc_id = str(extra.get("id") or extra.get("doc_id") or index)
-    return EpisodeInputs(question=str(question), document=str(document), golds=golds, doc_id=doc_id)
 
 
 def episode_config(settings: Mapping[str, Any], response_length: int) -> EpisodeConfig:
@@ -125,7 +91,7 @@ class _WorkerState:
         self.engines: dict[tuple[int, tuple], EpisodeEngine] = {}
 
     def engine(self, server_manager: Any, lead_tokenizer: Any, sampling_params: Mapping[str, Any]) -> EpisodeEngine:
-        lead = ServerManagerBackend(server_manager, sampling_params)
+        lead = ServerManagerBackend(server_manager, sampling_params, stop_token_ids=lead_stop_token_ids(lead_tokenizer))
         key = (id(asyncio.get_running_loop()), id(server_manager), tuple(sorted(lead.policy.items())))
         if key not in self.engines:
             self.engines[key] = EpisodeEngine(lead=lead, lead_tokenizer=lead_tokenizer, reader=self.reader, config=self.config)
@@ -149,8 +115,11 @@ def _worker_state(settings: Mapping[str, Any], response_length: int) -> _WorkerS
     return _STATE[key]
 
 
-def to_agent_loop_output(trajectory: Trajectory, reward: float, response_length: int, with_logprobs: bool) -> AgentLoopOutput:
-    """The engine's token view, cut to `response_length`, as verl's AgentLoopOutput."""
+def to_agent_loop_output(trajectory: Trajectory, reward: float, response_length: int, with_logprobs: bool,
+                         protocol: str = "parser", weight_versions: Mapping[str, Any] | None = None) -> AgentLoopOutput:
+    """The engine's token view, cut to `response_length`, as verl's AgentLoopOutput.
+    `weight_versions` (min/max_global_steps from the server manager) ride in `extra_fields`,
+    where verl's trainer reads them."""
     n = min(len(trajectory.response_ids), response_length)
     lead_s = sum(t.lead_latency_s for t in trajectory.turns)
     scatter_s = sum(t.scatter_latency_s for t in trajectory.turns)
@@ -167,10 +136,12 @@ def to_agent_loop_output(trajectory: Trajectory, reward: float, response_length:
         metrics=AgentLoopMetrics(generate_sequences=lead_s, tool_calls=scatter_s),
         extra_fields={
             ANSWER_KEY: trajectory.answer,
+            PROTOCOL_KEY: protocol,
             "parser_stats": stats,
             "reward_extra_info": {"acc": reward},
             "turn_scores": [],
             "tool_rewards": [],
+            **dict(weight_versions or {}),
         },
     )
 
@@ -193,10 +164,14 @@ class ParserAgentLoop(AgentLoopBase):
         inputs = episode_inputs(kwargs)
         state = self.state
         chunks = await self.loop.run_in_executor(
-            None, chunk_document, inputs.document, state.subagent_tokenizer, state.config.chunk_size
+            None, chunk_document, inputs.document, state.subagent_tokenizer, state.config.chunk_size, state.config.protocol
         )
         engine = state.engine(self.server_manager, self.tokenizer, sampling_params)
-        trajectory = await engine.run(inputs.question, chunks, doc_id=inputs.doc_id, request_id=uuid4().hex)
+        request_id = uuid4().hex
+        try:
+            trajectory = await engine.run(inputs.question, chunks, doc_id=inputs.doc_id, request_id=request_id)
+        finally:
+            weight_versions = engine.lead.take_weight_versions(request_id)
         if not trajectory.token_view_valid:
             raise ValueError(f"trajectory {inputs.doc_id!r} has an approximate token view ({trajectory.token_view_note}); "
                              "serve the lead from a backend that returns token ids")
@@ -205,7 +180,10 @@ class ParserAgentLoop(AgentLoopBase):
                 f"lead prompt has {len(trajectory.prompt_ids)} tokens > actor_rollout_ref.rollout.prompt_length="
                 f"{self.prompt_length} (data.max_prompt_length); raise it — a cut system prompt is not trainable"
             )
-        reward = score_answer(trajectory.answer, inputs.golds)
+        reward = score_answer(trajectory.answer, inputs.golds, protocol=state.config.protocol)
+        if state.config.protocol == "release":
+            trajectory.mask_invalid_turns(trainable=reward < INVALID_MASK_REWARD)
         return to_agent_loop_output(
-            trajectory, reward, self.response_length, with_logprobs=bool(sampling_params.get("logprobs"))
+            trajectory, reward, self.response_length, with_logprobs=bool(sampling_params.get("logprobs")),
+            protocol=state.config.protocol, weight_versions=weight_versions,
         )

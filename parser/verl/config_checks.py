@@ -12,6 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 
+# The two loss aggregations a ParSer run may use: the paper's objective (Eq. 1, 1/|y_i| per
+# trajectory) and verl's default, which the authors' released run script keeps (per-token mean
+# over the mini-batch); configs/train/parser_4b_release.yaml uses the latter.
+PAPER_LOSS_AGG = "seq-mean-token-mean"
+RELEASE_LOSS_AGG = "token-mean"
+
+
 class TrainConfigError(ValueError):
     """A training config that would fail (or silently misbehave) once launched."""
 
@@ -39,12 +46,13 @@ def check_train_config(config: Any, require_gateway: bool = True) -> None:
     if rollout.checkpoint_engine.backend == "naive":
         problems.append("actor_rollout_ref.rollout.checkpoint_engine.backend=naive cannot sync weights to a separate "
                         "rollout pool; use nccl")
-    if "grad_offload" in actor.megatron:
+    if "grad_offload" in (actor.get("megatron") or {}):
         problems.append("actor_rollout_ref.actor.megatron.grad_offload does not exist in verl 0.9.1 "
                         "(param_offload also frees gradient buffers); remove it")
-    if actor.loss_agg_mode != "seq-mean-token-mean":
-        problems.append(f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode}: the paper's objective is "
-                        "seq-mean-token-mean (1/|y_i| per trajectory)")
+    if actor.loss_agg_mode not in (PAPER_LOSS_AGG, RELEASE_LOSS_AGG):
+        problems.append(f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode}: use {PAPER_LOSS_AGG} (the paper's "
+                        f"objective, Eq. 1: 1/|y_i| per trajectory) or {RELEASE_LOSS_AGG} (verl's default, what the "
+                        "authors' released run script trains with)")
     if not rollout.calculate_log_probs:
         problems.append("actor_rollout_ref.rollout.calculate_log_probs=false: the rollout-vs-actor gap cannot be logged")
     if int(rollout.response_length) + int(rollout.prompt_length) > int(actor.ppo_max_token_len_per_gpu) and actor.use_dynamic_bsz:
@@ -66,3 +74,42 @@ def check_train_config(config: Any, require_gateway: bool = True) -> None:
                             "(export PARSER_GATEWAY_URL=http://host:port or pass parser.gateway_url=...)")
     if problems:
         raise TrainConfigError("training config rejected:\n  - " + "\n  - ".join(problems))
+
+
+# Subtrees whose keys verl passes through without a schema (free-form by design), and ParSer's own.
+FREE_FORM = (
+    "parser",
+    "hydra",
+    "ray_kwargs.ray_init",
+    "actor_rollout_ref.model.override_config",
+    "actor_rollout_ref.rollout.engine_kwargs",
+    "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs",
+    "trainer.v1.sampler.sampler_kwargs",
+)
+
+
+def _leaf_paths(node: Any, prefix: str = "") -> set[str]:
+    """Dotted paths of every leaf (values unresolved; an empty mapping counts as a leaf)."""
+    from omegaconf import DictConfig
+
+    if not isinstance(node, (DictConfig, dict)) or not node:
+        return {prefix}
+    paths: set[str] = set()
+    for key in node.keys():
+        child = node._get_node(key) if isinstance(node, DictConfig) else node[key]
+        paths |= _leaf_paths(child, f"{prefix}.{key}" if prefix else str(key))
+    return paths
+
+
+def unknown_keys(config: Any, reference: Any, free_form: tuple[str, ...] = FREE_FORM) -> list[str]:
+    """Key paths in `config` that verl's own composed config (`reference`, same model engine)
+    does not have: typos and removed keys, which Hydra merges in silently."""
+    known = _leaf_paths(reference)
+    known_prefixes = {p.rsplit(".", i)[0] for p in known for i in range(p.count(".") + 1)}
+    unknown = []
+    for path in sorted(_leaf_paths(config)):
+        if any(path == f or path.startswith(f + ".") for f in free_form):
+            continue
+        if path not in known and path not in known_prefixes:
+            unknown.append(path)
+    return unknown

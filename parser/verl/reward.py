@@ -18,6 +18,7 @@ from typing import Any, Iterable
 from parser.reward import exact_match
 
 ANSWER_KEY = "parser_answer"  # extra_fields key the agent loop writes the extracted answer to
+PROTOCOL_KEY = "parser_protocol"  # ... and the episode protocol, which picks the normaliser
 
 
 def gold_answers(ground_truth: Any) -> list[str]:
@@ -33,12 +34,13 @@ def gold_answers(ground_truth: Any) -> list[str]:
     return [str(ground_truth)]
 
 
-def score_answer(answer: str | None, ground_truth: Any) -> float:
-    """1.0 if the lead's extracted answer exactly matches a gold answer, else 0.0 (no answer: 0)."""
+def score_answer(answer: str | None, ground_truth: Any, protocol: str = "parser") -> float:
+    """1.0 if the lead's extracted answer exactly matches a gold answer, else 0.0 (no answer: 0);
+    `protocol="release"`: the release's training normaliser (`parser.reward`)."""
     golds = gold_answers(ground_truth)
     if not golds:
         raise ValueError("reward: no gold answers (reward_model.ground_truth is empty)")
-    return exact_match(answer, golds)
+    return exact_match(answer, golds, protocol=protocol)
 
 
 def compute_score(
@@ -56,5 +58,5 @@ def compute_score(
             "The response text includes observation tokens, so it cannot be scored; run the rollout with "
             "agent_name=parser_agent (parser.verl.agent_loop.ParserAgentLoop), which records the answer."
         )
-    score = score_answer(extra_info[ANSWER_KEY], ground_truth)
+    score = score_answer(extra_info[ANSWER_KEY], ground_truth, protocol=extra_info.get(PROTOCOL_KEY, "parser"))
     return {"score": score, "acc": score}

@@ -23,9 +23,9 @@ import logging
 from typing import Any
 
 import transfer_queue as tq
-from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBufferAsync
 
-from parser.verl.metrics import step_metrics
+from parser.verl.metrics import group_metrics, step_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +40,52 @@ class ParserReplayBuffer(ReplayBufferAsync):
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         batch, metrics = super().sample(global_steps, partition_id, batch_size)
         if partition_id == "train" and batch.keys:
-            data = tq.kv_batch_get(keys=batch.keys, partition_id=partition_id, select_fields=["extra_fields"])
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=partition_id,
+                                   select_fields=["extra_fields", "response_mask"])
             metrics.update(metrics_from_extra_fields(data["extra_fields"]))
+            metrics.update(mask_metrics(data["extra_fields"], data["response_mask"]))
+            metrics.update(group_metrics(rewards_by_group(batch.keys, data["extra_fields"], batch.tags),
+                                         metrics.get(DAPO_FILTERED_REWARD_COUNTS_KEY)))
         return batch, metrics
+
+
+def mask_metrics(extra_fields: Any, response_mask: Any) -> dict[str, float]:
+    """What the trainer will learn from, checked against what the engine generated.
+
+    `parser/mask/mismatched_trajectories/sum`: trajectories (not cut at response_length) whose
+    count of mask-1 tokens differs from the lead tokens the episode engine generated — must be
+    0: the loss sees exactly the lead's tokens. `parser/mask/lead_token_fraction`: mask-1 tokens
+    / response tokens (the rest are templates and observations, masked out).
+    """
+    rows = extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
+    # TransferQueue keeps each trajectory's response unpadded (a jagged nested tensor)
+    masks = response_mask.unbind(0) if getattr(response_mask, "is_nested", False) else list(response_mask)
+    mismatched = lead = total = 0
+    for row, mask in zip(rows, masks):
+        stats = row.get("parser_stats") if isinstance(row, dict) else None
+        if not stats:
+            continue
+        masked = int(mask.sum())
+        lead += masked
+        total += int(mask.numel())
+        if not stats.get("truncated") and masked != int(stats["lead_tokens"]):
+            mismatched += 1
+    if not total:
+        return {}
+    return {"parser/mask/mismatched_trajectories/sum": float(mismatched), "parser/mask/lead_token_fraction": lead / total}
+
+
+def rewards_by_group(keys: list[str], extra_fields: Any, tags: list[dict] | None = None) -> dict[str, list[float]]:
+    """uid -> rewards of the sampled trajectories (verl keys them `{uid}_{session}_{i}`), padding skipped."""
+    rows = extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
+    groups: dict[str, list[float]] = {}
+    for i, (key, row) in enumerate(zip(keys, rows)):
+        if tags and tags[i].get("is_padding"):
+            continue
+        info = (row or {}).get("reward_extra_info") or {} if isinstance(row, dict) else {}
+        if "acc" in info:
+            groups.setdefault(key.rsplit("_", 2)[0], []).append(float(info["acc"]))
+    return groups
 
 
 def metrics_from_extra_fields(extra_fields: Any) -> dict[str, float]:

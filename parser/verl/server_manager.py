@@ -17,25 +17,66 @@ Who decides what:
   the replica that already holds its KV prefix. The engine passes the id the agent loop gave
   `EpisodeEngine.run(..., request_id=)` on every turn; the adapter refuses a call without one.
 
+- stop tokens: every lead generation stops at `<|im_end|>` and `<|endoftext|>`
+  (`stop_token_ids`, from the lead tokenizer). SGLang started by verl skips its tokenizer
+  (`skip_tokenizer_init`) and then did not stop at Qwen3.5's end of turn on its own; the
+  authors' release sends the same two ids with every lead request.
+- weight versions: verl's trainer reads each trajectory's `min_global_steps` /
+  `max_global_steps` (the oldest and newest weights it was generated with; verl 0.9.1
+  `agent_loop_tq.py` copies them from the agent loop's `extra_fields`, `trainer_base.py`
+  casts them to int for its staleness metrics and drops nothing silently). The server
+  manager reports them per call in `TokenOutput.extra_fields`; the adapter pools them per
+  request id and the agent loop takes them with `take_weight_versions(request_id)`.
+
 It never raises on model output. An `aborted` stop reason (a weight sync interrupted the
 request and partial rollout is off) is a transport failure: `BackendError(retryable=True)`.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from parser.backends.base import BackendError, Completion, Prompt, SamplingParams
 
 # verl's sampling keys that the adapter passes through untouched.
 POLICY_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "logprobs")
+# The lead's end-of-turn tokens (Qwen3 / Qwen3.5 chat format): every lead generation stops there.
+LEAD_STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+# verl's per-trajectory weight-version fields (see module docstring).
+VERSION_KEYS = ("min_global_steps", "max_global_steps")
+
+
+def lead_stop_token_ids(tokenizer: Any) -> list[int]:
+    """Ids of LEAD_STOP_TOKENS in the lead tokenizer; a tokenizer without them is refused."""
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in LEAD_STOP_TOKENS if t not in vocab]
+    if missing:
+        raise ValueError(f"lead tokenizer has no {missing}: the lead would not stop at its end of turn")
+    return [int(vocab[t]) for t in LEAD_STOP_TOKENS]
+
+
+def _merge_versions(held: dict[str, int | None], extra: Mapping[str, Any]) -> None:
+    """Pool one call's weight versions into a trajectory's: the oldest start, the newest end."""
+    step = extra.get("global_steps")
+    low, high = extra.get("min_global_steps", step), extra.get("max_global_steps", step)
+    if low is not None:
+        held["min_global_steps"] = int(low) if held.get("min_global_steps") is None else min(held["min_global_steps"], int(low))
+    if high is not None:
+        held["max_global_steps"] = int(high) if held.get("max_global_steps") is None else max(held["max_global_steps"], int(high))
 
 
 class ServerManagerBackend:
     """`Backend` over verl's server manager (token-id prompts only), for one sampling policy."""
 
-    def __init__(self, server_manager: Any, sampling_params: Mapping[str, Any]):
+    def __init__(self, server_manager: Any, sampling_params: Mapping[str, Any], stop_token_ids: Sequence[int] = ()):
         self.server_manager = server_manager
         self.policy = {k: sampling_params[k] for k in POLICY_KEYS if k in sampling_params}
+        self.stop_token_ids = [int(t) for t in stop_token_ids]
+        self.versions: dict[str, dict[str, int | None]] = {}  # request_id -> pooled weight versions
+
+    def take_weight_versions(self, request_id: str) -> dict[str, int | None]:
+        """The trajectory's `min_global_steps` / `max_global_steps` (None if no call reported one)."""
+        held = self.versions.pop(request_id, {})
+        return {key: held.get(key) for key in VERSION_KEYS}
 
     def sampling_dict(self, sampling: SamplingParams) -> dict[str, Any]:
         params = {
@@ -48,6 +89,8 @@ class ServerManagerBackend:
         params["max_tokens"] = sampling.max_new_tokens
         if sampling.stop:
             params["stop"] = list(sampling.stop)
+        if self.stop_token_ids:
+            params["stop_token_ids"] = list(self.stop_token_ids)
         if sampling.seed is not None:
             params["seed"] = sampling.seed
         return params
@@ -78,6 +121,7 @@ class ServerManagerBackend:
         logprobs = [float(x) for x in output.log_probs] if output.log_probs else None
         hit_limit = stop_reason == "length" or len(token_ids) >= sampling.max_new_tokens
         extra = getattr(output, "extra_fields", None) or {}
+        _merge_versions(self.versions.setdefault(request_id, {}), extra)
         return Completion(
             text="",  # the engine decodes token_ids with the lead tokenizer itself
             token_ids=token_ids,

@@ -10,21 +10,28 @@ What it adds to `python -m verl.trainer.main_ppo` (whose steps it then runs, by 
   naive weight sync, removed `grad_offload`, ...), before Ray or any GPU starts;
 - wandb runs offline unless you are logged in (`WANDB_API_KEY` or `wandb login`), so a run
   never blocks on a login prompt; `WANDB_MODE=online` forces it;
-- the agent-loop YAML path becomes absolute, so Ray workers on other nodes find it.
+- the agent-loop YAML path becomes absolute, so Ray workers on other nodes find it;
+- `trainer.device: cpu` (configs/train/engine/cpu.yaml) loads parser/verl/cpu into every verl
+  process (`VERL_PLATFORM`, `VERL_USE_EXTERNAL_MODULES`, here and in Ray's runtime env);
+- verl's log level is WARN in every process unless you set `VERL_LOGGING_LEVEL` (see
+  `verl_log_level`: at INFO, verl 0.9.1's separate_async trainer crashes while starting).
 """
 from __future__ import annotations
 
+import importlib
 import netrc
 import os
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from parser.verl.config_checks import check_train_config
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO / "configs"
+# The verl levels at which verl 0.9.1's separate_async trainer raises while starting (below).
+CRASHING_LOG_LEVELS = ("INFO", "DEBUG", "NOTSET")
 
 
 def wandb_logged_in() -> bool:
@@ -36,9 +43,42 @@ def wandb_logged_in() -> bool:
         return False
 
 
+def verl_log_level(config: DictConfig, requested: str | None) -> str:
+    """verl's log level for this run: WARN unless asked otherwise, and never INFO/DEBUG where it crashes.
+
+    verl 0.9.1 bug: with `actor_rollout_ref.hybrid_engine: false` in separate_async mode,
+    `PPOTrainerSeparateAsync._setup` (verl/trainer/ppo/v1/trainer_separate_async.py, line 181-185)
+    calls `logger.info(..., flush=True)`; the standard logger takes no `flush`, so at INFO the
+    trainer dies with `TypeError: Logger._log() got an unexpected keyword argument 'flush'`
+    before its first step. At WARN the call is filtered out before the bad argument is seen.
+    """
+    level = (requested or "WARN").upper()
+    separate = config.trainer.use_v1 and config.trainer.v1.trainer_mode == "separate_async"
+    if separate and not config.actor_rollout_ref.get("hybrid_engine", True) and level in CRASHING_LOG_LEVELS:
+        print(f"parser.verl.train: VERL_LOGGING_LEVEL={level} -> WARN (verl 0.9.1's separate_async trainer "
+              "raises at INFO with hybrid_engine=false; see parser.verl.train.verl_log_level)", flush=True)
+        return "WARN"
+    return level
+
+
+def verl_env(config: DictConfig) -> dict[str, str]:
+    """Environment every verl process needs for this config (driver and Ray workers)."""
+    env = {"VERL_LOGGING_LEVEL": verl_log_level(config, os.environ.get("VERL_LOGGING_LEVEL"))}
+    if config.trainer.get("device") == "cpu":
+        # keep any modules the user loads too
+        modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
+        env.update({"VERL_PLATFORM": "cpu",
+                    "VERL_USE_EXTERNAL_MODULES": ",".join(dict.fromkeys(["parser.verl.cpu", *modules]))})
+    return env
+
+
 def prepare(config: DictConfig) -> DictConfig:
     """Everything before verl takes over: env, absolute paths, resolution, checks."""
     os.environ.setdefault("WANDB_MODE", "online" if wandb_logged_in() else "offline")
+    with open_dict(config):  # Ray workers get it from the runtime env; main() sets it here
+        env_vars = config.ray_kwargs.ray_init.runtime_env.env_vars
+        for key, value in verl_env(config).items():
+            env_vars[key] = value
     agent = config.actor_rollout_ref.rollout.agent
     path = Path(str(agent.agent_loop_config_path))
     if not path.is_absolute():
@@ -56,6 +96,11 @@ def prepare(config: DictConfig) -> DictConfig:
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train/parser_4b", version_base=None)
 def main(config: DictConfig) -> None:
     prepare(config)
+    os.environ.update({k: str(v) for k, v in config.ray_kwargs.ray_init.runtime_env.env_vars.items()})
+    # Hydra already imported `verl` (for its config search path) before prepare() set
+    # VERL_USE_EXTERNAL_MODULES, so load the modules here too, before verl resolves its platform.
+    for module in filter(None, os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",")):
+        importlib.import_module(module)
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config

@@ -25,7 +25,7 @@ from parser.backends.http import HttpBackend
 from parser.backends.transformers import TransformersBackend
 from parser.chunking import chunk_document
 from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.reader import SubagentReader
+from parser.readers import SubagentReader
 from parser.tools import QueryAgents
 
 # A document where one paragraph holds the answer; the rest is distinct filler.
@@ -92,7 +92,7 @@ def test_scatter_round_of_64_chunks_answers_every_call_and_reuses_prefixes(vllm,
     assert len(chunks) >= 64
     backend = HttpBackend(vllm.url, api="chat", server="vllm", chat_template_kwargs={})  # messages: vLLM renders
     reader = SubagentReader(backend, tokenizer, temperature=0.0, max_new_tokens=48, json_constrained=True)
-    tool = QueryAgents(reader, chunks, "varnholm", EpisodeConfig().scatter_settings(), asyncio.Semaphore(512),
+    tool = QueryAgents(reader, chunks, "varnholm", EpisodeConfig(), asyncio.Semaphore(512),
                        lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
 
     async def two_rounds():

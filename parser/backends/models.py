@@ -1,0 +1,51 @@
+"""`Models`: the backends a method runs on, built once from the `models` config section.
+
+    models = build_models({"lead": {"type": "transformers", "model": "tiny-qwen3.5"},
+                           "subagent": {"same_as": "lead"}})
+
+ParSer uses both roles; full-context and MemAgent use only `lead`; agentic RAG adds `embedder`.
+Tokenizers are HF tokenizers with a chat template (the engine renders prompts itself).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+
+@dataclasses.dataclass
+class Models:
+    lead: Any  # Backend
+    lead_tokenizer: Any
+    subagent: Any = None  # Backend (often the gateway)
+    subagent_tokenizer: Any = None
+    embedder: Any = None  # callable list[str] -> np.ndarray (L2-normalised rows), for agentic RAG
+
+    closed: bool = dataclasses.field(default=False, init=False, repr=False)
+
+    async def aclose(self) -> None:
+        """Close each backend once (safe to call again: the method and its caller may both close)."""
+        if self.closed:
+            return
+        self.closed = True
+        for backend in {id(b): b for b in (self.lead, self.subagent) if b is not None}.values():
+            await backend.aclose()
+
+
+def build_models(cfg: Mapping[str, Any]) -> Models:
+    """The `Models` bundle a method runs on. `subagent: {same_as: lead}` shares one backend."""
+    from parser.backends import build_backend
+
+    if "lead" not in cfg:
+        raise ValueError("models config: missing the 'lead' section")
+    lead, lead_tokenizer = build_backend(cfg["lead"])
+    sub_cfg = cfg.get("subagent") or {"same_as": "lead"}
+    if sub_cfg.get("same_as") == "lead":
+        subagent, subagent_tokenizer = lead, lead_tokenizer
+    else:
+        subagent, subagent_tokenizer = build_backend(sub_cfg)
+    embedder = None
+    if cfg.get("embedder"):
+        from parser.backends.embedder import build_embedder
+
+        embedder = build_embedder(cfg["embedder"])
+    return Models(lead, lead_tokenizer, subagent, subagent_tokenizer, embedder)

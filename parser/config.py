@@ -1,0 +1,103 @@
+"""`EpisodeConfig`: every knob of one agent episode, defined once.
+
+Why a module of its own: the engine (`parser.episode`), the tool sets (`parser.tools`), the
+readers, eval and the verl agent loop all read these values, and this file imports nothing from
+the package, so any of them can depend on it without a cycle. The YAML presets in
+`configs/episode/` (train = paper Table 9, eval = the paper's inference changes, cpu = CPU-sized
+budgets) set these fields; `tests/test_configs_on_cpu.py` keeps `train.yaml` equal to the
+defaults here.
+
+    EpisodeConfig(**OmegaConf.to_container(cfg.episode))
+    episode_preset("dci", max_turns=8)      # configs/episode/dci.yaml, one field overridden
+
+The baselines' episode presets (the DCI agent, the DCI subagent, agentic RAG) live in the same
+folder, so a method built from Python without a config gets exactly what its Hydra config gets.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+EPISODE_PRESETS = Path(__file__).resolve().parent.parent / "configs" / "episode"
+PROTOCOLS = ("parser", "release")  # whose behaviour the engine has; parser/protocol.py, docs/fidelity.md
+
+
+@dataclasses.dataclass
+class EpisodeConfig:
+    """Defaults are the paper's training settings (Table 9); eval overrides them in
+    `configs/episode/eval.yaml` (12 turns, chunk 4096, lead temperature 0)."""
+
+    max_turns: int = 9
+    max_tokens_per_turn: int = 2048
+    max_response_tokens: int | None = None  # verl's rollout.response_length; None = unbounded
+    chunk_size: int = 512  # subagent chunk, tokens of the subagent tokenizer
+    lead_temperature: float = 1.0
+    lead_top_p: float = 1.0
+    lead_top_k: int = -1
+    lead_thinking: bool = True
+    subagent_temperature: float = 0.7
+    subagent_max_tokens: int = 512
+    observation_token_budget: int = 4096  # per query; what is cut is said
+    merge_identical_answers: bool = True
+    max_concurrency: int = 512  # subagent requests in flight per engine (all its episodes)
+    request_timeout_s: float = 300.0
+    max_attempts: int = 4  # per subagent request and lead generation, for retryable errors (5xx, connection, timeout)
+    retry_backoff_s: float = 0.5  # first backoff; grows exponentially with jitter
+    prompt_version: str = "v1"  # parser/prompts/<version>/
+    # constrained decoding (parser.episode's docstring); off in the paper's settings
+    constrain_subagents: bool = False  # subagent replies under the finding's JSON schema
+    constrain_lead: bool = False  # one tool call or one <answer> per lead turn (not for training)
+    # the baselines' protocols (parser.episode's docstring); off for ParSer
+    plain_reply_is_answer: bool = False
+    continue_cut_turns: bool = False
+    finalize_turn: bool = False  # eval-only
+    compact_after_chars: int | None = None  # eval-only
+    keep_recent_results: int = 12
+    protocol: str = "parser"  # "release": the authors' release, row by row (parser.protocol, docs/fidelity.md)
+    protocol_release: dict[str, Any] = dataclasses.field(default_factory=lambda: {"repo": None})  # repo: its checkout
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}")
+        self.protocol_release = dict(self.protocol_release or {})
+
+    def eval_only_options(self) -> list[str]:
+        """The options set that make prompts other than the appended stream (no token view)."""
+        return [name for name, on in (("finalize_turn", self.finalize_turn),
+                                      ("compact_after_chars", self.compact_after_chars is not None)) if on]
+
+    def constraints(self) -> list[str]:
+        """The constrained-decoding options that are on (recorded in trajectories and manifests)."""
+        return [name for name, on in (("subagents: json_schema", self.constrain_subagents),
+                                      ("lead: one action per turn", self.constrain_lead)) if on]
+
+
+def _preset_values(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A preset's values after its Hydra `defaults` list (other presets of the folder, `_self_`)."""
+    from omegaconf import OmegaConf
+
+    path = EPISODE_PRESETS / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in EPISODE_PRESETS.glob("*.yaml"))
+        raise FileNotFoundError(f"episode preset {name!r}: no {path} (known: {', '.join(known)})")
+    if name in seen:
+        raise ValueError(f"episode preset {name!r}: its defaults list includes itself ({' -> '.join(seen + (name,))})")
+    raw = OmegaConf.to_container(OmegaConf.load(path))
+    own = {k: v for k, v in raw.items() if k != "defaults"}
+    values: dict[str, Any] = {}
+    for entry in raw.get("defaults", ["_self_"]):
+        values.update(own if entry == "_self_" else _preset_values(str(entry), seen + (name,)))
+    if "_self_" not in raw.get("defaults", ["_self_"]):
+        values.update(own)
+    return values
+
+
+def episode_preset(name: str, **overrides: Any) -> EpisodeConfig:
+    """The `EpisodeConfig` of `configs/episode/<name>.yaml`, with `overrides` on top."""
+    values = {**_preset_values(name), **overrides}
+    known = {f.name for f in dataclasses.fields(EpisodeConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"episode preset {name!r}: unknown field(s) {unknown}; EpisodeConfig has {sorted(known)}")
+    return EpisodeConfig(**values)

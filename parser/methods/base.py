@@ -1,0 +1,60 @@
+"""What every method shares: the sample it answers, the result it returns, the interface.
+
+Eval, the latency bench and the demo hold methods only through `Method`, so every method sees
+the same `Sample`s, is scored by the same metric and reports the same timing fields
+(`MethodResult`). The name -> class table is `parser.methods.METHODS`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+
+@dataclasses.dataclass
+class Sample:
+    """One eval/training item. `context` is the packed document; the lead never sees it."""
+
+    id: str
+    question: str
+    answers: list[str]
+    context: str
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any], source: str = "<record>") -> "Sample":
+        """Accept the project's eval rows and MemAgent's (`input`, `answers`, `context`, `index`)."""
+        question = record.get("question", record.get("input"))
+        answers = record.get("answers", record.get("golden_answers", record.get("outputs")))
+        missing = [name for name, v in (("question/input", question), ("answers", answers), ("context", record.get("context"))) if v is None]
+        if missing:
+            raise ValueError(f"{source}: record is missing field(s) {', '.join(missing)}")
+        if isinstance(answers, str):
+            answers = [answers]
+        sample_id = record.get("id", record.get("index", record.get("_id")))
+        if sample_id is None:
+            raise ValueError(f"{source}: record has no id/index field")
+        meta = {k: v for k, v in record.items() if k not in {"question", "input", "answers", "golden_answers", "outputs", "context", "id"}}
+        return cls(id=str(sample_id), question=str(question), answers=[str(a) for a in answers], context=record["context"], meta=meta)
+
+
+@dataclasses.dataclass
+class MethodResult:
+    """What every method returns; eval writes `to_dict()` as one JSONL row."""
+
+    answer: str | None
+    steps: int  # sequential model rounds on the critical path (ParSer: lead turns; MemAgent: chunks + 1)
+    wall_s: float
+    lead_output_tokens: int = 0
+    subagent_output_tokens: int = 0
+    record: dict[str, Any] = dataclasses.field(default_factory=dict)  # method-specific trace (e.g. a trajectory)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Method(Protocol):
+    name: str
+
+    async def run(self, sample: Sample) -> MethodResult: ...
+
+    async def aclose(self) -> None: ...

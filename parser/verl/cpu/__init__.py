@@ -1,0 +1,88 @@
+"""verl 0.9.1's real trainer on a machine without a GPU: CI and laptops, not a second trainer.
+
+Every piece is one of verl's extension points; no verl file is copied or edited. Loaded into
+every verl process (driver, TaskRunner, trainer workers, rollout replicas, reward workers)
+by verl's own `VERL_USE_EXTERNAL_MODULES=parser.verl.cpu` (read when `verl` is imported), with
+`VERL_PLATFORM=cpu` selecting the platform; `parser.verl.train` sets both, in the launching
+process and in Ray's runtime env, when the config says `trainer.device: cpu`.
+
+| what a GPU run has | on the CPU | verl extension point |
+|---|---|---|
+| CUDA platform (nccl) | `platform.PlatformCPU` (gloo, host memory) | `PlatformRegistry` + `VERL_PLATFORM` |
+| FSDP engine for cuda/npu | verl's own FSDP2 engine (`FSDP2OnCPU`: no pinned offload), registered for "cpu" | `EngineRegistry.register` |
+| SGLang rollout server | `rollout.CpuRolloutReplica` (transformers, TP 1) | `RolloutReplicaRegistry` (`rollout.name=parser_cpu`) |
+| nccl weight sync | `weight_sync.GlooCheckpointEngine` | `CheckpointEngineRegistry` (`checkpoint_engine.backend=cpu_gloo`) |
+| GPUs in Ray | logical GPUs (`ray_init.num_gpus`) | `ray_kwargs.ray_init` |
+
+Config-only differences (configs/train/cpu_smoke.yaml): sdpa attention (flash-attention-2 is
+GPU-only), `fsdp2` strategy (FSDP1 needs a GPU), rollout tensor parallel 1, TransferQueue
+with 1 storage unit (each unit holds a whole Ray CPU; 8 of them starve a 2-core machine).
+
+The one change below verl: verl builds its process-group backend as
+`f"cpu:gloo,{device}:{backend}"` (verl/utils/distributed.py, `initialize_global_process_group_ray`),
+which on a CPU is "cpu:gloo,cpu:gloo", and torch rejects a repeated device. `_accept_repeated_cpu_gloo`
+wraps `torch.distributed.init_process_group` to drop an exact repeat of a device:backend pair
+(nothing else changes), only in processes that loaded this module.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch.distributed
+
+# The platform first: importing verl's engines asks for the device at import time.
+from parser.verl.cpu import platform  # noqa: I001  (registers "cpu")
+from verl.workers.engine import EngineRegistry
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+from parser.verl.cpu import rollout, weight_sync  # noqa: F401  (registrations)
+
+PLATFORM = platform.PLATFORM_NAME
+ROLLOUT = rollout.ROLLOUT_NAME
+WEIGHT_SYNC = weight_sync.BACKEND
+ENV = {"VERL_PLATFORM": PLATFORM, "VERL_USE_EXTERNAL_MODULES": __name__}
+
+
+def _dedupe_backend(backend: str | None) -> str | None:
+    if not backend or "," not in backend:
+        return backend
+    pairs = list(dict.fromkeys(p.strip() for p in backend.split(",")))
+    return ",".join(pairs)
+
+
+def _accept_repeated_cpu_gloo() -> None:
+    init = torch.distributed.init_process_group
+    if getattr(init, "_parser_cpu", False):
+        return
+
+    @functools.wraps(init)
+    def init_process_group(backend=None, *args, **kwargs):
+        return init(_dedupe_backend(backend), *args, **kwargs)
+
+    init_process_group._parser_cpu = True
+    torch.distributed.init_process_group = init_process_group
+
+
+class FSDP2OnCPU(FSDPEngineWithLMHead):
+    """verl's FSDP2 engine, without the CPU-offload policy it forces on forward-only models
+    (the reference): that policy pins host memory, which needs an accelerator, and offloading
+    to the CPU means nothing when everything is already there. `forward_only` is read in
+    `_build_fsdp_module` only to choose that policy, so it is lifted for that call alone."""
+
+    def _build_fsdp_module(self, module):
+        forward_only = self.engine_config.forward_only
+        self.engine_config.forward_only = False
+        try:
+            return super()._build_fsdp_module(module)
+        finally:
+            self.engine_config.forward_only = forward_only
+
+
+def _register_fsdp_on_cpu() -> None:
+    engines = EngineRegistry._engines.get("language_model", {}).get("fsdp2", {})
+    if PLATFORM not in engines:
+        EngineRegistry.register(model_type="language_model", backend="fsdp2", device=PLATFORM)(FSDP2OnCPU)
+
+
+_accept_repeated_cpu_gloo()
+_register_fsdp_on_cpu()

@@ -1,0 +1,163 @@
+"""verl 0.9.1's own v1 separate_async trainer, run for real on this CPU with ParSer's agent loop.
+
+    .venv/bin/pytest tests/e2e/test_verl_trainer_on_cpu.py -q
+
+What runs: `python -m parser.verl.train --config-name train/cpu_smoke` (the 4B run's
+composition, sizes and device changed; parser/verl/cpu plugs the CPU into verl) — Ray,
+TransferQueue, the separate_async trainer, FSDP2 actor + reference, a standalone rollout
+replica, gloo weight sync after every step, ParserAgentLoop with the episode engine, subagents
+over HTTP, ParserReplayBuffer, GRPO, checkpointing — twice: 2 steps with a checkpoint per
+step, then again from the checkpoint to step 3.
+
+The only stand-in: the subagents are a loopback HTTP worker (parser.testing.loopback) that
+answers like a subagent (a finding where the needle is, else an abstention) instead of
+SGLang. The lead is a real tiny Qwen3 (parser.testing.verl_smoke) that samples right and wrong
+answers, so rewards are exact match on what it wrote.
+
+Cost (2 shared cores, load 10-15 from other jobs): 6-9 min for the module, of which the tiny
+lead's fitting ~75 s on a fresh asset cache (then cached), each launch 150-330 s — mostly Ray
+and ~10 processes each importing verl; the steps themselves 6-35 s.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl")
+pytest.importorskip("ray")
+
+from parser.testing.loopback import start_loopback  # noqa: E402
+from parser.testing import verl_smoke as smoke  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = 420
+
+
+def train(tmp: Path, lead: dict, gateway_url: str, name: str, steps: int) -> dict:
+    """One launch of the trainer; returns its per-step metrics, wall time and output."""
+    log = tmp / f"{name}.jsonl"
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "VERL_FILE_LOGGER_PATH": str(log), "HYDRA_FULL_ERROR": "1", "OMP_NUM_THREADS": "1",
+           "RAY_DEDUP_LOGS": "0"}
+    env.pop("VERL_LOGGING_LEVEL", None)
+    command = [
+        sys.executable, "-m", "parser.verl.train", "--config-name", "train/cpu_smoke",
+        f"parser.gateway_url={gateway_url}",
+        f"actor_rollout_ref.model.path={lead['lead']}",
+        f"data.train_files={lead['train_files']}", f"data.val_files={lead['val_files']}",
+        f"trainer.default_local_dir={tmp / 'checkpoints'}",
+        "trainer.logger=[console,file]", "trainer.save_freq=1", f"trainer.total_training_steps={steps}",
+    ]
+    start = time.monotonic()
+    proc = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    wall = time.monotonic() - start
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    steps_logged = [json.loads(line) for line in log.read_text().splitlines()]
+    return {"steps": {s["step"]: s["data"] for s in steps_logged}, "wall_s": wall, "out": proc.stdout + proc.stderr}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cpu_smoke")
+    with start_loopback("subagent-w1", needle=smoke.NEEDLE, needle_answer=smoke.ANSWER) as subagents:
+        lead = smoke.build(tmp, subagents.url)
+        first = train(tmp, lead, subagents.url, "run1", steps=2)
+        again = train(tmp, lead, subagents.url, "run2", steps=3)
+    report = {n: {"wall_s": round(r["wall_s"], 1), "step_s": {k: round(v["timing_s/step"], 1) for k, v in r["steps"].items()}}
+              for n, r in (("run1", first), ("run2", again))}
+    print(f"\ncpu smoke timings: {report}")
+    return {"tmp": tmp, "lead": lead, "first": first, "again": again}
+
+
+def test_steps_complete_in_separate_async_mode(runs):
+    first = runs["first"]
+    assert sorted(first["steps"]) == [1, 2]
+    # verl's TaskRunner prints the resolved config it runs
+    assert "'trainer_mode': 'separate_async'" in first["out"] and "'hybrid_engine': False" in first["out"]
+    for step in first["steps"].values():
+        assert step["training/global_step"] in (1, 2)
+        assert "timing_s/update_weights" in step  # the standalone rollout got the new weights
+        assert step["actor/grad_norm"] > 0
+
+
+def test_parser_metrics_logged_every_step(runs):
+    from parser.verl.metrics import PREFIX
+
+    expected = {f"{PREFIX}/{k}" for k in (
+        "turns/mean", "turns/max", "lead_tokens_per_turn", "queries_per_turn", "replies_per_query",
+        "invalid_action_rate", "subagent_failures/sum", "subagent_failure_rate", "answered", "truncated",
+        "reward/mean", "grpo/solve_all", "grpo/solve_none", "mask/mismatched_trajectories/sum",
+        "mask/lead_token_fraction")}
+    for run in (runs["first"], runs["again"]):
+        for step, metrics in run["steps"].items():
+            assert expected <= set(metrics), (step, expected - set(metrics))
+            # the lead queried the subagents over HTTP and got the needle's finding back
+            assert metrics["parser/queries_per_turn"] > 0 and metrics["parser/replies_per_query"] > 0
+            assert metrics["parser/subagent_failures/sum"] == 0
+            assert metrics["parser/reward/mean"] == metrics["critic/score/mean"]
+
+
+def test_rollout_masks_cover_exactly_the_lead_tokens(runs):
+    """Mask 1 on exactly the tokens the lead generated (counted by the episode engine), 0 on the
+    system prompt's continuation templates and the subagents' observation."""
+    for run in (runs["first"], runs["again"]):
+        for metrics in run["steps"].values():
+            assert metrics["parser/mask/mismatched_trajectories/sum"] == 0
+            assert 0.05 < metrics["parser/mask/lead_token_fraction"] < 0.95
+
+
+def test_checkpoint_written_and_resumed(runs):
+    ckpt = runs["tmp"] / "checkpoints"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    for step in (1, 2, 3):
+        assert (ckpt / f"global_step_{step}" / "actor" / "model_world_size_1_rank_0.pt").is_file()
+    # the second launch resumed from step 2: it trained step 3 only
+    assert sorted(runs["again"]["steps"]) == [3]
+
+
+def _weights(path: Path) -> dict:
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    return {k: (v.to_local() if hasattr(v, "to_local") else v).float() for k, v in state.items()}
+
+
+def test_weights_move_on_steps_with_nonzero_advantages(runs):
+    """GRPO moves the actor exactly when a group's rewards differed (non-zero advantages)."""
+    from safetensors.torch import load_file
+
+    steps = {**runs["first"]["steps"], **runs["again"]["steps"]}
+    ckpt = runs["tmp"] / "checkpoints"
+    (initial,) = Path(runs["lead"]["lead"]).glob("*.safetensors")
+    before = {k: v.float() for k, v in load_file(initial).items()}
+    moved_any = False
+    for step in (1, 2, 3):
+        after = _weights(ckpt / f"global_step_{step}" / "actor" / "model_world_size_1_rank_0.pt")
+        change = max(float((after[k] - before[k]).abs().max()) for k in before)
+        signal = steps[step]["critic/advantages/max"] > 0 or steps[step]["critic/advantages/min"] < 0
+        if signal:
+            assert change > 0, f"step {step}: non-zero advantages but the actor did not move"
+            moved_any = True
+        before = after
+    assert moved_any, "no step had reward variance: the smoke lead no longer samples right and wrong answers"
+
+
+def test_parser_metric_names_reduce_as_meant_over_mini_batches():
+    """A separate_async step is parameter_sync_step mini-batches; verl's own aggregator must sum
+    counts, take max of maxima and average the rest (parser/verl/metrics.py)."""
+    from verl.trainer.ppo.v1.utils import MetricsAggregator
+
+    aggregator = MetricsAggregator()
+    for failures, turns_max in ((2.0, 3.0), (1.0, 5.0)):
+        aggregator.add_step_metrics({"parser/subagent_failures/sum": failures, "parser/turns/max": turns_max,
+                                     "parser/mask/mismatched_trajectories/sum": 0.0,
+                                     "parser/reward/mean": 0.5, "parser/grpo/solve_none": 0.25}, sample_count=4)
+    out = aggregator.get_aggregated_metrics()
+    assert out["parser/subagent_failures/sum"] == 3.0 and out["parser/turns/max"] == 5.0
+    assert out["parser/reward/mean"] == 0.5 and out["parser/grpo/solve_none"] == 0.25

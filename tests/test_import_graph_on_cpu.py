@@ -1,0 +1,105 @@
+"""The project's own packages import each other without a cycle, and production never imports tests.
+
+Every `import` / `from ... import` statement in `parser/`, `eval/` and `data_prep/` counts, at any
+depth (a function-level import closes a cycle as surely as a top-level one: that is how the old
+method registry did). `from pkg import name` counts as importing `pkg.name` when that is a module.
+
+    .venv/bin/pytest tests/test_import_graph_on_cpu.py -q
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("parser", "eval", "data_prep")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+            for target in targets:
+                while target and target not in modules:  # `import parser.x.y` of a name inside a module
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_checker_sees_a_function_level_cycle(tmp_path):
+    graph = {"parser.methods": {"parser.baselines"}, "parser.baselines": {"parser.methods"}, "parser.x": set()}
+    assert cycles(graph) == [["parser.baselines", "parser.methods"]]
+
+
+def test_production_never_imports_test_code():
+    graph = import_graph()
+    offenders = {m: sorted(t for t in targets if t.startswith("parser.testing"))
+                 for m, targets in graph.items() if not m.startswith("parser.testing")}
+    assert {m: t for m, t in offenders.items() if t} == {}
+
+
+def test_method_components_never_import_a_baseline():
+    graph = import_graph()
+    core = [m for m in graph if m.startswith(("parser.readers", "parser.verl", "parser.episode", "parser.tools"))]
+    baselines = {"parser.methods.memagent", "parser.methods.full_context", "parser.methods.rag", "parser.methods.dci_agent"}
+    assert {m: sorted(graph[m] & baselines) for m in core if graph[m] & baselines} == {}

@@ -1,0 +1,91 @@
+"""WorkerPool against real HTTP workers: hung and garbage-answering workers are marked down and
+retries land on another worker.
+
+    .venv/bin/pytest tests/test_worker_pool_on_cpu.py -q
+
+The workers are `parser.testing.loopback` servers (real aiohttp servers on loopback, no model).
+`attempts()` is the episode engine's retry rule (retry a retryable BackendError or a timeout,
+as `parser.tools.QueryAgents._read` does), without its backoff, so the test stays fast.
+"""
+import asyncio
+import time
+
+import pytest
+
+from parser.backends.base import BackendError, SamplingParams
+from parser.backends.http import HttpBackend
+from parser.backends.pool import WorkerPool
+from parser.testing.loopback import start_loopback
+
+SAMPLING = SamplingParams(max_new_tokens=8, temperature=0.0)
+
+
+def prompt_for(api):
+    """A chat server renders the template itself: it takes messages, never rendered text."""
+    return [{"role": "user", "content": "Query: q?"}] if api == "chat" else "Query: q?"
+
+
+async def attempts(pool, key, *, timeout_s, max_attempts=3, prompt="Query: q?"):
+    """(completion, attempts used), retrying like the engine does."""
+    for attempt in range(1, max_attempts + 1):
+        try:
+            return await asyncio.wait_for(pool.generate(prompt, SAMPLING, routing_key=key), timeout_s), attempt
+        except (asyncio.TimeoutError, BackendError) as error:
+            if attempt == max_attempts or (isinstance(error, BackendError) and not error.retryable):
+                raise
+
+
+@pytest.mark.parametrize("api", ["sglang", "completions", "chat"])
+def test_a_worker_answering_200_garbage_is_retried_elsewhere(api):
+    with start_loopback("garbage", fail_first=10**9, fail_mode="garbage") as bad, start_loopback("good") as good:
+        pool = WorkerPool([HttpBackend(bad.url, api=api), HttpBackend(good.url, api=api)], cooldown_s=0.0)
+
+        async def go():
+            try:
+                return await asyncio.gather(*(attempts(pool, f"doc:chunk{i}", timeout_s=10, prompt=prompt_for(api))
+                                              for i in range(48)))
+            finally:
+                await pool.aclose()
+
+        results = asyncio.run(go())
+    assert all(isinstance(c.text, str) and c.worker == "good" for c, _ in results)  # nothing lost
+    first_on_bad = sum(1 for _, used in results if used > 1)
+    assert 0 < first_on_bad == len(bad.worker.records)  # each key met the bad worker at most once
+    assert all(used <= 2 for _, used in results)  # cooldown 0: the retry still avoided it
+
+
+def test_a_hung_worker_is_marked_down_and_later_rounds_skip_it():
+    with start_loopback("hung", delay_s=60) as hung, start_loopback("good") as good:
+        pool = WorkerPool([HttpBackend(hung.url), HttpBackend(good.url)], cooldown_s=60, hung_after_s=0.2)
+
+        async def go():
+            try:
+                first = await asyncio.gather(*(attempts(pool, f"k{i}", timeout_s=0.5) for i in range(16)))
+                started = time.perf_counter()
+                later = await asyncio.gather(*(attempts(pool, f"k{i}", timeout_s=0.5) for i in range(16)))
+                return first, later, time.perf_counter() - started
+            finally:
+                await pool.aclose()
+
+        first, later, later_s = asyncio.run(go())
+    assert all(c.worker == "good" for c, _ in first + later)
+    assert any(used == 2 for _, used in first)  # keys ranked on the hung worker timed out once...
+    assert all(used == 1 for _, used in later) and later_s < 0.5  # ...then it was down: no more waits
+
+
+@pytest.mark.parametrize("api", ["sglang", "completions", "chat"])
+def test_http_backend_reports_a_garbage_200_as_retryable(api):
+    """Without a pool (behind the gateway) the engine must still see a retryable error, not an
+    IndexError or a null text that would pass as an abstention."""
+    with start_loopback("garbage", fail_first=10**9, fail_mode="garbage") as bad:
+        backend = HttpBackend(bad.url, api=api)
+
+        async def go():
+            try:
+                return await backend.generate(prompt_for(api), SAMPLING)
+            finally:
+                await backend.aclose()
+
+        with pytest.raises(BackendError, match="HTTP 200 but") as error:
+            asyncio.run(go())
+    assert error.value.retryable
