@@ -291,9 +291,10 @@ def _parse_release(text: str) -> LeadAction:
     return LeadAction(thinking, [], None, "no tool call and no non-empty <answer> block")
 
 # The lead constraint's bounds on a query and an answer, in characters: a constrained call then
-# always fits a small turn budget (about 25 tokens of wrapper plus at most ~35 of query).
-MAX_QUERY_CHARS = 120
-MAX_ANSWER_CHARS = 100
+# fits a 128-token turn even when a degenerate small model spends one token per character
+# (about 25 tokens of wrapper plus at most 80 of query; ~20 for a real question).
+MAX_QUERY_CHARS = 80
+MAX_ANSWER_CHARS = 80
 
 
 def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = False) -> str:
