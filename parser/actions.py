@@ -289,3 +289,38 @@ def _parse_release(text: str) -> LeadAction:
     if answer is not None:
         return LeadAction(thinking, [], answer)
     return LeadAction(thinking, [], None, "no tool call and no non-empty <answer> block")
+
+# The lead constraint's bounds on a query and an answer, in characters: a constrained call then
+# fits a 128-token turn even when a degenerate small model spends one token per character
+# (about 25 tokens of wrapper plus at most 80 of query; ~20 for a real question).
+MAX_QUERY_CHARS = 80
+MAX_ANSWER_CHARS = 80
+
+
+def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = False) -> str:
+    """The language "exactly one tool call, or one <answer>, per turn" as a regular expression
+    (the lead constraint, `EpisodeConfig.constrain_lead`; for untrained small leads).
+
+    `tools` are the OpenAI-style schemas offered; each must take exactly one string argument
+    (`query_agents(query)`). `dialect` is the chat template's call format ("json": Hermes, "xml":
+    Qwen3.5's). `thinking`: the generation prompt opened `<think>`, so a thinking block closed by
+    `</think>` comes first. Queries and answers are bounded (MAX_QUERY_CHARS, MAX_ANSWER_CHARS).
+    Every string this matches parses to one call or one answer here.
+    """
+    value = f"{{1,{MAX_QUERY_CHARS}}}"  # bounded: a call always fits a small turn budget
+    calls = []
+    for tool in tools:
+        function = tool.get("function", tool)
+        params = function.get("parameters", {}).get("properties", {})
+        if len(params) != 1 or next(iter(params.values())).get("type") != "string":
+            raise ValueError(f"lead constraint: tool {function.get('name')!r} must take exactly one string argument")
+        name, arg = re.escape(function["name"]), re.escape(next(iter(params)))
+        if dialect == "xml":
+            calls.append(f"<tool_call>\\n<function={name}>\\n<parameter={arg}>\\n[^<\\n]{value}\\n</parameter>\\n</function>\\n</tool_call>")
+        elif dialect == "json":
+            calls.append(f'<tool_call>\\{{"name": "{name}", "arguments": \\{{"{arg}": "[^"\\\\\\n<]{value}"\\}}\\}}</tool_call>')
+        else:
+            raise ValueError(f"lead constraint: unknown tool-call dialect {dialect!r} (json or xml)")
+    head = "([^<]|<[^/])*</think>\\n\\n" if thinking else ""
+    answer = f"<answer>[^<\\n]{{1,{MAX_ANSWER_CHARS}}}</answer>"
+    return head + "(" + "|".join([*calls, answer]) + ")"

@@ -42,9 +42,12 @@ class EpisodeConfig:
     merge_identical_answers: bool = True
     max_concurrency: int = 512  # subagent requests in flight per engine (all its episodes)
     request_timeout_s: float = 300.0
-    max_attempts: int = 4  # per subagent request, for retryable errors (5xx, connection, timeout)
+    max_attempts: int = 4  # per subagent request and lead generation, for retryable errors (5xx, connection, timeout)
     retry_backoff_s: float = 0.5  # first backoff; grows exponentially with jitter
     prompt_version: str = "v1"  # parser/prompts/<version>/
+    # constrained decoding (parser.episode's docstring); off in the paper's settings
+    constrain_subagents: bool = False  # subagent replies under the finding's JSON schema
+    constrain_lead: bool = False  # one tool call or one <answer> per lead turn (not for training)
     # the baselines' protocols (parser.episode's docstring); off for ParSer
     plain_reply_is_answer: bool = False
     continue_cut_turns: bool = False
@@ -63,6 +66,11 @@ class EpisodeConfig:
         """The options set that make prompts other than the appended stream (no token view)."""
         return [name for name, on in (("finalize_turn", self.finalize_turn),
                                       ("compact_after_chars", self.compact_after_chars is not None)) if on]
+
+    def constraints(self) -> list[str]:
+        """The constrained-decoding options that are on (recorded in trajectories and manifests)."""
+        return [name for name, on in (("subagents: json_schema", self.constrain_subagents),
+                                      ("lead: one action per turn", self.constrain_lead)) if on]
 
 
 def _preset_values(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:

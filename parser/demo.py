@@ -9,6 +9,9 @@ It builds a small long-context sample from the synthetic world (fictional, so no
 answer from memory), runs the `parser` method — the same episode engine training and eval use —
 prints each trajectory (queries, which agents answered with what, the answer, Sub_EM, latency)
 and writes the trajectories as JSONL. On a CPU the accuracy is low; the point is the pipeline.
+There the 135M lead decodes under the lead constraint (one tool call or one <answer> per turn)
+and the subagents under the finding's JSON schema (`cpu_episode` in configs/demo.yaml), so real
+scatter-gather rounds happen: the printed findings are real subagent replies, right or wrong.
 """
 from __future__ import annotations
 
@@ -71,7 +74,9 @@ def print_result(sample: Sample, result: MethodResult, score: float) -> None:
             print(f"    query: {query['query']!r} -> {len(query['findings'])} findings, {failures} failed calls")
             for finding in query["findings"][:5]:
                 agents = ", ".join([finding["agent"], *finding["merged_agents"]])
-                print(f"      [{agents}] {finding['answer']!r}  evidence: {finding['evidence'][:80]!r}")
+                print(f"      [{agents}] {finding['answer'][:80]!r}  evidence: {finding['evidence'][:100]!r}")
+            if len(query["findings"]) > 5:
+                print(f"      ... {len(query['findings']) - 5} more findings")
     print(f"  answer: {result.answer!r}   Sub_EM: {score:.0f}   stop: {record['stop_reason']}   "
           f"latency: {result.wall_s:.1f}s   sequential steps: {result.steps}")
 
@@ -137,9 +142,17 @@ def main(cfg: DictConfig) -> None:
     output.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
     accuracy = sum(r["sub_em"] for r in rows) / max(len(rows), 1)
     print(f"\nSub_EM {accuracy:.2f} over {len(rows)} samples; trajectories written to {output}")
-    if not any(turn["queries"] for r in rows for turn in r["record"]["turns"]):
+    rounds = sum(len(turn["queries"]) for r in rows for turn in r["record"]["turns"])
+    constraints = sorted({c for r in rows for c in r["record"]["constraints"]})
+    if constraints:
+        print(f"constrained decoding: {', '.join(constraints)} (the paper's configs leave it off)")
+    if not rounds:
         print("note: the lead never called query_agents, so no chunk was read. Small models (SmolLM2-135M) "
-              "do not follow the tool-call protocol; the paper's Qwen3.5-4B does (models=qwen35_local on a GPU).")
+              "do not follow the tool-call protocol unaided (the demo's cpu_episode constrains them); the "
+              "paper's Qwen3.5-4B does (models=qwen35_local on a GPU).")
+    else:
+        print(f"{rounds} scatter-gather rounds. A 135M model reads and reasons poorly: wrong findings, repeated "
+              "queries and unanswered questions are expected here; the paper's Qwen3.5-4B runs with models=qwen35_local on a GPU.")
 
 
 if __name__ == "__main__":

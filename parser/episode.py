@@ -36,6 +36,19 @@ with the token view; and two that are **eval-only**:
 
 `EpisodeConfig.eval_only_options()` names what is set; the verl agent loop refuses those.
 
+Honest token view: the lead's generated ids are the ids the backend reports. A backend that
+returns only text (an OpenAI server without `return_token_ids`) has its text re-tokenised, which
+need not give the ids the model sampled; the trajectory then says so (`token_view_valid=False`,
+`token_view_note`) and training refuses it. Lead generations are retried like subagent reads
+(`parser.retry`).
+
+Constrained decoding (off in every paper config; both recorded in `Trajectory.constraints`):
+`constrain_subagents` decodes subagent replies under the finding's JSON schema (answer before
+evidence, so a reply cut at its budget still carries the answer); `constrain_lead` allows one
+tool call or one `<answer>` per lead turn (`parser.actions.action_regex`), which is how an
+untrained small lead (the CPU demo's SmolLM2-135M) reaches the tool at all. It changes the
+lead's sampling distribution, so training refuses it.
+
 `protocol` (`parser` | `release`) picks whose behaviour the same loop has (`parser.protocol`,
 docs/fidelity.md). Under `release`: the release's prompts, tool schema and hint (read from
 `protocol_release.repo`), its turn rules (`parser.actions`), observation (`parser.gather`),
@@ -53,10 +66,11 @@ from typing import Any
 
 from parser import prompts
 from parser import protocol as protocols
-from parser.actions import TOOL_NAME, LeadAction, parse_lead_output, split_thinking
-from parser.backends.base import Backend, SamplingParams
+from parser.actions import TOOL_NAME, LeadAction, action_regex, parse_lead_output, split_thinking
+from parser.backends.base import Backend, Completion, SamplingParams
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig
+from parser.retry import retrying
 from parser.tools import ChunkReader, QueryAgents, Toolset
 from parser.trajectory import Trajectory, Turn
 
@@ -85,6 +99,14 @@ class LeadContext:
         self.response_logprobs: list[float] = []
         self.end_of_turn_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
         self.rerendered = False  # an eval-only option rewrote history: prompts come from `messages`
+        self.token_view_note: str | None = None  # why the token view is approximate, if it is
+        self.action_regex = self._action_regex() if config.constrain_lead else None
+
+    def _action_regex(self) -> str:
+        """The lead constraint in this chat template's tool-call dialect."""
+        rendered = self._render(self.messages, add_generation_prompt=True)
+        dialect = "xml" if "<function=" in rendered else "json"
+        return action_regex(self.tools, dialect, thinking=rendered.rstrip().endswith("<think>"))
 
     def _template_ignores_tools(self) -> bool:
         """True for chat templates without tool support: the tool schemas must go in as text."""
@@ -110,12 +132,24 @@ class LeadContext:
             return self._encode(self._render(self.messages, add_generation_prompt=True, with_tools=with_tools))
         return self.stream
 
-    def append_generation(self, token_ids: list[int], logprobs: list[float] | None) -> None:
+    def append_generation(self, completion: Completion) -> list[int]:
+        """Append one generation; returns its token ids. Re-tokenising text (a backend without
+        ids) or logprobs that do not align with the ids make the view approximate, said once."""
+        token_ids, logprobs = list(completion.token_ids), completion.logprobs
+        if not token_ids:
+            token_ids = self._encode(completion.text)
+            self.token_view_note = self.token_view_note or (
+                "the lead backend returned text without token ids; response_ids are a re-tokenisation")
+        if logprobs is not None and len(logprobs) != len(token_ids):
+            self.token_view_note = self.token_view_note or (
+                f"the lead backend returned {len(logprobs)} logprobs for {len(token_ids)} token ids")
+            logprobs = None
         self.response_ids += token_ids
         self.response_mask += [1] * len(token_ids)
-        self.response_logprobs += list(logprobs) if logprobs and len(logprobs) == len(token_ids) else [0.0] * len(token_ids)
+        self.response_logprobs += list(logprobs) if logprobs else [0.0] * len(token_ids)
         if not token_ids or token_ids[-1] != self.end_of_turn_id:  # cut at the limit: close the turn
             self._append_context([self.end_of_turn_id])
+        return token_ids
 
     def _append_context(self, token_ids: list[int]) -> None:
         self.response_ids += token_ids
@@ -187,7 +221,8 @@ class EpisodeEngine:
             raise ValueError(f"protocol=release is the release's query_agents protocol; tool set {toolset.names} has none")
         started = time.perf_counter()
         context = LeadContext(self.tokenizer, toolset, question, cfg)
-        trajectory = Trajectory(question=question, doc_id=doc_id, num_chunks=0, prompt_ids=context.prompt_ids)
+        trajectory = Trajectory(question=question, doc_id=doc_id, num_chunks=0, prompt_ids=context.prompt_ids,
+                                constraints=cfg.constraints())
         ids = {"request_id": request_id or doc_id, **({"routing_key": routing_key} if routing_key is not None else {})}
         for turn_index in range(cfg.max_turns):
             budget = self._budget(context)
@@ -224,6 +259,8 @@ class EpisodeEngine:
                     trajectory.token_view_valid = False
         if trajectory.stop_reason == "max_turns" and cfg.finalize_turn and self._budget(context) > 0:
             await self._finalize(context, trajectory, ids)
+        if context.token_view_note:
+            trajectory.token_view_valid, trajectory.token_view_note = False, context.token_view_note
         if cfg.protocol == "release":  # the last <answer> of the whole completion, as the release scores it
             trajectory.answer = protocols.extract_answer("".join(protocols.strip_trailing_markers(t.text) for t in trajectory.turns))
         trajectory.messages = context.messages
@@ -247,22 +284,26 @@ class EpisodeEngine:
         """Generate, append to the stream, parse. Returns the turn, its action and its reply text."""
         cfg = self.config
         sampling = SamplingParams(
-            max_new_tokens=budget, temperature=cfg.lead_temperature, top_p=cfg.lead_top_p, top_k=cfg.lead_top_k, return_logprobs=True
+            max_new_tokens=budget, temperature=cfg.lead_temperature, top_p=cfg.lead_top_p, top_k=cfg.lead_top_k,
+            return_logprobs=True, regex=context.action_regex if tool_names else None,
         )
         lead_started = time.perf_counter()
-        completion = await self.lead.generate(prompt, sampling, **ids)
+        attempts = 0
+        async for attempt in retrying(cfg.max_attempts, cfg.retry_backoff_s):
+            with attempt:
+                attempts += 1
+                completion = await self.lead.generate(prompt, sampling, **ids)
         lead_latency = time.perf_counter() - lead_started
-        token_ids = completion.token_ids or self.tokenizer.encode(completion.text, add_special_tokens=False)
+        token_ids = context.append_generation(completion)
         text = completion.text if completion.text else self.tokenizer.decode(token_ids, skip_special_tokens=False)
         text = text.removesuffix(END_OF_TURN)
-        context.append_generation(token_ids, completion.logprobs)
         action = parse_lead_output(text, tool_names, protocol=cfg.protocol if tool_names else "parser")
         content = split_thinking(text)[1].strip()
         context.messages.append({"role": "assistant", "content": content, "reasoning_content": action.thinking})
         turn = Turn(
             index=index, text=text, thinking=action.thinking, queries=[], answer=action.answer,
             action_error=action.error, lead_tokens=len(token_ids), finish_reason=completion.finish_reason,
-            lead_latency_s=lead_latency, prompt_tokens=completion.prompt_tokens or len(prompt),
+            lead_latency_s=lead_latency, prompt_tokens=completion.prompt_tokens or len(prompt), lead_attempts=attempts,
         )
         return turn, action, content
 

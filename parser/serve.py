@@ -7,9 +7,14 @@ HTTP client see the same wire format as in production:
 
     GET  /health  /health_generate  /get_model_info  /get_server_info  /get_load  /v1/models
     POST /generate              SGLang native schema (text / input_ids, meta_info incl. cached_tokens)
-    POST /v1/completions        OpenAI completions (text or token-id prompt, logprobs)
+    POST /v1/completions        OpenAI completions (text or token-id prompt, logprobs; vLLM's
+                                `return_token_ids` gives the generated ids in `choices[0].token_ids`)
     POST /v1/chat/completions   OpenAI chat; renders the tokenizer's chat template and honours
                                 `chat_template_kwargs` (e.g. {"enable_thinking": false})
+
+Constrained decoding is read in each server's dialect and handed to the backend
+(`SamplingParams.json_schema` / `.regex`): SGLang's `sampling_params.json_schema` / `regex`,
+vLLM's `structured_outputs: {json | regex}`, OpenAI's `response_format: {type: json_schema}`.
     POST /flush_cache
 
 Every response carries `X-Worker-Id`, so clients and gateway tests can see which worker
@@ -371,7 +376,7 @@ class ModelServer:
             "created": int(time.time()),
             "model": self.model_name,
             "choices": [{"index": 0, "text": comp.text, "logprobs": lp_block,
-                         "finish_reason": comp.finish_reason}],
+                         "finish_reason": comp.finish_reason, **_token_ids_field(body, comp)}],
             "usage": self._usage(comp),
         })
 
@@ -407,9 +412,31 @@ class ModelServer:
             "created": int(time.time()),
             "model": self.model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": comp.text},
-                         "logprobs": lp_block, "finish_reason": comp.finish_reason}],
+                         "logprobs": lp_block, "finish_reason": comp.finish_reason, **_token_ids_field(body, comp)}],
             "usage": self._usage(comp),
         })
+
+
+def _token_ids_field(body: dict[str, Any], comp: Completion) -> dict[str, Any]:
+    return {"token_ids": comp.token_ids} if body.get("return_token_ids") else {}
+
+
+def _constraint(d: dict[str, Any], where: str) -> dict[str, str]:
+    """SamplingParams' json_schema / regex from any of the dialects in the module docstring."""
+    found: dict[str, Any] = {}
+    structured = d.get("structured_outputs") or {}
+    fmt = d.get("response_format") or {}
+    schema = d.get("json_schema", structured.get("json"))
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema", schema)
+    if schema is not None:
+        found["json_schema"] = schema if isinstance(schema, str) else orjson.dumps(schema).decode()
+    regex = d.get("regex", structured.get("regex"))
+    if regex is not None:
+        found["regex"] = regex
+    if len(found) > 1:
+        raise BadRequest(f"{where}: give one constraint (json schema or regex), not both")
+    return found
 
 
 def _refuse_unsupported(body: dict[str, Any], where: str) -> None:
@@ -511,6 +538,7 @@ def _sampling(d: dict[str, Any], where: str, *, max_key: str, default_max: int, 
         stop=stop_t,
         seed=None if seed is None else _number(d, seed_key, None, int, where),
         return_logprobs=logprobs,
+        **_constraint(d, where),
     )
 
 

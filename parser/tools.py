@@ -31,14 +31,12 @@ import dataclasses
 import time
 from typing import Any, Awaitable, Callable, Protocol
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
-
 from parser import gather, prompts
 from parser import protocol as release
 from parser.actions import TOOL_NAME, ToolCall
-from parser.backends.base import BackendError
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig
+from parser.retry import retrying
 from parser.trajectory import Finding, QueryRecord, SubagentCall
 
 
@@ -93,10 +91,6 @@ class ChunkReader(Protocol):
     def forget(self, doc_id: str) -> None: ...
 
     def close(self) -> None: ...
-
-
-def _retryable(error: BaseException) -> bool:
-    return isinstance(error, asyncio.TimeoutError) or (isinstance(error, BackendError) and error.retryable)
 
 
 class QueryAgents:
@@ -184,12 +178,7 @@ class QueryAgents:
         started = time.perf_counter()
         attempts = 0
         try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(cfg.max_attempts),
-                wait=wait_exponential_jitter(multiplier=cfg.retry_backoff_s, max=30.0, jitter=cfg.retry_backoff_s),
-                retry=retry_if_exception(_retryable),
-                reraise=True,
-            ):
+            async for attempt in retrying(cfg.max_attempts, cfg.retry_backoff_s):
                 with attempt:
                     attempts += 1
                     async with self.slots:

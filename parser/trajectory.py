@@ -63,6 +63,7 @@ class Turn:
     lead_latency_s: float
     scatter_latency_s: float = 0.0  # time in the turn's tool calls (ParSer: the scatter-gather)
     prompt_tokens: int = 0  # the prompt this turn was generated from
+    lead_attempts: int = 1  # generations tried (retryable backend errors are retried)
     tool_calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # tools other than query_agents
 
 
@@ -79,6 +80,8 @@ class Trajectory:
     # token view for training: built by appending, never by re-rendering. False when an eval-only
     # option (compaction, the tool-free finalize turn) made a prompt that is not the appended stream.
     token_view_valid: bool = True
+    token_view_note: str | None = None  # why not, when the backend's ids/logprobs were unusable
+    constraints: list[str] = dataclasses.field(default_factory=list)  # constrained decoding in effect
     prompt_ids: list[int] = dataclasses.field(default_factory=list)
     response_ids: list[int] = dataclasses.field(default_factory=list)
     response_mask: list[int] = dataclasses.field(default_factory=list)  # 1 = lead-generated

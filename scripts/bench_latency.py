@@ -3,7 +3,10 @@ Figure 3 at CPU scale.
 
 Both methods run through `eval.run` on the same synthetic-world samples at a few lengths with a
 real small instruct model (SmolLM2-135M, shipped offline by a PyPI package), one run,
-concurrency 1. Printed per length: amortized seconds per sample (subset wall time / subset
+concurrency 1. ParSer's lead and subagents decode under constraints (`method/parser_cpu.yaml`),
+so the lead really scatters and its time includes the subagents' reading. In process, the model
+serves one request at a time, which hides ParSer's parallel width; `--vllm URL` runs both
+methods against a vLLM server instead (it batches a round's subagent requests), same model. Printed per length: amortized seconds per sample (subset wall time / subset
 size, as in the paper), mean sequential steps (ParSer: lead turns; MemAgent: chunks + 1), and
 the MemAgent/ParSer ratios — all from this one invocation. Each method writes a normal eval run
 directory, so `python -m eval.report outputs/bench` draws the speedup plot.
@@ -12,6 +15,7 @@ directory, so `python -m eval.report outputs/bench` draws the speedup plot.
     .venv/bin/python scripts/bench_latency.py dataset.lengths=[12,48] dataset.num_questions=2
     .venv/bin/python scripts/bench_latency.py --methods parser        # methods with a configs/method/<name>_cpu.yaml
     .venv/bin/python scripts/bench_latency.py --smoke                 # seconds: tiny random models, one length (the suite runs it)
+    .venv/bin/python scripts/bench_latency.py --vllm http://127.0.0.1:8000   # SmolLM2 served by vLLM
 """
 from __future__ import annotations
 
@@ -44,10 +48,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of configs/eval/bench_cpu.yaml")
     ap.add_argument("--methods", nargs="+", default=["parser", "memagent"], help="first one is the reference")
-    ap.add_argument("--out", default="outputs/bench", help="run directories go here (replaced)")
+    ap.add_argument("--out", default=None, help="run directories go here (replaced); default outputs/bench[_vllm]")
     ap.add_argument("--smoke", action="store_true", help="seconds-long run on tiny models (keeps the bench from rotting)")
+    ap.add_argument("--vllm", metavar="URL", help="lead and subagents on this vLLM server (configs/backend/vllm.yaml), "
+                                                  "serving the SmolLM2 weights of parser.testing.assets.smollm2_dir")
     args = ap.parse_args()
-    overrides = [*(SMOKE if args.smoke else []), *args.overrides]
+    vllm = ["backend@models=vllm", *(f"models.{role}.{key}={value}" for role in ("lead", "subagent")
+                                     for key, value in (("base_url", args.vllm), ("tokenizer", "smollm2")))] if args.vllm else []
+    overrides = [*(SMOKE if args.smoke else []), *vllm, *args.overrides]
+    args.out = args.out or ("outputs/bench_vllm" if args.vllm else "outputs/bench")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     out = Path(args.out)

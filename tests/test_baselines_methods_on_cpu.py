@@ -33,7 +33,8 @@ class ScriptedModel:
     """A Backend whose reply is `script(prompt_text, call_index)`; records every prompt (as text).
 
     Without a tokenizer it insists on chat-template text (full-context, MemAgent); with one it
-    insists on token ids — the episode engine's stream (agentic RAG, DCI) — and decodes them.
+    insists on token ids — the episode engine's stream (agentic RAG, DCI) — decodes them, and
+    returns its reply's token ids closed by <|im_end|>, as a backend that sees tokens does.
     """
 
     def __init__(self, script: Callable[[str, int], str], tokenizer=None):
@@ -46,7 +47,11 @@ class ScriptedModel:
             assert not isinstance(prompt, str) and all(isinstance(t, int) for t in prompt), "the engine sends token ids"
             prompt = self.tokenizer.decode(list(prompt), skip_special_tokens=False)
         self.prompts.append(prompt)
-        return Completion(text=self.script(prompt, len(self.prompts) - 1), finish_reason="stop")
+        text = self.script(prompt, len(self.prompts) - 1)
+        if self.tokenizer is None:
+            return Completion(text=text, finish_reason="stop")
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        return Completion(text=text, token_ids=ids, finish_reason="stop")
 
     async def aclose(self):
         pass
@@ -211,8 +216,8 @@ def test_engine_compacts_old_results_and_continues_cut_turns(tiny_tokenizer):
     class Cut(ScriptedModel):
         async def generate(self, prompt, sampling, **kw):
             completion = await super().generate(prompt, sampling, **kw)
-            if "half a thought" in completion.text:
-                completion.finish_reason = "length"
+            if "half a thought" in completion.text:  # cut at the limit: no end-of-turn token
+                completion.finish_reason, completion.token_ids = "length", completion.token_ids[:-1]
             return completion
 
     class Echo(FunctionTools):

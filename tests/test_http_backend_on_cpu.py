@@ -54,8 +54,9 @@ class Capture:
         self.replies: list[tuple[int, object]] = []
 
     async def handle(self, request: web.Request) -> web.Response:
+        raw = await request.read()
         self.requests.append({"path": request.path, "headers": dict(request.headers),
-                              "body": orjson.loads(await request.read())})
+                              "body": orjson.loads(raw) if raw else None})
         status, body = self.replies.pop(0)
         if isinstance(body, bytes):
             return web.Response(body=body, status=status)
@@ -68,6 +69,7 @@ def capture():
     app = web.Application()
     for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
         app.router.add_post(path, cap.handle)
+    app.router.add_get("/v1/models", cap.handle)
     with ServerHandle(app) as handle:
         cap.url = handle.url
         yield cap
@@ -83,7 +85,8 @@ def test_is_a_backend():
 @pytest.mark.parametrize("api", ["sglang", "completions", "chat"])
 def test_roundtrip_routing_header_and_worker(loopback, api):
     prompt = f"Read this.\n<excerpt>\n{NEEDLE}\n</excerpt>\n\nQuery: where did he move?"
-    out = run(generate_once(HttpBackend(loopback.url, api=api), prompt, SP,
+    sent = [{"role": "user", "content": prompt}] if api == "chat" else prompt  # a chat server renders the template
+    out = run(generate_once(HttpBackend(loopback.url, api=api, model="m"), sent, SP,
                             routing_key=f"doc7:{api}", request_id="traj-1"))
     assert orjson.loads(out.text) == {"evidence": NEEDLE, "answer": "Tromso"}
     assert out.worker == "w1" and out.finish_reason == "stop"
@@ -170,7 +173,7 @@ def test_chat_messages_and_template_kwargs(capture):
                                                "message": {"role": "assistant", "content": "hi"}}],
                                   "usage": {"prompt_tokens": 4}}))
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
-    backend = HttpBackend(capture.url, api="chat",
+    backend = HttpBackend(capture.url, api="chat", model="m",
                           chat_template_kwargs={"enable_thinking": False})
     out = run(generate_once(backend, messages, SP))
     body = capture.requests[0]["body"]
@@ -312,10 +315,116 @@ def test_json_schema_reaches_both_apis(capture):
     capture.replies.append((200, {"text": '{"answer": "unknown"}', "meta_info": {"finish_reason": {"type": "stop"}}}))
     run(reader.read("Who?", Chunk(0, "text", (1,), 1), "d"))
     schema = capture.requests[-1]["body"]["sampling_params"]["json_schema"]
-    assert orjson.loads(schema)["required"] == ["answer"]
+    assert list(orjson.loads(schema)["properties"]) == ["answer", "evidence"]  # a cut reply keeps its answer
 
     capture.replies.append((200, {"choices": [{"index": 0, "text": "{}", "finish_reason": "stop"}]}))
     sp = SamplingParams(max_new_tokens=4, json_schema=schema)
     run(generate_once(HttpBackend(capture.url, api="completions", model="m"), "x", sp))
     fmt = capture.requests[-1]["body"]["response_format"]
-    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"]["properties"]["answer"] == {"type": "string"}
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"]["properties"]["answer"]["type"] == "string"
+
+
+# ---------------------------------------------------------------------- servers other than SGLang
+def test_model_name_is_discovered_once_from_v1_models(capture):
+    capture.replies += [(200, {"object": "list", "data": [{"id": "HuggingFaceTB/SmolLM2-135M-Instruct"}]}),
+                        *[(200, {"choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]})] * 2]
+    backend = HttpBackend(capture.url, api="completions", server="vllm")
+
+    async def two():
+        try:
+            return [await backend.generate("x", SP), await backend.generate("y", SP)]
+        finally:
+            await backend.aclose()
+
+    run(two())
+    assert [r["path"] for r in capture.requests] == ["/v1/models", "/v1/completions", "/v1/completions"]
+    assert capture.requests[1]["body"]["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert capture.requests[1]["body"]["return_token_ids"] is True
+
+
+def test_no_served_model_is_a_configuration_error(capture):
+    capture.replies.append((200, {"object": "list", "data": []}))
+    with pytest.raises(BackendError, match="no served model") as err:
+        run(generate_once(HttpBackend(capture.url, api="chat"), [{"role": "user", "content": "x"}], SP))
+    assert err.value.retryable is False
+
+
+def test_vllm_token_ids_and_aligned_logprobs(capture):
+    """vLLM's reply with return_token_ids: the ids include the <|im_end|> that ended the turn,
+    one logprob each (the text does not show it, which is why re-tokenising text cannot work)."""
+    capture.replies.append((200, {"choices": [{"index": 0, "text": "<answer>Tromso</answer>", "finish_reason": "stop",
+                                               "token_ids": [27, 9, 2], "logprobs": {"token_logprobs": [-0.1, -0.2, -0.3]}}]}))
+    out = run(generate_once(HttpBackend(capture.url, api="completions", server="vllm", model="m"), [1, 2],
+                            SamplingParams(max_new_tokens=4, return_logprobs=True)))
+    assert out.token_ids == [27, 9, 2] and out.logprobs == [-0.1, -0.2, -0.3]
+
+
+def test_chat_sends_the_subagent_messages_not_rendered_text(capture):
+    from parser.chunking import Chunk
+    from parser.readers import SubagentReader
+    from parser.testing import byte_bpe_tokenizer
+
+    capture.replies.append((200, {"choices": [{"index": 0, "finish_reason": "stop",
+                                               "message": {"role": "assistant", "content": '{"answer": "unknown"}'}}]}))
+    reader = SubagentReader(HttpBackend(capture.url, api="chat", model="m"), byte_bpe_tokenizer())
+    run(reader.read("Who?", Chunk(0, "The excerpt.", (1,), 3), "d"))
+    (message,) = capture.requests[0]["body"]["messages"]
+    assert message["role"] == "user" and message["content"].startswith("Answer the query using only the excerpt")
+    assert "<|im_start|>" not in message["content"]  # the server applies the template, once
+    with pytest.raises(ValueError, match="renders the chat template"):
+        run(generate_once(HttpBackend(capture.url, api="chat", model="m"), "<|im_start|>user\nx<|im_end|>\n", SP))
+
+
+@pytest.mark.parametrize("server,header_sent", [("sglang", True), ("vllm", True), ("generic", False)])
+def test_request_id_header_defaults_per_server(capture, server, header_sent):
+    """llama.cpp answers 400 to an X-Request-Id that is not a UUID, so `generic` sends none."""
+    capture.replies.append((200, {"choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}))
+    run(generate_once(HttpBackend(capture.url, api="completions", server=server, model="m"), "x", SP,
+                      request_id="doc-7", routing_key="doc-7:0"))
+    headers = {k.lower(): v for k, v in capture.requests[0]["headers"].items()}
+    assert ("x-request-id" in headers) is header_sent and headers[ROUTING_HEADER.lower()] == "doc-7:0"
+
+
+def test_request_id_header_can_be_turned_off(capture):
+    capture.replies.append((200, {"text": "ok", "meta_info": {"finish_reason": {"type": "stop"}}}))
+    run(generate_once(HttpBackend(capture.url, request_id_header=None), "x", SP, request_id="doc-7"))
+    assert "x-request-id" not in {k.lower() for k in capture.requests[0]["headers"]}
+
+
+def test_validation_error_on_a_500_is_not_retried_and_long_messages_are_capped(capture):
+    """llama.cpp's answer to an over-long prompt: HTTP 500 with a validation error type and, once,
+    1.1 MB of text."""
+    message = "the request exceeds the available context size " + "x" * 1_100_000
+    capture.replies.append((500, {"error": {"code": 500, "message": message, "type": "exceed_context_size_error"}}))
+    with pytest.raises(BackendError) as err:
+        run(generate_once(HttpBackend(capture.url, api="completions", server="generic", model="m"), "x", SP))
+    assert err.value.retryable is False and err.value.status == 500
+    assert len(str(err.value)) < 700 and "1100047 chars" in str(err.value)
+
+
+def test_empty_400_body_says_so(capture):
+    capture.replies.append((400, b""))
+    with pytest.raises(BackendError, match="empty body") as err:
+        run(generate_once(HttpBackend(capture.url, api="completions", server="generic", model="m"), "x", SP))
+    assert err.value.retryable is False
+
+
+@pytest.mark.parametrize("server,kind,expected", [
+    ("vllm", "json_schema", {"structured_outputs": {"json": {"type": "object"}, "disable_any_whitespace": True}}),
+    ("vllm", "regex", {"structured_outputs": {"regex": "a+"}}),
+    ("sglang", "regex", {"regex": "a+"}),
+    ("sglang", "json_schema", {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": {"type": "object"}}}}),
+])
+def test_constraints_in_each_servers_dialect(capture, server, kind, expected):
+    capture.replies.append((200, {"choices": [{"index": 0, "text": "a", "finish_reason": "stop"}]}))
+    sp = SamplingParams(max_new_tokens=4, **({"json_schema": '{"type": "object"}'} if kind == "json_schema" else {"regex": "a+"}))
+    run(generate_once(HttpBackend(capture.url, api="completions", server=server, model="m"), "x", sp))
+    body = capture.requests[0]["body"]
+    assert {k: body[k] for k in expected} == expected
+
+
+def test_generic_servers_refuse_constraints_instead_of_ignoring_them():
+    with pytest.raises(BackendError, match="no known way to constrain") as err:
+        run(generate_once(HttpBackend("http://127.0.0.1:1", api="completions", server="generic", model="m"), "x",
+                          SamplingParams(max_new_tokens=4, regex="a+")))
+    assert err.value.retryable is False

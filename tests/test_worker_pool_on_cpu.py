@@ -20,11 +20,16 @@ from parser.testing.loopback import start_loopback
 SAMPLING = SamplingParams(max_new_tokens=8, temperature=0.0)
 
 
-async def attempts(pool, key, *, timeout_s, max_attempts=3):
+def prompt_for(api):
+    """A chat server renders the template itself: it takes messages, never rendered text."""
+    return [{"role": "user", "content": "Query: q?"}] if api == "chat" else "Query: q?"
+
+
+async def attempts(pool, key, *, timeout_s, max_attempts=3, prompt="Query: q?"):
     """(completion, attempts used), retrying like the engine does."""
     for attempt in range(1, max_attempts + 1):
         try:
-            return await asyncio.wait_for(pool.generate("Query: q?", SAMPLING, routing_key=key), timeout_s), attempt
+            return await asyncio.wait_for(pool.generate(prompt, SAMPLING, routing_key=key), timeout_s), attempt
         except (asyncio.TimeoutError, BackendError) as error:
             if attempt == max_attempts or (isinstance(error, BackendError) and not error.retryable):
                 raise
@@ -37,7 +42,8 @@ def test_a_worker_answering_200_garbage_is_retried_elsewhere(api):
 
         async def go():
             try:
-                return await asyncio.gather(*(attempts(pool, f"doc:chunk{i}", timeout_s=10) for i in range(48)))
+                return await asyncio.gather(*(attempts(pool, f"doc:chunk{i}", timeout_s=10, prompt=prompt_for(api))
+                                              for i in range(48)))
             finally:
                 await pool.aclose()
 
@@ -76,7 +82,7 @@ def test_http_backend_reports_a_garbage_200_as_retryable(api):
 
         async def go():
             try:
-                return await backend.generate("Query: q?", SAMPLING)
+                return await backend.generate(prompt_for(api), SAMPLING)
             finally:
                 await backend.aclose()
 

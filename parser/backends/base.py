@@ -27,19 +27,33 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     return_logprobs: bool = False
-    # JSON schema (as a JSON string) the output must follow, where the server supports
-    # constrained decoding (SGLang: sampling_params.json_schema; OpenAI: response_format).
-    # In-process CPU backends ignore it.
+    # Constrained decoding, at most one of the two: a JSON schema (as a JSON string) or a regular
+    # expression the whole output must match. Every backend honours it (SGLang: sampling_params
+    # json_schema/regex; vLLM: structured_outputs; transformers: xgrammar token masks) or raises
+    # a non-retryable BackendError; none ignores it silently.
     json_schema: str | None = None
+    regex: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.json_schema is not None and self.regex is not None:
+            raise ValueError("SamplingParams: set json_schema or regex, not both")
+
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """("json_schema" | "regex", spec), or None when decoding is free."""
+        if self.json_schema is not None:
+            return "json_schema", self.json_schema
+        return ("regex", self.regex) if self.regex is not None else None
 
 
 @dataclasses.dataclass
 class Completion:
     """What one generate call produced.
 
-    `token_ids`/`logprobs` are filled by backends that see tokens (SGLang `/generate`,
-    transformers, sglang.Engine, verl); text-only servers leave them empty and the engine
-    tokenizes `text` itself.
+    `token_ids`/`logprobs` are filled by backends that see tokens (SGLang `/generate`, vLLM
+    with `return_token_ids`, transformers, sglang.Engine, verl) and then align one to one. A
+    text-only server leaves `token_ids` empty; the engine then re-tokenises `text` and marks the
+    trajectory's token view approximate (`Trajectory.token_view_valid=False`), which training refuses.
     """
 
     text: str

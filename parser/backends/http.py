@@ -8,23 +8,39 @@ connection limit and keep-alive, and orjson on both sides of the wire.
 Three wire formats, chosen by `api`:
 - "sglang":      SGLang's native `POST /generate` (text or `input_ids`; token ids and
                  per-token logprobs come back, which the lead agent needs).
-- "completions": OpenAI `POST /v1/completions` (text or token-id prompt).
-- "chat":        OpenAI `POST /v1/chat/completions` (the server renders the chat template;
-                 `chat_template_kwargs`, e.g. {"enable_thinking": False} for Qwen3.5 subagents,
-                 is passed through).
+- "completions": OpenAI `POST /v1/completions` (text or token-id prompt). The lead's path on
+                 vLLM: token-id prompts in, generated ids back (`return_token_ids`).
+- "chat":        OpenAI `POST /v1/chat/completions`: the *server* renders the chat template, so
+                 it takes chat messages only — never text already rendered by a template (that
+                 would be templated twice) and never token ids (use "completions" for the lead).
+                 `SubagentReader` sends messages to backends with `renders_chat_template`.
+                 `chat_template_kwargs`, e.g. {"enable_thinking": False}, is passed through.
+
+`server` names the software behind an OpenAI API, because the extensions differ:
+- "vllm":    asks for the generated token ids (`return_token_ids`); constraints go in
+             `structured_outputs` ({"json": ...} / {"regex": ...}).
+- "sglang":  constraints in `response_format` / `regex`; the native api="sglang" is preferred.
+- "generic": any other OpenAI-compatible server (llama.cpp, ...): no token ids (the lead's token
+             view becomes approximate, and training refuses it), no request-id header by default
+             (llama.cpp answers 400 to one that is not a UUID), and constraints are refused
+             rather than silently ignored.
+`model: null` asks `GET /v1/models` once for the served model's name.
 
 Every request carries the routing key (`X-SMG-Routing-Key: doc_id:chunk_index` by default,
 `parser.backends.base.ROUTING_HEADER`; the header name is a knob) for the SGLang Model Gateway's
 consistent-hashing policy) so a gateway can pin a chunk to one worker, and the trajectory's
-request id (`X-Request-Id`) for sticky sessions. If the server says which worker answered
-(`X-Worker-Id`, set by `parser.serve` and the loopback worker), it lands in
-`Completion.worker`.
+request id (`request_id_header`, `X-Request-Id` by default; null turns it off) for sticky
+sessions. If the server says which worker answered (`X-Worker-Id`, set by `parser.serve` and the
+loopback worker), it lands in `Completion.worker`.
 
-It must never retry by itself: the episode engine owns retries and backoff and records them.
-Failures become `BackendError`: 5xx, 408, 429, connection errors, timeouts and garbled bodies
-are `retryable=True`; other 4xx are `retryable=False` and carry the server's message.
+It must never retry by itself: the engine owns retries and backoff (`parser.retry`). Failures
+become `BackendError`: 5xx, 408, 429, connection errors, timeouts and garbled bodies are
+`retryable=True`; other 4xx, and 5xx whose body names a validation error (llama.cpp answers an
+over-long prompt with 500), are `retryable=False`. The server's message is kept, capped at
+`MAX_ERROR_CHARS`.
 
     backend = HttpBackend("http://127.0.0.1:30000", api="sglang")
+    backend = HttpBackend("http://127.0.0.1:8000", api="completions", server="vllm")  # model from /v1/models
     out = await backend.generate("Hello", SamplingParams(max_new_tokens=16))
     await backend.aclose()
 """
@@ -39,8 +55,13 @@ import orjson
 from parser.backends.base import ROUTING_HEADER, BackendError, Completion, Prompt, SamplingParams
 
 Api = Literal["sglang", "completions", "chat"]
+Server = Literal["sglang", "vllm", "generic"]
 _PATHS = {"sglang": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
 _RETRYABLE_4XX = {408, 429}  # request timeout / queue full at the gateway: try again later
+# OpenAI-style error types that mean "this request is wrong", whatever the status says
+_VALIDATION_ERRORS = {"invalid_request_error", "exceed_context_size_error", "not_supported_error",
+                      "BadRequestError", "NotFoundError"}
+MAX_ERROR_CHARS = 500  # of a server's error message kept in BackendError (one was 1.1 MB)
 
 
 class HttpBackend:
@@ -50,11 +71,12 @@ class HttpBackend:
         api: Api = "sglang",
         model: str | None = None,
         *,
+        server: Server = "sglang",
         timeout_s: float = 600.0,
         max_connections: int = 8192,
         headers: Mapping[str, str] | None = None,
         routing_header: str = ROUTING_HEADER,
-        request_id_header: str = "X-Request-Id",
+        request_id_header: str | None = "default",
         worker_header: str = "X-Worker-Id",
         chat_template_kwargs: Mapping[str, Any] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -63,13 +85,19 @@ class HttpBackend:
             raise ValueError(f"HttpBackend: api={api!r}; expected one of {sorted(_PATHS)}")
         self.base_url = base_url.rstrip("/")
         self.api = api
+        if server not in ("sglang", "vllm", "generic"):
+            raise ValueError(f"HttpBackend: server={server!r}; expected sglang, vllm or generic")
+        self.server = server
         self.url = self.base_url + _PATHS[api]
-        self.model = model or "default"  # SGLang ignores the name; vLLM wants the served one
+        self.model = model  # None: discovered from GET /v1/models on first use (OpenAI APIs)
+        self._model_lookup: asyncio.Lock | None = None
         self.timeout_s = timeout_s
         self.max_connections = max_connections
         self.headers = {"Content-Type": "application/json", **(headers or {})}
         self.routing_header = routing_header
-        self.request_id_header = request_id_header
+        if request_id_header == "default":
+            request_id_header = None if server == "generic" else "X-Request-Id"
+        self.request_id_header = request_id_header or None
         self.worker_header = worker_header
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.extra_body = dict(extra_body or {})
@@ -106,6 +134,33 @@ class HttpBackend:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    @property
+    def renders_chat_template(self) -> bool:
+        """True when the server applies the chat template: callers send messages, not text."""
+        return self.api == "chat"
+
+    @property
+    def returns_token_ids(self) -> bool:
+        """Whether generated token ids come back (else the engine re-tokenises, approximately)."""
+        return self.api == "sglang" or self.server == "vllm"
+
+    async def served_model(self) -> str:
+        """The configured model name, else the first one `GET /v1/models` lists (asked once)."""
+        if self.model is not None:
+            return self.model
+        if self._model_lookup is None:
+            self._model_lookup = asyncio.Lock()
+        async with self._model_lookup:
+            if self.model is None:
+                url = self.base_url + "/v1/models"
+                body = await self._request("GET", url, None, self.headers)
+                models = body.get("data") if isinstance(body, dict) else None
+                if not models or not isinstance(models[0], dict) or not models[0].get("id"):
+                    raise BackendError(f"GET {url}: no served model listed ({str(body)[:200]}); set `model`",
+                                       retryable=False)
+                self.model = str(models[0]["id"])
+        return self.model
+
     # ------------------------------------------------------------------ generate
     async def generate(
         self,
@@ -116,16 +171,19 @@ class HttpBackend:
         request_id: str | None = None,
     ) -> Completion:
         payload = _BUILD[self.api](self, prompt, sampling)
+        if self.api != "sglang":
+            payload["model"] = await self.served_model()
         if self.extra_body:
             payload.update(self.extra_body)
         headers = self.headers
-        if routing_key is not None or request_id is not None:
+        if routing_key is not None or (request_id is not None and self.request_id_header):
             headers = dict(headers)
             if routing_key is not None:
                 headers[self.routing_header] = routing_key
-            if request_id is not None:
+            if request_id is not None and self.request_id_header:
                 headers[self.request_id_header] = request_id
-        body, worker = await self._post(orjson.dumps(payload), headers)
+        meta: dict[str, str | None] = {}
+        body = await self._request("POST", self.url, orjson.dumps(payload), headers, meta)
         try:
             completion = _PARSE[self.api](body, sampling, self.url)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:  # 200 with a broken body
@@ -133,35 +191,33 @@ class HttpBackend:
                                f"{error}): {str(body)[:200]}", retryable=True) from error
         if not isinstance(completion.text, str):
             raise BackendError(f"POST {self.url}: HTTP 200 but 'text' is {type(completion.text).__name__}", retryable=True)
-        completion.worker = worker
+        completion.worker = meta.get("worker")
         return completion
 
-    async def _post(self, data: bytes, headers: Mapping[str, str]) -> tuple[Any, str | None]:
+    async def _request(self, method: str, url: str, data: bytes | None, headers: Mapping[str, str],
+                       meta: dict[str, str | None] | None = None) -> Any:
+        """One HTTP exchange -> the parsed JSON body; every failure is a `BackendError`."""
         session = self._get_session()
         try:
             # `async with` hands the connection back to the pool on every path
-            async with session.post(self.url, data=data, headers=headers) as resp:
+            async with session.request(method, url, data=data, headers=headers) as resp:
                 raw = await resp.read()
                 status = resp.status
-                worker = resp.headers.get(self.worker_header)
+                if meta is not None:
+                    meta["worker"] = resp.headers.get(self.worker_header)
         except asyncio.TimeoutError as e:  # aiohttp's ServerTimeoutError is one too
-            raise BackendError(
-                f"POST {self.url}: no complete answer within {self.timeout_s}s", retryable=True
-            ) from e
+            raise BackendError(f"{method} {url}: no complete answer within {self.timeout_s}s", retryable=True) from e
         except aiohttp.ClientError as e:
-            raise BackendError(f"POST {self.url}: {type(e).__name__}: {e}", retryable=True) from e
+            raise BackendError(f"{method} {url}: {type(e).__name__}: {e}", retryable=True) from e
         if status >= 400:
-            retryable = status >= 500 or status in _RETRYABLE_4XX
-            raise BackendError(
-                f"POST {self.url}: HTTP {status}: {_error_message(raw)}",
-                retryable=retryable,
-                status=status,
-            )
+            message, kind = _error_message(raw)
+            retryable = (status >= 500 or status in _RETRYABLE_4XX) and kind not in _VALIDATION_ERRORS
+            raise BackendError(f"{method} {url}: HTTP {status}: {message}", retryable=retryable, status=status)
         try:
-            return orjson.loads(raw), worker
+            return orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             raise BackendError(
-                f"POST {self.url}: HTTP {status} but the body is not JSON ({e}): {raw[:200]!r}",
+                f"{method} {url}: HTTP {status} but the body is not JSON ({e}): {raw[:200]!r}",
                 retryable=True,
                 status=status,
             ) from e
@@ -191,6 +247,8 @@ def _sglang_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[s
         params["sampling_seed"] = s.seed
     if s.json_schema is not None:
         params["json_schema"] = s.json_schema
+    if s.regex is not None:
+        params["regex"] = s.regex
     body: dict[str, Any] = {"sampling_params": params}
     ids = _token_ids(prompt)
     if ids is not None:
@@ -207,7 +265,6 @@ def _sglang_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[s
 
 def _openai_sampling(self: HttpBackend, s: SamplingParams) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "model": self.model,
         "max_tokens": s.max_new_tokens,
         "temperature": s.temperature,
         "top_p": s.top_p,
@@ -218,10 +275,27 @@ def _openai_sampling(self: HttpBackend, s: SamplingParams) -> dict[str, Any]:
         body["stop"] = list(s.stop)
     if s.seed is not None:
         body["seed"] = s.seed
-    if s.json_schema is not None:
-        body["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": "output", "schema": orjson.loads(s.json_schema)}}
+    if self.server == "vllm":
+        body["return_token_ids"] = True
+    if s.constraint is not None:
+        body.update(_openai_constraint(self, *s.constraint))
     return body
+
+
+def _openai_constraint(self: HttpBackend, kind: str, spec: str) -> dict[str, Any]:
+    """The request fields that make `server` decode under a JSON schema or a regex."""
+    if self.server == "vllm":
+        if kind == "regex":
+            return {"structured_outputs": {"regex": spec}}
+        # compact JSON, as in process: a budgeted reply spends no tokens on free whitespace
+        return {"structured_outputs": {"json": orjson.loads(spec), "disable_any_whitespace": True}}
+    if self.server == "sglang":
+        if kind == "regex":
+            return {"regex": spec}
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": orjson.loads(spec)}}}
+    raise BackendError(f"HttpBackend(server='generic'): no known way to constrain decoding by {kind} on this "
+                       "server (llama.cpp ignores json_schema on completions); set server: vllm or sglang, or "
+                       "turn the constraint off", retryable=False)
 
 
 def _completions_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[str, Any]:
@@ -239,14 +313,15 @@ def _completions_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> d
 
 
 def _chat_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[str, Any]:
-    body = _openai_sampling(self, s)
     if isinstance(prompt, str):
-        body["messages"] = [{"role": "user", "content": prompt}]
-    elif _token_ids(prompt) is None:
-        body["messages"] = list(prompt)
-    else:
-        raise ValueError("HttpBackend(api='chat'): prompt is token ids; use api='sglang' or "
-                         "api='completions'")
+        raise ValueError("HttpBackend(api='chat'): prompt is text, but a chat server renders the chat template "
+                         "itself; send chat messages (SubagentReader does for backends with renders_chat_template), "
+                         "or use api='completions' for text a template has already rendered")
+    if _token_ids(prompt) is not None:
+        raise ValueError("HttpBackend(api='chat'): prompt is token ids (the lead's exact token stream); serve "
+                         "the lead with api='completions' (server: vllm returns the generated ids) or api='sglang'")
+    body = _openai_sampling(self, s)
+    body["messages"] = list(prompt)
     if self.chat_template_kwargs:
         body["chat_template_kwargs"] = self.chat_template_kwargs
     if s.return_logprobs:
@@ -329,18 +404,28 @@ def _parse_chat(out: Any, s: SamplingParams, url: str) -> Completion:
 _PARSE = {"sglang": _parse_sglang, "completions": _parse_completions, "chat": _parse_chat}
 
 
-def _error_message(raw: bytes) -> str:
-    """The server's own words: OpenAI `{"error": {"message"}}`, SGLang/FastAPI
-    `{"error": ...}` / `{"detail": ...}` / `{"message": ...}`, or the raw text."""
+def _error_message(raw: bytes) -> tuple[str, str | None]:
+    """(the server's own words, capped at MAX_ERROR_CHARS; its error type if it names one):
+    OpenAI `{"error": {"message", "type"}}`, vLLM `{"message", "type"}`, SGLang/FastAPI
+    `{"error": ...}` / `{"detail": ...}`, or the raw text."""
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return raw[:500].decode("utf-8", "replace")
+        return _cap(raw[: MAX_ERROR_CHARS * 4].decode("utf-8", "replace")) or "(empty body)", None
+    message, kind = str(obj), None
     if isinstance(obj, dict):
+        kind = obj.get("type") if isinstance(obj.get("type"), str) else None
         for key in ("error", "detail", "message"):
             val = obj.get(key)
             if isinstance(val, dict) and "message" in val:
-                return str(val["message"])
+                message = str(val["message"])
+                kind = val.get("type") if isinstance(val.get("type"), str) else kind
+                break
             if val:
-                return str(val)
-    return str(obj)[:500]
+                message = str(val)
+                break
+    return _cap(message), kind
+
+
+def _cap(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else f"{text[:MAX_ERROR_CHARS]}... [{len(text)} chars]"

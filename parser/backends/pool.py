@@ -40,6 +40,11 @@ class WorkerPool:
         self._failed_on: dict[str, int] = {}  # key -> the worker its last attempt failed on
         self._next = 0  # round robin for requests without a key
 
+    @property
+    def renders_chat_template(self) -> bool:
+        """As its backends (they are built from one config)."""
+        return bool(getattr(self.backends[0], "renders_chat_template", False))
+
     def ranking(self, key: str | None) -> list[int]:
         """Workers in preference order for `key` (stable while the pool's size is)."""
         order = list(range(len(self.backends)))

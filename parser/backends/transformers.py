@@ -36,6 +36,10 @@ turn, `text` does not (special tokens are skipped, tags like <think>/<tool_call>
 stop string ends generation and is cut from `text`, while `token_ids` keep the tokens
 generated up to and including the one that completed it.
 
+Constrained decoding (`SamplingParams.json_schema` / `.regex`): xgrammar token masks
+(`parser.backends.grammar`), applied to the logits before sampling, so the reported logprobs
+are those of the constrained distribution (as on SGLang and vLLM).
+
 Concurrency: generation is blocking torch code; it runs in a worker thread under a lock, so
 the asyncio loop stays responsive and concurrent calls are serialized safely.
 
@@ -97,6 +101,7 @@ class TransformersBackend:
         self._entries: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._rng = torch.Generator().manual_seed(0)  # for requests without a seed
+        self._grammars: Any = None  # parser.backends.grammar.Grammars, built on first constraint
 
     @classmethod
     def from_pretrained(
@@ -153,12 +158,13 @@ class TransformersBackend:
             raise BackendError(
                 f"TransformersBackend: prompt {len(ids)} + max_new_tokens {sampling.max_new_tokens} "
                 f"exceeds max_position_embeddings {limit}", retryable=False)
+        matcher = self._matcher(sampling)
         cancelled = cancelled or threading.Event()
         with self._lock, torch.inference_mode():
             if cancelled.is_set():  # gave up while queued for the lock
                 return Completion(text="", finish_reason="abort", prompt_tokens=len(ids), worker=self.name)
             entry, cached, logits = self._prefill(ids, key)
-            out_ids, logprobs, finish, text = self._decode(entry, logits, sampling, cancelled)
+            out_ids, logprobs, finish, text = self._decode(entry, logits, sampling, cancelled, matcher)
             self._store(key, entry)
         return Completion(
             text=text,
@@ -169,6 +175,15 @@ class TransformersBackend:
             cached_tokens=cached,
             worker=self.name,
         )
+
+    def _matcher(self, sampling: SamplingParams) -> Any:
+        if sampling.constraint is None:
+            return None
+        if self._grammars is None:
+            from parser.backends.grammar import Grammars
+
+            self._grammars = Grammars(self.tokenizer, self.model.config.vocab_size, self.eos_ids)
+        return self._grammars.matcher(sampling.constraint)
 
     # ------------------------------------------------------------------ prefix cache
     def _prefill(self, ids: list[int], key: str) -> tuple[_Entry, int, torch.Tensor]:
@@ -257,7 +272,7 @@ class TransformersBackend:
         return out.logits[0, -1].float()
 
     def _decode(self, entry: _Entry, logits: torch.Tensor, s: SamplingParams,
-                cancelled: threading.Event) -> tuple[list[int], list[float], str, str]:
+                cancelled: threading.Event, matcher: Any = None) -> tuple[list[int], list[float], str, str]:
         gen = None
         if s.temperature > 0:
             gen = torch.Generator().manual_seed(s.seed) if s.seed is not None else self._rng
@@ -265,9 +280,13 @@ class TransformersBackend:
         logprobs: list[float] = []
         finish, text = "length", None
         for step in range(s.max_new_tokens):
+            if matcher is not None:
+                matcher.mask(logits)
             token, logprob = self._choose(logits, s, gen)
             out.append(token)
             logprobs.append(logprob)
+            if matcher is not None:
+                matcher.accept(token)
             if token in self.eos_ids:
                 finish = "stop"
                 break

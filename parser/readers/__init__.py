@@ -23,7 +23,7 @@ READER_TYPES = ("subagent", "thinking", "dci")
 
 def reader_for_episode(cfg: Mapping[str, Any] | None, models: Any, episode: Any) -> Any:
     """`build_reader`, with the episode config's subagent settings (temperature, reply budget,
-    prompt version, protocol) as the default subagent's defaults. Eval (`ParSerMethod`) and training (the
+    prompt version, protocol, JSON constraint) as the default subagent's defaults. Eval (`ParSerMethod`) and training (the
     verl agent loop) both build their reader here, so the two cannot drift."""
     cfg = dict(cfg or {})
     if episode.protocol == "release" and cfg.get("type", "subagent") != "subagent":
@@ -31,7 +31,7 @@ def reader_for_episode(cfg: Mapping[str, Any] | None, models: Any, episode: Any)
     if cfg.get("type", "subagent") == "subagent":
         cfg = {"temperature": episode.subagent_temperature, "max_new_tokens": episode.subagent_max_tokens,
                "prompt_version": episode.prompt_version, "protocol": episode.protocol,
-               "release_repo": episode.protocol_release.get("repo"), **cfg}
+               "release_repo": episode.protocol_release.get("repo"), "json_constrained": episode.constrain_subagents, **cfg}
     return build_reader(cfg, models)
 
 

@@ -59,12 +59,15 @@ class SubagentReader:
         # client CPU per query at T = 1,750).
         self._frame = functools.lru_cache(maxsize=16_384)(self._render_frame)
 
-    def _render(self, query: str, chunk_text: str) -> str:
+    def messages(self, query: str, chunk_text: str) -> list[dict[str, str]]:
         if self.release is not None:
             content = self.release.subagent_prompt(chunk_text, query)
         else:
             content = prompts.render("subagent", self.prompt_version, chunk=chunk_text, query=query)
-        return render_chat(self.tokenizer, [{"role": "user", "content": content}], enable_thinking=self.thinking)
+        return [{"role": "user", "content": content}]
+
+    def _render(self, query: str, chunk_text: str) -> str:
+        return render_chat(self.tokenizer, self.messages(query, chunk_text), enable_thinking=self.thinking)
 
     def _render_frame(self, chunk_text: str) -> tuple[str, str] | None:
         """(text before the query, text after it), or None if the template does not place the
@@ -74,7 +77,11 @@ class SubagentReader:
         frame = frames.pop()
         return frame if not frames and len(frame) == 2 else None
 
-    def prompt(self, query: str, chunk: Chunk) -> str:
+    def prompt(self, query: str, chunk: Chunk) -> str | list[dict[str, str]]:
+        """Rendered text, or the chat messages for a backend whose server renders the template
+        (OpenAI chat; `thinking` then travels in the backend's `chat_template_kwargs`)."""
+        if getattr(self.backend, "renders_chat_template", False):
+            return self.messages(query, chunk.text)
         frame = self._frame(chunk.text)
         return frame[0] + query + frame[1] if frame else self._render(query, chunk.text)
 

@@ -69,6 +69,9 @@ def episode_config(settings: Mapping[str, Any], response_length: int) -> Episode
     if config.eval_only_options():
         raise ValueError(f"parser.episode: {', '.join(config.eval_only_options())} re-render the agent's history "
                          "(eval-only): the trajectory would have no token view to train on; unset them for training")
+    if config.constrain_lead:
+        raise ValueError("parser.episode.constrain_lead masks the lead's sampling distribution, which the actor does "
+                         "not recompute under the mask; it is for untrained eval/demo leads, unset it for training")
     return config
 
 
@@ -169,6 +172,9 @@ class ParserAgentLoop(AgentLoopBase):
             trajectory = await engine.run(inputs.question, chunks, doc_id=inputs.doc_id, request_id=request_id)
         finally:
             weight_versions = engine.lead.take_weight_versions(request_id)
+        if not trajectory.token_view_valid:
+            raise ValueError(f"trajectory {inputs.doc_id!r} has an approximate token view ({trajectory.token_view_note}); "
+                             "serve the lead from a backend that returns token ids")
         if len(trajectory.prompt_ids) > self.prompt_length:
             raise ValueError(
                 f"lead prompt has {len(trajectory.prompt_ids)} tokens > actor_rollout_ref.rollout.prompt_length="

@@ -147,21 +147,28 @@ def test_chat_renders_template_with_kwargs(server, tok):
     assert counts[False] > counts[True]  # non-thinking mode pre-fills an empty <think></think>
 
 
-@pytest.mark.parametrize("api", ["sglang", "completions", "chat"])
-def test_http_backend_round_trip(server, api):
-    backend = HttpBackend(server.url, api=api, chat_template_kwargs={"enable_thinking": False})
+@pytest.mark.parametrize("api,server_kind", [("sglang", "sglang"), ("completions", "vllm"), ("chat", "vllm"),
+                                             ("completions", "generic")])
+def test_http_backend_round_trip(server, api, server_kind):
+    """No model configured: the name comes from /v1/models. Servers that return token ids
+    (SGLang's /generate, vLLM's return_token_ids, which parser.serve speaks) give one logprob per id."""
+    backend = HttpBackend(server.url, api=api, server=server_kind, chat_template_kwargs={"enable_thinking": False})
     sp = SamplingParams(max_new_tokens=3, temperature=0.0, return_logprobs=True)
+    prompt = [{"role": "user", "content": "Who wrote the letter?"}] if api == "chat" else "Who wrote the letter?"
 
     async def go():
         try:
-            return await backend.generate("Who wrote the letter?", sp, routing_key=f"d:{api}")
+            return await backend.generate(prompt, sp, routing_key=f"d:{api}")
         finally:
             await backend.aclose()
 
     out = asyncio.run(go())
     assert out.worker == "cpu-0" and out.prompt_tokens > 0
     assert out.logprobs is not None and 1 <= len(out.logprobs) <= 3
-    if api == "sglang":
+    assert backend.model == ("tiny-qwen3.5" if api != "sglang" else None)
+    if server_kind == "generic":
+        assert out.token_ids == []  # text only: the engine must re-tokenise, and says so
+    else:
         assert len(out.token_ids) == len(out.logprobs)
 
 
