@@ -225,7 +225,9 @@ def test_calibrate_predict_run_smoke(tiny_qwen3_model, tiny_tokenizer, tmp_path)
 
         rates, predicted, trajectory = asyncio.run(go())
     assert Rates.load(tmp_path / "rates.yaml") == rates
-    assert rates.overhead_s > 0 and rates.prefill_s_per_token + rates.prefill_s_per_token_ctx > 0
+    # the fit is non-negative by construction; which terms a tiny model's noise leaves at 0 varies
+    # from run to run (its prefill can vanish next to the per-request overhead), so only signs are tested
+    assert rates.overhead_s > 0 and all(v >= 0 for v in rates.vector())
     assert trajectory.answer == "done" and len(trajectory.turns) == 3
     calls = [c for t in trajectory.turns for q in t.queries for c in q.calls]
     assert calls and all(c.status != "failed" for c in calls)
