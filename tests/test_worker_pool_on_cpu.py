@@ -8,7 +8,6 @@ The workers are `parser.testing.loopback` servers (real aiohttp servers on loopb
 as `parser.tools.QueryAgents._read` does), without its backoff, so the test stays fast.
 """
 import asyncio
-import time
 
 import pytest
 
@@ -61,16 +60,17 @@ def test_a_hung_worker_is_marked_down_and_later_rounds_skip_it():
         async def go():
             try:
                 first = await asyncio.gather(*(attempts(pool, f"k{i}", timeout_s=0.5) for i in range(16)))
-                started = time.perf_counter()
-                later = await asyncio.gather(*(attempts(pool, f"k{i}", timeout_s=0.5) for i in range(16)))
-                return first, later, time.perf_counter() - started
+                # a generous timeout now: a pick of the hung worker would still cost a second attempt,
+                # while a slow machine cannot make the good worker look hung
+                later = await asyncio.gather(*(attempts(pool, f"k{i}", timeout_s=5) for i in range(16)))
+                return first, later
             finally:
                 await pool.aclose()
 
-        first, later, later_s = asyncio.run(go())
+        first, later = asyncio.run(go())
     assert all(c.worker == "good" for c, _ in first + later)
     assert any(used == 2 for _, used in first)  # keys ranked on the hung worker timed out once...
-    assert all(used == 1 for _, used in later) and later_s < 0.5  # ...then it was down: no more waits
+    assert all(used == 1 for _, used in later)  # ...then it was down: no request went to it again
 
 
 @pytest.mark.parametrize("api", ["sglang", "completions", "chat"])
