@@ -1,5 +1,6 @@
-"""The one retry policy for model calls: subagent reads (`parser.tools.QueryAgents`) and the
-lead's generations (`parser.episode.EpisodeEngine`) both go through `retrying`.
+"""The one retry policy for model calls: subagent reads (`parser.tools.QueryAgents`), the lead's
+generations (`parser.episode.EpisodeEngine`) and the gateway report's traffic
+(`scripts/gateway_report.py`) all go through `retrying`.
 
 Why one place: a transient failure (5xx, dropped connection, timeout) must cost the lead and a
 subagent the same backoff, and a validation error (4xx, `BackendError.retryable=False`) must
@@ -23,11 +24,11 @@ def is_retryable(error: BaseException) -> bool:
     return isinstance(error, asyncio.TimeoutError) or (isinstance(error, BackendError) and error.retryable)
 
 
-def retrying(max_attempts: int, backoff_s: float) -> AsyncRetrying:
-    """Exponential backoff with jitter from `backoff_s` (capped at 30 s); re-raises the last error."""
+def retrying(max_attempts: int, backoff_s: float, max_backoff_s: float = 30.0) -> AsyncRetrying:
+    """Exponential backoff with jitter from `backoff_s` (capped at `max_backoff_s`); re-raises the last error."""
     return AsyncRetrying(
         stop=stop_after_attempt(max_attempts),
-        wait=wait_exponential_jitter(multiplier=backoff_s, max=30.0, jitter=backoff_s),
+        wait=wait_exponential_jitter(multiplier=backoff_s, max=max_backoff_s, jitter=backoff_s),
         retry=retry_if_exception(is_retryable),
         reraise=True,
     )

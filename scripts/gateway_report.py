@@ -44,12 +44,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from parser import prompts  # noqa: E402
-from parser.backends.base import ROUTING_HEADER, Backend, BackendError, SamplingParams  # noqa: E402
+from parser.backends.base import ROUTING_HEADER, Backend, SamplingParams  # noqa: E402
+from parser.retry import retrying  # noqa: E402
 
 _WORDS = ("river castle amber signal harbor lantern meadow copper orbit violet canyon ledger "
           "summit willow ember quartz falcon thistle marble cobalt tundra saffron beacon "
@@ -145,10 +145,6 @@ class RoundStats:
                 "cached_share": self.cached_share}
 
 
-def _retryable(error: BaseException) -> bool:
-    return isinstance(error, asyncio.TimeoutError) or (isinstance(error, BackendError) and error.retryable)
-
-
 def scrape_counter(worker_url: str, name: str = "sglang:num_requests_total") -> float | None:
     """Sum of one Prometheus counter over its label sets on `worker_url/metrics` (None if absent)."""
     try:
@@ -190,11 +186,7 @@ async def run_workload(
 
         async def one(i: int, prompt: str) -> tuple[int, Any]:
             try:
-                async for attempt in AsyncRetrying(
-                    stop=stop_after_attempt(max_attempts),
-                    wait=wait_exponential_jitter(multiplier=retry_backoff_s, max=10.0, jitter=retry_backoff_s),
-                    retry=retry_if_exception(_retryable), reraise=True,
-                ):
+                async for attempt in retrying(max_attempts, retry_backoff_s, max_backoff_s=10.0):
                     with attempt:
                         attempts[i] += 1
                         async with slots:
