@@ -49,6 +49,11 @@ class ParserReplayBuffer(ReplayBufferAsync):
         return batch, metrics
 
 
+def _rows(extra_fields: Any) -> list[Any]:
+    """Per-trajectory `extra_fields` as a list (verl hands a NonTensorStack / numpy array, tests lists)."""
+    return extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
+
+
 def mask_metrics(extra_fields: Any, response_mask: Any) -> dict[str, float]:
     """What the trainer will learn from, checked against what the engine generated.
 
@@ -57,7 +62,7 @@ def mask_metrics(extra_fields: Any, response_mask: Any) -> dict[str, float]:
     0: the loss sees exactly the lead's tokens. `parser/mask/lead_token_fraction`: mask-1 tokens
     / response tokens (the rest are templates and observations, masked out).
     """
-    rows = extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
+    rows = _rows(extra_fields)
     # TransferQueue keeps each trajectory's response unpadded (a jagged nested tensor)
     masks = response_mask.unbind(0) if getattr(response_mask, "is_nested", False) else list(response_mask)
     mismatched = lead = total = 0
@@ -77,7 +82,7 @@ def mask_metrics(extra_fields: Any, response_mask: Any) -> dict[str, float]:
 
 def rewards_by_group(keys: list[str], extra_fields: Any, tags: list[dict] | None = None) -> dict[str, list[float]]:
     """uid -> rewards of the sampled trajectories (verl keys them `{uid}_{session}_{i}`), padding skipped."""
-    rows = extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
+    rows = _rows(extra_fields)
     groups: dict[str, list[float]] = {}
     for i, (key, row) in enumerate(zip(keys, rows)):
         if tags and tags[i].get("is_padding"):
@@ -90,7 +95,7 @@ def rewards_by_group(keys: list[str], extra_fields: Any, tags: list[dict] | None
 
 def metrics_from_extra_fields(extra_fields: Any) -> dict[str, float]:
     """Step metrics from the `extra_fields` of sampled trajectories (dicts, or a NonTensorStack)."""
-    rows = extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
+    rows = _rows(extra_fields)
     rows = [r for r in rows if isinstance(r, dict)]
     stats = [r.get("parser_stats") for r in rows if r.get("parser_stats")]
     rewards = [r["reward_extra_info"]["acc"] for r in rows if "acc" in (r.get("reward_extra_info") or {})]
