@@ -31,6 +31,10 @@ unset) and what verl's actor recomputes. `logprobs_before_temperature=True` give
 log_softmax(logits) instead. Sampling order: temperature, top-k, top-p, then a draw from a
 per-request `torch.Generator` seeded with `SamplingParams.seed`.
 
+Scoring (`score(prompt_ids, continuation_ids)`, parser.backends.scoring): the log-probs of given
+tokens from a teacher-forced pass at temperature 1 (log_softmax of the raw logits), the cache-free
+analogue of SGLang's input logprobs; it shares the model lock with generation.
+
 Output conventions (SGLang's): `token_ids` include the EOS/<|im_end|> token that ended the
 turn, `text` does not (special tokens are skipped, tags like <think>/<tool_call> are kept); a
 stop string ends generation and is cut from `text`, while `token_ids` keep the tokens
@@ -56,6 +60,7 @@ from typing import Any, Sequence
 import torch
 
 from parser.backends.base import BackendError, Completion, Prompt, SamplingParams
+from parser.backends.scoring import check_request
 
 try:  # transformers >= 5: layer-wise caches
     from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
@@ -66,6 +71,7 @@ except ImportError:  # pragma: no cover - older transformers: no hybrid models, 
     DynamicLayer = DynamicSlidingWindowLayer = LinearAttentionCacheLayerMixin = ()  # type: ignore[assignment]
 
 EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+SCORE_SLICE = 256  # continuation tokens per forward when scoring (bounds the logits held at once)
 
 
 @dataclasses.dataclass
@@ -328,6 +334,40 @@ class TransformersBackend:
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    # ------------------------------------------------------------------ scoring
+    async def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], *,
+                    routing_key: str | None = None, request_id: str | None = None) -> list[float]:
+        """log p of each continuation token after the prompt (parser.backends.scoring): one
+        teacher-forced pass at temperature 1, off the event loop, under the model lock."""
+        prompt, continuation = check_request(prompt_ids, continuation_ids, "TransformersBackend")
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit and len(prompt) + len(continuation) > limit:
+            raise BackendError(f"TransformersBackend: {len(prompt)} + {len(continuation)} tokens to score exceed "
+                               f"max_position_embeddings {limit}", retryable=False)
+
+        def run() -> list[float]:
+            with self._lock, torch.inference_mode():
+                return self._score_ids(prompt, continuation)
+
+        return await asyncio.to_thread(run)
+
+    def _score_ids(self, prompt: list[int], continuation: list[int]) -> list[float]:
+        """The prompt once (its last logits predict the first continuation token), then the
+        continuation in slices of SCORE_SLICE tokens through the KV cache, so a long
+        continuation never holds more than SCORE_SLICE x vocabulary logits at once."""
+        cache = DynamicCache(config=self.model.config)
+        previous = self._forward(cache, prompt)[None]
+        values: list[float] = []
+        for start in range(0, len(continuation), SCORE_SLICE):
+            piece = continuation[start:start + SCORE_SLICE]
+            x = torch.tensor([piece], dtype=torch.long, device=self.device)
+            logits = self.model(input_ids=x, past_key_values=cache, use_cache=True).logits[0].float()
+            predicting = torch.cat([previous, logits[:-1]])  # row j predicts piece[j]
+            chosen = torch.log_softmax(predicting, -1).gather(-1, torch.tensor(piece, device=self.device)[:, None])
+            values.extend(chosen[:, 0].tolist())
+            previous = logits[-1:]
+        return values
 
 
 # ---------------------------------------------------------------------- helpers
