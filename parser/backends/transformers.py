@@ -338,35 +338,31 @@ class TransformersBackend:
     # ------------------------------------------------------------------ scoring
     async def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], *,
                     routing_key: str | None = None, request_id: str | None = None) -> list[float]:
-        """log p of each continuation token after the prompt (parser.backends.scoring): one
-        teacher-forced pass at temperature 1, off the event loop, under the model lock."""
+        """log p of each continuation token after the prompt (parser.backends.scoring), off the event loop."""
+        return await asyncio.to_thread(self.score_ids, prompt_ids, continuation_ids)
+
+    def score_ids(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int]) -> list[float]:
+        """Blocking `score` (thread-safe): one teacher-forced pass at temperature 1 under the model
+        lock. The prompt runs once (its last logits predict the first continuation token), then the
+        continuation in slices of SCORE_SLICE tokens through the KV cache, so a long continuation
+        never holds more than SCORE_SLICE x vocabulary logits at once."""
         prompt, continuation = check_request(prompt_ids, continuation_ids, "TransformersBackend")
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit and len(prompt) + len(continuation) > limit:
             raise BackendError(f"TransformersBackend: {len(prompt)} + {len(continuation)} tokens to score exceed "
                                f"max_position_embeddings {limit}", retryable=False)
-
-        def run() -> list[float]:
-            with self._lock, torch.inference_mode():
-                return self._score_ids(prompt, continuation)
-
-        return await asyncio.to_thread(run)
-
-    def _score_ids(self, prompt: list[int], continuation: list[int]) -> list[float]:
-        """The prompt once (its last logits predict the first continuation token), then the
-        continuation in slices of SCORE_SLICE tokens through the KV cache, so a long
-        continuation never holds more than SCORE_SLICE x vocabulary logits at once."""
-        cache = DynamicCache(config=self.model.config)
-        previous = self._forward(cache, prompt)[None]
-        values: list[float] = []
-        for start in range(0, len(continuation), SCORE_SLICE):
-            piece = continuation[start:start + SCORE_SLICE]
-            x = torch.tensor([piece], dtype=torch.long, device=self.device)
-            logits = self.model(input_ids=x, past_key_values=cache, use_cache=True).logits[0].float()
-            predicting = torch.cat([previous, logits[:-1]])  # row j predicts piece[j]
-            chosen = torch.log_softmax(predicting, -1).gather(-1, torch.tensor(piece, device=self.device)[:, None])
-            values.extend(chosen[:, 0].tolist())
-            previous = logits[-1:]
+        with self._lock, torch.inference_mode():
+            cache = DynamicCache(config=self.model.config)
+            previous = self._forward(cache, prompt)[None]
+            values: list[float] = []
+            for start in range(0, len(continuation), SCORE_SLICE):
+                piece = continuation[start:start + SCORE_SLICE]
+                x = torch.tensor([piece], dtype=torch.long, device=self.device)
+                logits = self.model(input_ids=x, past_key_values=cache, use_cache=True).logits[0].float()
+                predicting = torch.cat([previous, logits[:-1]])  # row j predicts piece[j]
+                chosen = torch.log_softmax(predicting, -1).gather(-1, torch.tensor(piece, device=self.device)[:, None])
+                values.extend(chosen[:, 0].tolist())
+                previous = logits[-1:]
         return values
 
 

@@ -26,6 +26,11 @@ Dataset row (`data_prep.verl_parquet`): `prompt` = chat messages holding only th
 gold answers. The authors' released parquet (a top-level `context`, the question in `prompt[0]`)
 loads as it is (`parser.verl.rows`). Unknown columns are accepted and ignored.
 
+With `parser.info_gain.enable` (InfoMem, configs/train/parser_4b_infomem.yaml) a successful
+trajectory also carries its answer-conditioned evidence gain in `extra_fields["info_gain"]`,
+scored by the policy or the frozen subagent model (`parser.info_gain`, `parser.verl.info_gain`);
+the reward here stays EM, and the replay buffer composes the group's rewards.
+
 With `parser.episode.protocol: release` (configs/train/parser_4b_release.yaml) the reward is the
 release's training EM and its invalid-turn mask rule applies: an invalid turn's tokens train
 only in an episode rewarded below 0.2 (`parser.protocol.INVALID_MASK_REWARD`).
@@ -44,13 +49,14 @@ from parser.backends import build_backend
 from parser.chunking import chunk_document
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
+from parser.info_gain import SUCCESS, GainRecord, GainScorer, InfoGainConfig, evidence_text, matched_gold
 from parser.backends.models import Models
 from parser.protocol import INVALID_MASK_REWARD
 from parser.readers import reader_for_episode
 from parser.trajectory import Trajectory
 from parser.verl.metrics import trajectory_metrics
 from parser.verl.rows import EpisodeInputs, episode_inputs  # noqa: F401  (EpisodeInputs: the row's reading)
-from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, score_answer
+from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, gold_answers, score_answer
 from parser.verl.server_manager import ServerManagerBackend, lead_stop_token_ids
 
 AGENT_NAME = "parser_agent"  # configs/train/agent_loop.yaml `name`; the dataset's agent_name
@@ -89,6 +95,8 @@ class _WorkerState:
         subagents = Models(lead=None, lead_tokenizer=None, subagent=self.backend, subagent_tokenizer=self.subagent_tokenizer)
         self.reader = reader_for_episode(settings.get("reader"), subagents, self.config)
         self.engines: dict[tuple[int, tuple], EpisodeEngine] = {}
+        self.info_gain = InfoGainConfig.from_settings(settings.get("info_gain"))
+        self.gain_scorers: dict[tuple[int, int], GainScorer] = {}
 
     def engine(self, server_manager: Any, lead_tokenizer: Any, sampling_params: Mapping[str, Any]) -> EpisodeEngine:
         lead = ServerManagerBackend(server_manager, sampling_params, stop_token_ids=lead_stop_token_ids(lead_tokenizer))
@@ -96,6 +104,20 @@ class _WorkerState:
         if key not in self.engines:
             self.engines[key] = EpisodeEngine(lead=lead, lead_tokenizer=lead_tokenizer, reader=self.reader, config=self.config)
         return self.engines[key]
+
+
+    def gain_scorer(self, server_manager: Any, lead_tokenizer: Any) -> GainScorer:
+        """InfoMem's scorer for this worker: the policy through verl's rollout servers, or the
+        frozen subagent model through the gateway client (`parser.info_gain.scorer`)."""
+        key = (id(asyncio.get_running_loop()), id(server_manager) if self.info_gain.scorer == "policy" else 0)
+        if key not in self.gain_scorers:
+            if self.info_gain.scorer == "policy":
+                scorer, tokenizer = ServerManagerBackend(server_manager, {}), lead_tokenizer
+            else:
+                scorer, tokenizer = self.backend, self.subagent_tokenizer
+            self.gain_scorers[key] = GainScorer(scorer, tokenizer, self.info_gain, max_attempts=self.config.max_attempts,
+                                                backoff_s=self.config.retry_backoff_s, timeout_s=self.config.request_timeout_s)
+        return self.gain_scorers[key]
 
 
 _STATE: dict[str, _WorkerState] = {}
@@ -183,7 +205,17 @@ class ParserAgentLoop(AgentLoopBase):
         reward = score_answer(trajectory.answer, inputs.golds, protocol=state.config.protocol)
         if state.config.protocol == "release":
             trajectory.mask_invalid_turns(trainable=reward < INVALID_MASK_REWARD)
-        return to_agent_loop_output(
+        output = to_agent_loop_output(
             trajectory, reward, self.response_length, with_logprobs=bool(sampling_params.get("logprobs")),
             protocol=state.config.protocol, weight_versions=weight_versions,
         )
+        if state.info_gain.enable:  # InfoMem: only a successful trajectory's evidence is scored
+            if reward >= SUCCESS:
+                gold = matched_gold(trajectory.answer, gold_answers(inputs.golds), state.config.protocol)
+                record = await state.gain_scorer(self.server_manager, self.tokenizer).gain(
+                    inputs.question, evidence_text(trajectory), gold, request_id=request_id)
+            else:
+                record = GainRecord(gain=None, scorer=state.info_gain.scorer, prompt_version=state.info_gain.prompt_version,
+                                    error="not a successful trajectory")
+            output.extra_fields["info_gain"] = record.to_dict()
+        return output

@@ -16,15 +16,25 @@ from TransferQueue and adds `parser.verl.metrics.step_metrics` to the returned m
 verl hands a custom sampler no `filter_groups_metric` (custom samplers "own their filtering"),
 so dynamic sampling is passed through `sampler_kwargs` from `algorithm.filter_groups` — one
 switch for both paths.
+
+With `parser.info_gain.enable` (InfoMem, `sampler_kwargs.info_gain: ${parser.info_gain}`) the
+buffer also composes each finished GRPO group's reward before verl classifies or samples it
+(`parser.verl.info_gain`: the gain of successful trajectories, normalised in the group, added to
+the EM in `rm_scores`) and logs `parser/info_gain/*` per step.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+import torch
 import transfer_queue as tq
+from omegaconf import DictConfig, OmegaConf
+from tensordict import TensorDict
 from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBufferAsync
 
+from parser.info_gain import InfoGainConfig
+from parser.verl.info_gain import compose_groups, info_gain_metrics
 from parser.verl.metrics import group_metrics, step_metrics
 
 logger = logging.getLogger(__name__)
@@ -35,23 +45,64 @@ class ParserReplayBuffer(ReplayBufferAsync):
         sampler_kwargs = dict(sampler_kwargs or {})
         if sampler_kwargs.get("dynamic_sampling"):
             kwargs.setdefault("filter_groups_metric", str(sampler_kwargs.get("filter_groups_metric") or "reward"))
+        settings = sampler_kwargs.get("info_gain")
+        self.info_gain = InfoGainConfig.from_settings(
+            OmegaConf.to_container(settings, resolve=True) if isinstance(settings, DictConfig) else settings)
+        self._composed: set[str] = set()  # uids whose rm_scores hold the composed reward
         super().__init__(*args, sampler_kwargs=sampler_kwargs, **kwargs)
+
+    def _terminal_eviction_reasons(self, global_steps: int, partition_id: str):
+        # verl calls this on every poll, right after syncing the metadata and before it evicts,
+        # classifies (dynamic sampling) or selects groups: the one point that sees each finished
+        # group before anything reads its reward
+        if partition_id == "train" and self.info_gain.enable:
+            self._compose_finished_groups(partition_id)
+        return super()._terminal_eviction_reasons(global_steps, partition_id)
+
+    def _compose_finished_groups(self, partition_id: str) -> None:
+        """InfoMem's group step (parser.verl.info_gain): EM -> composed reward in `rm_scores`."""
+        live = set(self.finished_keys[partition_id]) | set(self.running_keys[partition_id]) | set(self.pending_keys[partition_id])
+        self._composed &= live  # groups already cleared from TransferQueue are forgotten
+        todo = set(self.finished_keys[partition_id]) - self._composed
+        keys = [key for key in self.partitions[partition_id] if key.split("_")[0] in todo]
+        if keys:
+            data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["extra_fields", "rm_scores"])
+            scores = compose_groups(keys, _rows(data["extra_fields"]), self.info_gain)
+            new = []
+            for score, row in zip(scores, _unbind(data["rm_scores"])):
+                row = row.clone()
+                if score is not None:  # the reward sits on the last response token, as verl put it
+                    row.zero_()
+                    row[-1] = score
+                new.append(row)
+            tq.kv_batch_put(keys=keys, partition_id=partition_id,
+                            fields=TensorDict({"rm_scores": torch.nested.as_nested_tensor(new, layout=torch.jagged)},
+                                              batch_size=len(keys)))
+        self._composed |= todo
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         batch, metrics = super().sample(global_steps, partition_id, batch_size)
         if partition_id == "train" and batch.keys:
-            data = tq.kv_batch_get(keys=batch.keys, partition_id=partition_id,
-                                   select_fields=["extra_fields", "response_mask"])
+            fields = ["extra_fields", "response_mask"] + (["rm_scores"] if self.info_gain.enable else [])
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=partition_id, select_fields=fields)
             metrics.update(metrics_from_extra_fields(data["extra_fields"]))
             metrics.update(mask_metrics(data["extra_fields"], data["response_mask"]))
             metrics.update(group_metrics(rewards_by_group(batch.keys, data["extra_fields"], batch.tags),
                                          metrics.get(DAPO_FILTERED_REWARD_COUNTS_KEY)))
+            if self.info_gain.enable:
+                scores = [float(r.sum()) for r in _unbind(data["rm_scores"])]
+                metrics.update(info_gain_metrics(batch.keys, _rows(data["extra_fields"]), scores, batch.tags))
         return batch, metrics
 
 
 def _rows(extra_fields: Any) -> list[Any]:
     """Per-trajectory `extra_fields` as a list (verl hands a NonTensorStack / numpy array, tests lists)."""
     return extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
+
+
+def _unbind(tensor: Any) -> list[Any]:
+    """Per-trajectory rows of a TransferQueue field (kept unpadded: a jagged nested tensor)."""
+    return tensor.unbind(0) if getattr(tensor, "is_nested", False) else list(tensor)
 
 
 def mask_metrics(extra_fields: Any, response_mask: Any) -> dict[str, float]:
@@ -64,7 +115,7 @@ def mask_metrics(extra_fields: Any, response_mask: Any) -> dict[str, float]:
     """
     rows = _rows(extra_fields)
     # TransferQueue keeps each trajectory's response unpadded (a jagged nested tensor)
-    masks = response_mask.unbind(0) if getattr(response_mask, "is_nested", False) else list(response_mask)
+    masks = _unbind(response_mask)
     mismatched = lead = total = 0
     for row, mask in zip(rows, masks):
         stats = row.get("parser_stats") if isinstance(row, dict) else None
