@@ -182,7 +182,8 @@ def verl_reference(engine: str):
         return compose(config_name="ppo_trainer", overrides=[f"model_engine={engine}"])
 
 
-@pytest.mark.parametrize("name,engine", [*((n, "megatron") for n in SHIPPED), ("train/cpu_smoke", "dp")])
+@pytest.mark.parametrize("name,engine", [*((n, "megatron") for n in SHIPPED), ("train/memagent_4b", "megatron"),
+                                         ("train/cpu_smoke", "dp")])
 def test_every_key_set_in_our_yaml_exists_in_verls_schema(name, engine):
     from parser.verl.config_checks import unknown_keys
 
@@ -267,3 +268,23 @@ def test_bad_info_gain_settings_fail_before_launch():
         config = compose_config("train/parser_4b_infomem", [GATEWAY, "parser.info_gain.scorer=policy", override])
         with pytest.raises(TrainConfigError, match=needle):
             prepare(config)
+
+
+def test_memagent_preset_is_the_same_trainer_with_the_memory_agent_as_policy():
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from parser.info_gain import InfoGainConfig
+
+    config = prepare(compose_config("train/memagent_4b"))  # no gateway: memory agents read alone
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    assert config.parser.memagent.method == "memagent" and config.algorithm.filter_groups.metric == "acc"
+    assert not config.parser.info_gain.enable  # outcome reward; InfoMem is one override
+    assert InfoGainConfig.from_settings(OmegaConf.to_container(config.parser.info_gain)).scorer == "policy"
+    plain = prepare(compose_config("train/parser_4b", [GATEWAY]))
+    for key in ("trainer.use_v1", "trainer.v1.trainer_mode", "algorithm.adv_estimator", "actor_rollout_ref.actor.optim",
+                "actor_rollout_ref.rollout.n", "trainer.v1.sampler.custom_sampler"):
+        assert OmegaConf.select(config, key) == OmegaConf.select(plain, key), key
+    prompt, response = config.actor_rollout_ref.rollout.prompt_length, config.actor_rollout_ref.rollout.response_length
+    assert prompt >= config.parser.memagent.chunk_size + config.parser.memagent.max_memory_tokens
+    assert response >= config.parser.memagent.max_memory_tokens

@@ -67,9 +67,9 @@ def check_train_config(config: Any, require_gateway: bool = True) -> None:
         problems.append("no `parser:` block (compose from configs/train/parser_base.yaml)")
     else:
         per_turn = int(parser_cfg.episode.max_tokens_per_turn)
-        if per_turn > int(rollout.response_length):
+        if per_turn > int(rollout.response_length) and not parser_cfg.get("memagent"):
             problems.append(f"parser.episode.max_tokens_per_turn={per_turn} > rollout.response_length={rollout.response_length}")
-        if require_gateway and not parser_cfg.get("gateway_url"):
+        if require_gateway and not parser_cfg.get("gateway_url") and not parser_cfg.get("memagent"):  # memory agents read alone
             problems.append("parser.gateway_url is not set: the subagents' gateway URL "
                             "(export PARSER_GATEWAY_URL=http://host:port or pass parser.gateway_url=...)")
         problems += _info_gain_problems(parser_cfg.get("info_gain"), rollout)

@@ -34,7 +34,7 @@ from tensordict import TensorDict
 from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBufferAsync
 
 from parser.info_gain import InfoGainConfig
-from parser.verl.info_gain import compose_groups, info_gain_metrics
+from parser.verl.info_gain import compose_groups, final_outputs, info_gain_metrics
 from parser.verl.metrics import group_metrics, step_metrics
 
 logger = logging.getLogger(__name__)
@@ -132,15 +132,17 @@ def mask_metrics(extra_fields: Any, response_mask: Any) -> dict[str, float]:
 
 
 def rewards_by_group(keys: list[str], extra_fields: Any, tags: list[dict] | None = None) -> dict[str, list[float]]:
-    """uid -> rewards of the sampled trajectories (verl keys them `{uid}_{session}_{i}`), padding skipped."""
+    """uid -> rewards of the sampled trajectories (verl keys them `{uid}_{session}_{i}`; a
+    trajectory of several outputs counts once, by its last), padding skipped."""
     rows = _rows(extra_fields)
     groups: dict[str, list[float]] = {}
-    for i, (key, row) in enumerate(zip(keys, rows)):
-        if tags and tags[i].get("is_padding"):
-            continue
-        info = (row or {}).get("reward_extra_info") or {} if isinstance(row, dict) else {}
-        if "acc" in info:
-            groups.setdefault(key.rsplit("_", 2)[0], []).append(float(info["acc"]))
+    for uid, sessions in final_outputs(keys).items():
+        for i in sessions.values():
+            if tags and tags[i].get("is_padding"):
+                continue
+            info = (rows[i] or {}).get("reward_extra_info") or {} if isinstance(rows[i], dict) else {}
+            if "acc" in info:
+                groups.setdefault(uid, []).append(float(info["acc"]))
     return groups
 
 
@@ -150,7 +152,7 @@ def metrics_from_extra_fields(extra_fields: Any) -> dict[str, float]:
     rows = [r for r in rows if isinstance(r, dict)]
     stats = [r.get("parser_stats") for r in rows if r.get("parser_stats")]
     rewards = [r["reward_extra_info"]["acc"] for r in rows if "acc" in (r.get("reward_extra_info") or {})]
-    if len(stats) < len(rows):
+    if stats and len(stats) < len(rows):  # (a memory agent's rows carry none at all)
         logger.warning("%d of %d sampled trajectories carry no parser_stats (not from parser_agent?)",
                        len(rows) - len(stats), len(rows))
     return step_metrics(stats, rewards)

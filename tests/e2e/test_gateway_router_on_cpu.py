@@ -162,3 +162,29 @@ def test_worker_killed_mid_round_loses_no_request(tmp_path, tiny_tokenizer):
           f"max attempts {max(c.attempts for c in calls)}")
     assert retried, "no request hit the dead worker: the kill did not land mid-round"
     assert all(c.chunk_index >= 0 for c in retried)
+
+
+def test_answer_scoring_passes_through_the_gateway(tmp_path, tiny_tokenizer, tiny_qwen3_model):
+    """`score` through the router to two parser.serve workers (tiny Qwen3, the same seeded weights
+    as in process): SGLang's input-logprob fields and vLLM's prompt_logprobs reach the worker and
+    its answer comes back unchanged, equal to a plain forward pass."""
+    import torch
+
+    cfg = {"workers": {"kind": "parser_serve", "num": 2, "cpu_model": "tiny-qwen3"},
+           "router": _router_cfg("cache_aware"), "log_dir": str(tmp_path / "logs-score"), "ready_timeout_s": 120}
+    prompt = tiny_tokenizer.encode("Question: who built the bridge? Findings: Ada Okafor built it. Answer:",
+                                   add_special_tokens=False)
+    answer = tiny_tokenizer.encode(" Ada Okafor", add_special_tokens=False)
+    with torch.inference_mode():
+        logits = tiny_qwen3_model(input_ids=torch.tensor([prompt + answer])).logits[0].float()
+    want = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).gather(-1, torch.tensor(answer)[:, None])[:, 0].tolist()
+    with Gateway.from_config(cfg) as gw:
+        async def go(api, server):
+            async with HttpBackend(gw.url, api=api, server=server, model="tiny-qwen3") as backend:
+                return [await backend.score(prompt, answer, routing_key=f"doc:{i}") for i in range(4)]
+
+        results = {(api, server): asyncio.run(go(api, server))
+                   for api, server in (("sglang", "sglang"), ("completions", "vllm"))}
+    for key, scores in results.items():
+        for got in scores:
+            assert got == pytest.approx(want, abs=1e-4), key
