@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from parser import prompts
 from parser.backends.base import BackendError, Scorer
@@ -135,9 +135,11 @@ def compose(outcomes: Sequence[float], gains: Sequence[float | None], config: In
 
 
 # ---------------------------------------------------------------------- what is scored
-def matched_gold(answer: str | None, golds: Iterable[str], protocol: str = "parser") -> str | None:
-    """The first gold answer the lead's answer exactly matches (the one whose likelihood is scored)."""
-    return next((g for g in golds if exact_match(answer, [g], protocol=protocol) >= SUCCESS), None)
+def matched_gold(answer: str | None, golds: Iterable[str],
+                 match: Callable[[str | None, list[str]], float] = exact_match) -> str | None:
+    """The first gold answer the lead's answer matches under `match` (the protocol's EM): the
+    one whose likelihood is scored."""
+    return next((g for g in golds if match(answer, [g]) >= SUCCESS), None)
 
 
 def evidence_text(trajectory: Trajectory) -> str:

@@ -40,13 +40,16 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from parser.backends.base import Completion, Prompt, SamplingParams
 from parser.backends.models import Models
+from parser.chat_format import CHATML
+from parser.config import EpisodeConfig
 from parser.info_gain import SUCCESS, GainRecord, GainScorer, InfoGainConfig, matched_gold
 from parser.methods import build_method
 from parser.methods.base import Sample
 from parser.methods.memagent import NO_MEMORY
+from parser.protocol import protocol_for
 from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, gold_answers, score_answer
 from parser.verl.rows import episode_inputs
-from parser.verl.server_manager import ServerManagerBackend, lead_stop_token_ids
+from parser.verl.server_manager import ServerManagerBackend
 
 AGENT_NAME = "memagent_agent"  # configs/train/agent_loop.yaml `name`; the dataset's agent_name
 MEMORY_METHODS = ("memagent", "rememr1")
@@ -112,11 +115,12 @@ class MemAgentAgentLoop(AgentLoopBase):
                       "timeout_s": float(episode.get("request_timeout_s", 300.0))}
         self.response_length = int(self.rollout_config.response_length)
         self.prompt_length = int(self.rollout_config.prompt_length)
+        self.protocol = protocol_for(EpisodeConfig())  # this project's EM (MemAgent's extraction, then EM)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         inputs = episode_inputs(kwargs)
         golds = gold_answers(inputs.golds)
-        server = ServerManagerBackend(self.server_manager, sampling_params, stop_token_ids=lead_stop_token_ids(self.tokenizer))
+        server = ServerManagerBackend(self.server_manager, sampling_params, stop_token_ids=CHATML.stop_token_ids(self.tokenizer))
         lead = RecordingLead(server, self.tokenizer)
         method = build_method(self.method_name, Models(lead=lead, lead_tokenizer=self.tokenizer), **self.method_kwargs)
         request_id = uuid4().hex
@@ -130,9 +134,9 @@ class MemAgentAgentLoop(AgentLoopBase):
                 raise ValueError(f"memory-agent call {i} has a {len(conv.prompt_ids)}-token prompt > "
                                  f"actor_rollout_ref.rollout.prompt_length={self.prompt_length} (data.max_prompt_length): "
                                  "raise it, or lower parser.memagent.chunk_size / max_memory_tokens")
-        reward = score_answer(result.answer, golds)
+        reward = score_answer(result.answer, golds, self.protocol)
         wall = asyncio.get_running_loop().time() - started
-        extra: dict[str, Any] = {ANSWER_KEY: result.answer, PROTOCOL_KEY: "parser", "reward_extra_info": {"acc": reward},
+        extra: dict[str, Any] = {ANSWER_KEY: result.answer, PROTOCOL_KEY: self.protocol.key, "reward_extra_info": {"acc": reward},
                                  "turn_scores": [], "tool_rewards": [], **versions,
                                  "memagent_stats": {"conversations": float(len(lead.conversations)),
                                                     "num_chunks": float(result.record.get("num_chunks", 0))}}
@@ -157,11 +161,12 @@ class MemAgentAgentLoop(AgentLoopBase):
         return outputs
 
     async def _gain(self, question: str, result: Any, golds: list[str], request_id: str) -> GainRecord:
-        if score_answer(result.answer, golds) < SUCCESS:
+        if score_answer(result.answer, golds, self.protocol) < SUCCESS:
             return GainRecord(gain=None, scorer=self.info_gain.scorer, prompt_version=self.info_gain.prompt_version,
                               error="not a successful trajectory")
         scorer = GainScorer(ServerManagerBackend(self.server_manager, {}), self.tokenizer, self.info_gain, **self.retry)
         memory = str(result.record.get("final_memory") or "")
         memory = "" if memory == NO_MEMORY else memory  # nothing was ever written: no evidence
-        return await scorer.gain(question, memory, matched_gold(result.answer, golds), request_id=request_id)
+        gold = matched_gold(result.answer, golds, self.protocol.exact_match)
+        return await scorer.gain(question, memory, gold, request_id=request_id)
 

@@ -54,16 +54,17 @@ class _ScriptedMemory:
 async def record_conversations(method_settings: dict[str, Any], tokenizer: Any) -> list[tuple[list[int], list[int]]]:
     """(token ids, loss mask) of every conversation of a right and a wrong read."""
     from parser.backends.models import Models
+    from parser.chat_format import CHATML
     from parser.methods import build_method
     from parser.methods.base import Sample
     from parser.methods.memagent_loop import RecordingLead, method_settings as split_settings
-    from parser.verl.server_manager import ServerManagerBackend, lead_stop_token_ids
+    from parser.verl.server_manager import ServerManagerBackend
 
     name, kwargs = split_settings(method_settings)
     sequences = []
     for answer in (ANSWER, WRONG):
         server = ServerManagerBackend(_ScriptedMemory(tokenizer, answer), {"temperature": 1.0},
-                                      stop_token_ids=lead_stop_token_ids(tokenizer))
+                                      stop_token_ids=CHATML.stop_token_ids(tokenizer))
         lead = RecordingLead(server, tokenizer)
         method = build_method(name, Models(lead=lead, lead_tokenizer=tokenizer), **kwargs)
         result = await method.run(Sample(id=f"record-{answer}", question=QUESTION, answers=[ANSWER], context=document()))
