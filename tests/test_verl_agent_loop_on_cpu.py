@@ -274,7 +274,8 @@ def test_v1_path_output_and_replay_buffer_metrics(loopback, model_dir, tiny_qwen
 
     config = train_config(loopback.url, model_dir)
     manager = ScriptedServerManager(tiny_qwen3_5_model, tiny_tokenizer)
-    (entry,) = OmegaConf.load(config.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+    (entry,) = [e for e in OmegaConf.load(config.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+                if e.name == "parser_agent"]
 
     async def one():
         loop = hydra.utils.instantiate(
