@@ -21,32 +21,20 @@ pytest.importorskip("verl")
 from verl_fakes import (  # noqa: E402
     ANSWER,
     NEEDLE,
+    QUESTIONS,
     SCRIPT,
     WRONG_SCRIPT,
     ScriptedServerManager,
     TinyModelServerManager,
     dataset_row,
+    loopback,  # noqa: F401  (fixture)
+    model_dir,  # noqa: F401  (fixture)
     run_verl_worker,
-    save_tiny_model,
     train_config,
 )
 
-from parser.testing.loopback import start_loopback  # noqa: E402
 from parser.verl.metrics import step_metrics  # noqa: E402
 from parser.verl.reward import ANSWER_KEY, compute_score  # noqa: E402
-
-QUESTIONS = ["Who directed the film Zorvan?", "Which person directed Zorvan?"]
-
-
-@pytest.fixture(scope="module")
-def loopback():
-    with start_loopback("subagent-w1", needle=NEEDLE, needle_answer=ANSWER) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_qwen3_5_model, tiny_tokenizer, tmp_path_factory):
-    return save_tiny_model(tiny_qwen3_5_model, tiny_tokenizer, str(tmp_path_factory.mktemp("tiny-lead")))
 
 
 @pytest.fixture(scope="module")

@@ -19,27 +19,12 @@ import pytest
 
 pytest.importorskip("verl")
 
-from verl_fakes import (SCRIPT, WRONG_SCRIPT, ScriptedServerManager, dataset_row, run_verl_worker,  # noqa: E402
-                        save_tiny_model, sequence_logprobs, train_config)
+from verl_fakes import (QUESTIONS, SCRIPT, WRONG_SCRIPT, ScriptedServerManager, dataset_row, run_verl_worker,  # noqa: E402
+                        sequence_logprobs, train_config)
+from verl_fakes import loopback, model_dir  # noqa: E402,F401  (fixtures)
 
 from parser.info_gain import SCORING_FAILED, InfoGainConfig  # noqa: E402
-from parser.testing.loopback import start_loopback  # noqa: E402
 from parser.verl.info_gain import compose_groups, final_outputs, info_gain_metrics  # noqa: E402
-
-QUESTIONS = ["Who directed the film Zorvan?", "Which person directed Zorvan?"]
-
-
-@pytest.fixture(scope="module")
-def loopback():
-    from verl_fakes import ANSWER, NEEDLE
-
-    with start_loopback("subagent-w1", needle=NEEDLE, needle_answer=ANSWER) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_qwen3_5_model, tiny_tokenizer, tmp_path_factory):
-    return save_tiny_model(tiny_qwen3_5_model, tiny_tokenizer, str(tmp_path_factory.mktemp("tiny-lead")))
 
 
 def run_groups(loopback, model_dir, model, tokenizer, overrides):

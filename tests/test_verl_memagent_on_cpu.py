@@ -21,7 +21,8 @@ import torch
 
 pytest.importorskip("verl")
 
-from verl_fakes import ANSWER, NEEDLE, dataset_row, prompt_logprobs_output, save_tiny_model, sequence_logprobs, train_config  # noqa: E402,E501
+from verl_fakes import ANSWER, dataset_row, prompt_logprobs_output, sequence_logprobs, train_config  # noqa: E402
+from verl_fakes import model_dir  # noqa: E402,F401  (fixture)
 
 from parser.verl.reward import ANSWER_KEY  # noqa: E402
 
@@ -61,11 +62,6 @@ class MemoryScriptServer:
         logprobs = sequence_logprobs(self.model, list(prompt_ids), ids) if sampling_params.get("logprobs") else None
         return TokenOutput(token_ids=ids, log_probs=logprobs, stop_reason="stop",
                            extra_fields={"global_steps": 3, "min_global_steps": 3, "max_global_steps": 3})
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_qwen3_5_model, tiny_tokenizer, tmp_path_factory):
-    return save_tiny_model(tiny_qwen3_5_model, tiny_tokenizer, str(tmp_path_factory.mktemp("tiny-memagent")))
 
 
 def run_loop(config, server, tokenizer, n: int):
