@@ -166,9 +166,13 @@ def test_worker_killed_mid_round_loses_no_request(tmp_path, tiny_tokenizer):
 
 def test_answer_scoring_passes_through_the_gateway(tmp_path, tiny_tokenizer, tiny_qwen3_model):
     """`score` through the router to two parser.serve workers (tiny Qwen3, the same seeded weights
-    as in process): SGLang's input-logprob fields and vLLM's prompt_logprobs reach the worker and
-    its answer comes back unchanged, equal to a plain forward pass."""
+    as in process): SGLang's input-logprob fields reach the worker and its answer comes back
+    unchanged, equal to a plain forward pass, whichever worker a key lands on. The router's
+    OpenAI completions route takes text prompts only: a token-id prompt (vLLM's prompt_logprobs
+    way) is refused with a 422, a clear non-retryable error (docs/info_gain.md)."""
     import torch
+
+    from parser.backends.base import BackendError
 
     cfg = {"workers": {"kind": "parser_serve", "num": 2, "cpu_model": "tiny-qwen3"},
            "router": _router_cfg("cache_aware"), "log_dir": str(tmp_path / "logs-score"), "ready_timeout_s": 120}
@@ -183,8 +187,9 @@ def test_answer_scoring_passes_through_the_gateway(tmp_path, tiny_tokenizer, tin
             async with HttpBackend(gw.url, api=api, server=server, model="tiny-qwen3") as backend:
                 return [await backend.score(prompt, answer, routing_key=f"doc:{i}") for i in range(4)]
 
-        results = {(api, server): asyncio.run(go(api, server))
-                   for api, server in (("sglang", "sglang"), ("completions", "vllm"))}
-    for key, scores in results.items():
-        for got in scores:
-            assert got == pytest.approx(want, abs=1e-4), key
+        scores = asyncio.run(go("sglang", "sglang"))
+        with pytest.raises(BackendError) as refused:
+            asyncio.run(go("completions", "vllm"))
+    for got in scores:
+        assert got == pytest.approx(want, abs=1e-4)
+    assert refused.value.status == 422 and not refused.value.retryable and "prompt" in str(refused.value)
