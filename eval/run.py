@@ -17,8 +17,9 @@ Features
   run one after another, as the paper times them. Progress bars show running Sub_EM and ETA.
 - `warmup` untimed, unrecorded samples first (copies of the first ones under new ids), so
   one-off costs (lazy init, first-call kernels) do not land in the first subset's latency.
-- A sample whose method raises is logged to `errors.jsonl` and not written, so a re-run
-  retries it; the command then exits 1.
+- A sample whose method raises, or that got no fair run (`MethodResult.failed`: ParSer with
+  every subagent call failed, `parser.retry`), is logged to `errors.jsonl` (with its trace) and
+  not written, so a re-run retries it; the command then exits 1.
 - One process per `out_dir`: a second `eval.run` on a directory in use exits 2 with a message
   naming the holder (`eval.store.lock_run_dir`).
 
@@ -128,17 +129,24 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
     written = failed = 0
     session = f"{os.getpid()}@{time.time():.3f}"  # this process's pass over this subset
 
+    def log_failure(sample: Sample, error: str, **detail: Any) -> None:
+        nonlocal failed
+        failed += 1
+        store.log_error({"dataset": subset.dataset, "length": subset.length, "condition": subset.condition, "run": run,
+                         "sample_id": sample.id, "error": error, **detail, "time": provenance.now()})
+        bar.write(f"[eval] {subset.label} run {run} sample {sample.id}: {error} (logged, will retry on re-run)")
+
     async def one(sample: Sample) -> None:
-        nonlocal written, failed
+        nonlocal written
         async with semaphore:
             try:
                 result = await method.run(sample)
             except Exception as err:  # a broken sample must not stop the table; it is retried on re-run
-                failed += 1
-                store.log_error({"dataset": subset.dataset, "length": subset.length, "run": run, "sample_id": sample.id,
-                                 "error": repr(err), "traceback": traceback.format_exc(), "time": provenance.now()})
-                bar.write(f"[eval] {subset.label} run {run} sample {sample.id}: {err!r} (logged, will retry on re-run)")
+                log_failure(sample, repr(err), traceback=traceback.format_exc())
                 return
+        if result.failed:  # no fair run (e.g. the subagents' gateway was down): not a wrong answer
+            log_failure(sample, result.failed, record=result.record)
+            return
         row = result_row(subset, run, sample, result, cfg, bool(cfg.save_records), session)
         if store.append(row):
             written += 1

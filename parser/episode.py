@@ -40,7 +40,8 @@ Honest token view: the lead's generated ids are the ids the backend reports. A b
 returns only text (an OpenAI server without `return_token_ids`) has its text re-tokenised, which
 need not give the ids the model sampled; the trajectory then says so (`token_view_valid=False`,
 `token_view_note`) and training refuses it. Lead generations are retried like subagent reads
-(`parser.retry`).
+(`parser.retry`), under their backend's own deadline (`request_timeout_s` is the subagent
+read's); one that fails for good raises `CallFailed` out of the episode.
 
 Constrained decoding (off in every paper config; both recorded in `Trajectory.constraints`):
 `constrain_subagents` decodes subagent replies under the finding's JSON schema (answer before
@@ -60,6 +61,7 @@ last `<answer>` block of all turns together; invalid turns are recorded in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from typing import Any
@@ -70,7 +72,7 @@ from parser.actions import TOOL_NAME, LeadAction, action_regex, parse_lead_outpu
 from parser.backends.base import Backend, Completion, SamplingParams
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig
-from parser.retry import retrying
+from parser.retry import RetryPolicy
 from parser.tools import ChunkReader, QueryAgents, Toolset
 from parser.trajectory import Trajectory, Turn
 
@@ -196,6 +198,7 @@ class EpisodeEngine:
         self.reader = reader
         self.config = config or EpisodeConfig()
         self._slots = asyncio.Semaphore(self.config.max_concurrency)
+        self._lead_retry = dataclasses.replace(RetryPolicy.of(self.config), timeout_s=None)
 
     def _count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
@@ -288,11 +291,7 @@ class EpisodeEngine:
             return_logprobs=True, regex=context.action_regex if tool_names else None,
         )
         lead_started = time.perf_counter()
-        attempts = 0
-        async for attempt in retrying(cfg.max_attempts, cfg.retry_backoff_s):
-            with attempt:
-                attempts += 1
-                completion = await self.lead.generate(prompt, sampling, **ids)
+        completion, attempts = await self._lead_retry.call(lambda: self.lead.generate(prompt, sampling, **ids))
         lead_latency = time.perf_counter() - lead_started
         token_ids = context.append_generation(completion)
         text = completion.text if completion.text else self.tokenizer.decode(token_ids, skip_special_tokens=False)
