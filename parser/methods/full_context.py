@@ -33,7 +33,6 @@ from parser.methods.base import MethodResult, Sample
 from parser.retry import RetryingBackend, RetryPolicy
 
 log = logging.getLogger(__name__)
-YARN_ROPE_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 262144}
 
 
 class ContextOverflow(ValueError):
