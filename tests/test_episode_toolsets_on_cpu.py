@@ -10,7 +10,6 @@ import pytest
 
 from parser import prompts
 from parser.backends.base import Completion
-from parser import prompts
 from parser.dci import SandboxTools
 from parser.dci import Sandbox, materialize_corpus
 from parser.config import EpisodeConfig
