@@ -37,7 +37,8 @@ No verl import: the agent loop computes gains (`GainScorer`), the replay buffer 
 (`parser.verl.info_gain`), and the tests check the formula by hand.
 
     config = InfoGainConfig(enable=True, beta=0.2, normalization="zscore", scorer="subagent")
-    record = await GainScorer(backend, tokenizer, config).gain(question, evidence_text(trajectory), gold)
+    scorer = GainScorer(RetryingBackend(backend, RetryPolicy.of(episode)), tokenizer, config)
+    record = await scorer.gain(question, evidence_text(trajectory), gold)
     rewards = compose([1.0, 1.0, 0.0], [0.8, -0.1, None], config)   # one GRPO group
 """
 from __future__ import annotations
@@ -49,7 +50,6 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from parser import prompts
 from parser.backends.base import BackendError, Scorer
-from parser.retry import retrying
 from parser.reward import exact_match
 from parser.trajectory import Trajectory
 
@@ -167,13 +167,12 @@ class GainRecord:
 
 
 class GainScorer:
-    """Scores a trajectory's gain with a `Scorer` backend and that scorer's tokenizer, retrying
-    retryable failures with the one retry policy (`parser.retry`)."""
+    """Scores a trajectory's gain with a `Scorer` and that scorer's tokenizer. Hand it the scorer
+    wrapped in the one retry policy (`parser.retry.RetryingBackend`); a call that fails for good
+    leaves the trajectory without a gain, recorded."""
 
-    def __init__(self, scorer: Scorer, tokenizer: Any, config: InfoGainConfig, *, max_attempts: int = 4,
-                 backoff_s: float = 0.5, timeout_s: float = 300.0):
+    def __init__(self, scorer: Scorer, tokenizer: Any, config: InfoGainConfig):
         self.scorer, self.tokenizer, self.config = scorer, tokenizer, config
-        self.max_attempts, self.backoff_s, self.timeout_s = max_attempts, backoff_s, timeout_s
 
     # -------------------------------------------------------------- tokens
     def _plain(self, text: str) -> list[int]:
@@ -214,12 +213,6 @@ class GainScorer:
         return self.tokenizer.decode(keep), len(keep), True
 
     # -------------------------------------------------------------- scoring
-    async def _score(self, prompt: list[int], answer: list[int], request_id: str | None) -> list[float]:
-        async for attempt in retrying(self.max_attempts, self.backoff_s):
-            with attempt:
-                return await asyncio.wait_for(self.scorer.score(prompt, answer, request_id=request_id), self.timeout_s)
-        raise AssertionError("unreachable: retrying re-raises the last error")
-
     async def gain(self, question: str, evidence: str, gold: str | None, request_id: str | None = None) -> GainRecord:
         """This trajectory's gain (a successful one: `gold` is the answer it matched)."""
         record = GainRecord(gain=None, scorer=self.config.scorer, prompt_version=self.config.prompt_version)
@@ -237,8 +230,8 @@ class GainScorer:
         evidence, record.evidence_tokens, record.evidence_truncated = self._evidence(evidence)
         try:
             with_lps, without_lps = await asyncio.gather(
-                self._score(self.prompt_ids(question, evidence), answer, request_id),
-                self._score(self.prompt_ids(question, None), answer, request_id))
+                self.scorer.score(self.prompt_ids(question, evidence), answer, request_id=request_id),
+                self.scorer.score(self.prompt_ids(question, None), answer, request_id=request_id))
         except (BackendError, asyncio.TimeoutError) as error:
             record.error = f"{SCORING_FAILED}: {type(error).__name__}: {str(error)[:300]}"
             return record

@@ -19,8 +19,9 @@ import torch
 
 from parser.backends.http import HttpBackend
 from parser.backends.transformers import TransformersBackend
-from parser.info_gain import (GainScorer, InfoGainConfig, compose, evidence_text, info_gain, matched_gold,
-                              mean_logprob, normalize_group)
+from parser.info_gain import (SCORING_FAILED, GainScorer, InfoGainConfig, compose, evidence_text, info_gain,
+                              matched_gold, mean_logprob, normalize_group)
+from parser.retry import RetryingBackend, RetryPolicy
 from parser.trajectory import Finding, QueryRecord, Trajectory, Turn
 
 ZSCORE = InfoGainConfig(enable=True)
@@ -167,9 +168,11 @@ def test_a_scorer_that_never_answers_leaves_no_gain_and_says_why():
         dead = HttpBackend(f"http://127.0.0.1:{s.getsockname()[1]}", timeout_s=2)
     from parser.testing import byte_bpe_tokenizer
 
-    scorer = GainScorer(dead, byte_bpe_tokenizer(), ZSCORE, max_attempts=2, backoff_s=0.01)
+    scorer = GainScorer(RetryingBackend(dead, RetryPolicy(max_attempts=2, backoff_s=0.01, timeout_s=5)),
+                        byte_bpe_tokenizer(), ZSCORE)
     record = asyncio.run(scorer.gain("Who?", "a finding", "Ada"))
-    assert record.gain is None and "scoring failed" in record.error and "BackendError" in record.error
+    assert record.gain is None and record.error.startswith(SCORING_FAILED)
+    assert "BackendError" in record.error and "after 2 attempts" in record.error  # the one retry policy, then recorded
 
 
 def test_findings_that_state_the_answer_raise_its_likelihood_on_a_real_lm():

@@ -21,22 +21,21 @@ pytest.importorskip("verl")
 
 from verl_fakes import (QUESTIONS, SCRIPT, WRONG_SCRIPT, ScriptedServerManager, dataset_row, run_verl_worker,  # noqa: E402
                         sequence_logprobs, train_config)
-from verl_fakes import loopback, model_dir  # noqa: E402,F401  (fixtures)
 
 from parser.info_gain import SCORING_FAILED, InfoGainConfig  # noqa: E402
 from parser.verl.info_gain import compose_groups, final_outputs, info_gain_metrics  # noqa: E402
 
 
-def run_groups(loopback, model_dir, model, tokenizer, overrides):
-    config = train_config(loopback.url, model_dir, ["parser.info_gain.enable=true", *overrides])
+def run_groups(needle_loopback, model_dir, model, tokenizer, overrides):
+    config = train_config(needle_loopback.url, model_dir, ["parser.info_gain.enable=true", *overrides])
     manager = ScriptedServerManager(model, tokenizer, scripts=[SCRIPT, WRONG_SCRIPT])
     rows = [dataset_row(i // 2, QUESTIONS[i // 2]) for i in range(4)]
     return run_verl_worker(config, manager, rows), manager, config
 
 
-def test_policy_scores_only_successful_trajectories_and_the_reward_stays_em(loopback, model_dir, tiny_qwen3_5_model,
+def test_policy_scores_only_successful_trajectories_and_the_reward_stays_em(needle_loopback, model_dir, tiny_qwen3_5_model,
                                                                              tiny_tokenizer):
-    out, manager, _ = run_groups(loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer, ["parser.info_gain.scorer=policy"])
+    out, manager, _ = run_groups(needle_loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer, ["parser.info_gain.scorer=policy"])
     records, accs = list(out.non_tensor_batch["info_gain"]), list(out.non_tensor_batch["acc"])
     assert sorted(accs) == [0.0, 0.0, 1.0, 1.0]
     assert out.batch["rm_scores"].sum(-1).tolist() == accs  # composition happens later, per group
@@ -61,9 +60,9 @@ def test_policy_scores_only_successful_trajectories_and_the_reward_stays_em(loop
     assert len(manager.scored) == 2 * accs.count(1.0)  # two scoring requests per success, none for failures
 
 
-def test_a_scorer_that_cannot_score_is_recorded_and_never_fatal(loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
+def test_a_scorer_that_cannot_score_is_recorded_and_never_fatal(needle_loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
     """The subagent scorer here is the loopback worker, which returns no input logprobs."""
-    out, _, _ = run_groups(loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer,
+    out, _, _ = run_groups(needle_loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer,
                            ["parser.info_gain.scorer=subagent", "parser.episode.max_attempts=2", "parser.episode.retry_backoff_s=0.01"])
     records, accs = list(out.non_tensor_batch["info_gain"]), list(out.non_tensor_batch["acc"])
     assert sorted(accs) == [0.0, 0.0, 1.0, 1.0]
@@ -120,10 +119,10 @@ def test_step_metrics_gain_spread_and_changed_groups():
     assert info_gain_metrics([], [], []) == {}
 
 
-def test_the_replay_buffer_reads_the_settings_verl_hands_it(loopback, model_dir):
+def test_the_replay_buffer_reads_the_settings_verl_hands_it(needle_loopback, model_dir):
     from parser.verl.sampler import ParserReplayBuffer
 
-    config = train_config(loopback.url, model_dir, ["parser.info_gain.enable=true", "parser.info_gain.beta=0.3",
+    config = train_config(needle_loopback.url, model_dir, ["parser.info_gain.enable=true", "parser.info_gain.beta=0.3",
                                                      "algorithm.filter_groups.metric=acc"])
     buffer = ParserReplayBuffer(
         trainer_mode="separate_async", trainer_config=config.trainer.v1.separate_async,

@@ -22,7 +22,6 @@ import torch
 pytest.importorskip("verl")
 
 from verl_fakes import ANSWER, dataset_row, prompt_logprobs_output, sequence_logprobs, train_config  # noqa: E402
-from verl_fakes import model_dir  # noqa: E402,F401  (fixture)
 
 from parser.verl.reward import ANSWER_KEY  # noqa: E402
 

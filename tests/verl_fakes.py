@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import pytest
 import torch
 
 CALL = "<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
@@ -27,22 +26,6 @@ SCRIPT = [
 # A sibling in the same GRPO group that answers wrongly (reward 0), so advantages are non-zero.
 WRONG_SCRIPT = [SCRIPT[0], ("I will guess.\n</think>\n\n<answer>Anna Berg</answer>", "stop")]
 QUESTIONS = ["Who directed the film Zorvan?", "Which person directed Zorvan?"]
-
-
-# ----------------------------------------------------------------------------- shared fixtures
-@pytest.fixture(scope="module")
-def loopback():
-    """The subagents: a loopback HTTP worker answering the needle's chunk with its finding."""
-    from parser.testing.loopback import start_loopback
-
-    with start_loopback("subagent-w1", needle=NEEDLE, needle_answer=ANSWER) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_qwen3_5_model, tiny_tokenizer, tmp_path_factory):
-    """The tiny Qwen3.5 lead saved where verl's workers load it (actor_rollout_ref.model.path)."""
-    return save_tiny_model(tiny_qwen3_5_model, tiny_tokenizer, str(tmp_path_factory.mktemp("tiny-lead")))
 
 
 def document(n_filler: int = 8) -> str:

@@ -213,7 +213,7 @@ class HttpBackend:
             else:  # the OpenAI legacy way: echo the prompt with its logprobs, generate nothing
                 payload.update(echo=True, logprobs=0, max_tokens=0)
         else:
-            raise BackendError(f"HttpBackend(api='chat'): a chat server renders the template itself and scores no "
+            raise BackendError("HttpBackend(api='chat'): a chat server renders the template itself and scores no "
                                "given tokens; score with api='completions' (vLLM) or api='sglang'", retryable=False)
         body = await self._request("POST", self.url, orjson.dumps(payload), self._headers(routing_key, request_id))
         where = f"POST {self.url}"

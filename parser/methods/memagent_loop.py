@@ -47,6 +47,7 @@ from parser.methods import build_method
 from parser.methods.base import Sample
 from parser.methods.memagent import NO_MEMORY
 from parser.protocol import protocol_for
+from parser.retry import RETRY_KEYS, RetryingBackend, RetryPolicy
 from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, gold_answers, score_answer
 from parser.verl.rows import episode_inputs
 from parser.verl.server_manager import ServerManagerBackend
@@ -111,8 +112,9 @@ class MemAgentAgentLoop(AgentLoopBase):
         if self.info_gain.enable and self.info_gain.scorer != "policy":
             raise ValueError("parser.info_gain.scorer: a memory agent has no subagent model; score with the policy")
         episode = settings.get("episode") or {}
-        self.retry = {"max_attempts": int(episode.get("max_attempts", 4)), "backoff_s": float(episode.get("retry_backoff_s", 0.5)),
-                      "timeout_s": float(episode.get("request_timeout_s", 300.0))}
+        retry = {key: episode[key] for key in RETRY_KEYS if key in episode}  # parser.episode's, as for the lead
+        self.retry = RetryPolicy.from_section(retry)
+        self.method_kwargs.setdefault("retry", retry)
         self.response_length = int(self.rollout_config.response_length)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.protocol = protocol_for(EpisodeConfig())  # this project's EM (MemAgent's extraction, then EM)
@@ -164,7 +166,8 @@ class MemAgentAgentLoop(AgentLoopBase):
         if score_answer(result.answer, golds, self.protocol) < SUCCESS:
             return GainRecord(gain=None, scorer=self.info_gain.scorer, prompt_version=self.info_gain.prompt_version,
                               error="not a successful trajectory")
-        scorer = GainScorer(ServerManagerBackend(self.server_manager, {}), self.tokenizer, self.info_gain, **self.retry)
+        scorer = GainScorer(RetryingBackend(ServerManagerBackend(self.server_manager, {}), self.retry), self.tokenizer,
+                            self.info_gain)
         memory = str(result.record.get("final_memory") or "")
         memory = "" if memory == NO_MEMORY else memory  # nothing was ever written: no evidence
         gold = matched_gold(result.answer, golds, self.protocol.exact_match)

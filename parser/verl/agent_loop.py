@@ -54,6 +54,7 @@ from parser.info_gain import SUCCESS, GainRecord, GainScorer, InfoGainConfig, ev
 from parser.backends.models import Models
 from parser.protocol import protocol_for
 from parser.readers import reader_for_episode
+from parser.retry import RetryingBackend, RetryPolicy
 from parser.trajectory import Trajectory
 from parser.verl.metrics import trajectory_metrics
 from parser.verl.rows import EpisodeInputs, episode_inputs  # noqa: F401  (EpisodeInputs: the row's reading)
@@ -116,8 +117,7 @@ class _WorkerState:
                 scorer, tokenizer = ServerManagerBackend(server_manager, {}), lead_tokenizer
             else:
                 scorer, tokenizer = self.backend, self.subagent_tokenizer
-            self.gain_scorers[key] = GainScorer(scorer, tokenizer, self.info_gain, max_attempts=self.config.max_attempts,
-                                                backoff_s=self.config.retry_backoff_s, timeout_s=self.config.request_timeout_s)
+            self.gain_scorers[key] = GainScorer(RetryingBackend(scorer, RetryPolicy.of(self.config)), tokenizer, self.info_gain)
         return self.gain_scorers[key]
 
 
