@@ -20,7 +20,8 @@ import pytest
 from parser.backends.base import Completion
 from parser.dci import SandboxTools
 from parser.methods.full_context import ContextOverflow
-from parser.methods.memagent import TfidfRecall, extract_answer, last_boxed
+from parser.methods.memagent import TfidfRecall
+from parser.methods.sequential import extract_answer, last_boxed
 from parser.dci import Sandbox
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine

@@ -108,6 +108,27 @@ def _declared_window(path: str) -> int:
     return 1 << 30
 
 
+class LazyEmbedder:
+    """An `Embedder` built on its first call: the models config of a CPU eval names one for the
+    methods that use it (chunk orders, agentic RAG), and the others (ParSer) never pay to load it."""
+
+    def __init__(self, cfg: Mapping[str, Any] | str):
+        if not isinstance(cfg, str) and "model" not in cfg:
+            raise ValueError("embedder config: missing 'model' (e.g. minilm or Qwen/Qwen3-Embedding-4B)")
+        self.cfg, self._embedder = cfg, None
+
+    def _get(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = build_embedder(self.cfg)
+        return self._embedder
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        return self._get()(texts)
+
+    def queries(self, texts: list[str]) -> np.ndarray:
+        return self._get().queries(texts)
+
+
 def build_embedder(cfg: Mapping[str, Any] | str) -> Embedder:
     cfg = {"model": cfg} if isinstance(cfg, str) else dict(cfg)
     if "model" not in cfg:
