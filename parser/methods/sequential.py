@@ -28,6 +28,7 @@ from typing import Any, Mapping
 from parser.actions import split_thinking
 from parser.backends.base import SamplingParams
 from parser.backends.models import Models
+from parser.chat_format import CHATML
 from parser.chunking import chunk_document
 from parser.methods.base import MethodResult, Sample
 from parser.ordering import check_strategy, order_by_scores
@@ -124,7 +125,7 @@ class SequentialMethod:
 
     async def _call(self, content: str, sampling: SamplingParams, sample_id: str) -> tuple[str, int]:
         completion = await self.models.lead.generate(self._render(content), sampling, request_id=sample_id)
-        text = completion.text.removesuffix("<|im_end|>")
+        text = CHATML.strip_end(completion.text)
         return text, len(completion.token_ids) or len(self.tokenizer.encode(text, add_special_tokens=False))
 
     # -- the hooks -------------------------------------------------------------------------
