@@ -13,6 +13,8 @@ Reads every `results.jsonl` / `timings.jsonl` under the given paths (run directo
 - `controlled.{md,csv}`: Sub_EM per condition for the controlled sets (Figure 2), with each
   method's spread (max − min over the set's conditions), and `sensitivity.{md,csv}`: the spreads
   alone, one row per method, one column per analysis (position, order, distance).
+- `reading.{md,csv}`: for the sequential readers, at which step of their pass the evidence was
+  read, and how many chunks apart (model-free: what the chunk order does).
 - `figures/*.png`: accuracy vs length, each controlled analysis, all of them side by side
   (`controlled_sensitivity.png`, the paper's Figure 2 layout), speedup and steps vs length.
 - `viewer/*.html`: the trajectory viewer of every run directory (`eval.viewer`).
@@ -280,6 +282,33 @@ def sensitivity_rows(controlled: dict[str, dict[str, Any]]) -> tuple[list[str], 
     return header, [[b, m, *(_fmt(controlled[d]["spread"].get((b, m))) for d in datasets)] for b, m in lines]
 
 
+def evidence_reading(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """When a sequential reader read the evidence, per (dataset, backbone, row, condition).
+
+    From each row's reading order and the paragraphs in each chunk (`parser.methods.sequential`)
+    and its gold paragraphs: `first` / `last` = the reading step of the first / last gold chunk as
+    a fraction of the pass (0 = read first, 1 = read last), `gap` = chunks read from the first
+    gold chunk to the last. Model-free: it is what the order does, whatever the model answers."""
+    groups: dict[tuple, list[tuple[float, float, int]]] = collections.defaultdict(list)
+    chunks: dict[tuple, list[int]] = collections.defaultdict(list)
+    for r in rows:
+        record, gold = r.get("record") or {}, (r.get("meta") or {}).get("gold_paragraph_ids")
+        if "reading_order" not in record or "chunk_paragraphs" not in record or not gold:
+            continue
+        step = {chunk: k for k, chunk in enumerate(record["reading_order"])}
+        holder = {pid: c for c, pids in enumerate(record["chunk_paragraphs"]) for pid in pids}
+        steps = sorted(step[holder[g]] for g in gold if g in holder)
+        if not steps:
+            continue
+        last_step = max(len(record["reading_order"]) - 1, 1)
+        key = (r["dataset"], r["backbone"], r["row"], r.get("condition"))
+        groups[key].append((steps[0] / last_step, steps[-1] / last_step, steps[-1] - steps[0]))
+        chunks[key].append(len(record["reading_order"]))
+    return [{"dataset": d, "backbone": b, "row": m, "condition": c, "samples": len(v), "chunks": _mean(chunks[(d, b, m, c)]),
+             "first": _mean([x[0] for x in v]), "last": _mean([x[1] for x in v]), "gap": _mean([x[2] for x in v])}
+            for (d, b, m, c), v in groups.items()]
+
+
 # ----------------------------------------------------------------------------- figures
 
 def _plt():
@@ -468,6 +497,17 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
         (out / "sensitivity.md").write_text(c_md[-1])
         (out / "sensitivity.csv").write_text(table_to_csv(s_header, s_body))
         sections += c_md
+    reading = sorted(evidence_reading(rows), key=lambda e: (e["dataset"], e["backbone"], e["row"], str(e["condition"])))
+    if reading:
+        r_header = ["Dataset", "Backbone", "Method", "Condition", "chunks", "first evidence read at", "last evidence read at",
+                    "chunks from first to last evidence", "samples"]
+        r_body = [[e["dataset"], e["backbone"], e["row"], str(e["condition"]), f"{e['chunks']:.1f}", f"{e['first']:.2f}",
+                   f"{e['last']:.2f}", f"{e['gap']:.2f}", str(e["samples"])] for e in reading]
+        r_md = ("## When the sequential readers read the evidence (fraction of the pass: 0 = first chunk read, 1 = last)\n\n"
+                + table_to_markdown(r_header, r_body))
+        (out / "reading.md").write_text(r_md)
+        (out / "reading.csv").write_text(table_to_csv(r_header, r_body))
+        sections.append(r_md)
 
     fig_dir = out / "figures"
     figures = plot_accuracy(tables, fig_dir) + plot_controlled(controlled, fig_dir) + plot_latency(latency, speed, fig_dir)
@@ -481,7 +521,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
             pages.append(write_viewer(d, out / "viewer" / f"{_slug(d)}.html"))
         sections.append("## Trajectory viewer\n\n" + "\n".join(f"- `{p}`" for p in pages) + "\n")
     (out / "report.md").write_text("\n".join(sections))
-    return {"run_dirs": run_dirs, "tables": tables, "latency": latency, "speedups": speed, "tokens": tokens,
+    return {"run_dirs": run_dirs, "tables": tables, "reading": reading, "latency": latency, "speedups": speed, "tokens": tokens,
             "controlled": controlled, "figures": figures, "viewer": pages, "report": out / "report.md"}
 
 

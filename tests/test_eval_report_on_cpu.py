@@ -120,6 +120,20 @@ def test_controlled_tables_give_each_methods_spread_and_one_figure_for_all_sets(
     assert {p.name for p in out["figures"]} >= {"controlled_synthetic_position.png", "controlled_sensitivity.png"}
 
 
+def test_evidence_reading_says_when_each_order_read_the_gold_chunks():
+    from eval.report import evidence_reading
+
+    # five chunks; gold paragraphs 3 and 9 sit in chunks 1 and 4
+    record = {"chunk_paragraphs": [[1, 2], [3, 4], [5, 6], [7, 8], [9]]}
+    rows = [_row(row="CoA (document)", condition="d0", meta={"gold_paragraph_ids": [3, 9]},
+                 record={**record, "reading_order": [0, 1, 2, 3, 4]}),
+            _row(row="CoA (CL-order)", condition="d0", meta={"gold_paragraph_ids": [3, 9]},
+                 record={**record, "reading_order": [4, 1, 0, 2, 3]}),
+            _row(row="ParSer", condition="d0", meta={"gold_paragraph_ids": [3, 9]}, record={"turns": []})]
+    got = {e["row"]: (e["first"], e["last"], e["gap"], e["chunks"]) for e in evidence_reading(rows)}
+    assert got == {"CoA (document)": (0.25, 1.0, 3, 5), "CoA (CL-order)": (0.0, 0.25, 1, 5)}  # ParSer reads no order
+
+
 def test_viewer_escapes_model_text():
     evil = '<script>alert("x")</script>'
     record = {"turns": [{"index": 0, "text": evil, "thinking": evil, "answer": None, "action_error": None,

@@ -29,7 +29,7 @@ from parser.actions import split_thinking
 from parser.backends.base import SamplingParams
 from parser.backends.models import Models
 from parser.chat_format import CHATML
-from parser.chunking import chunk_document
+from parser.chunking import chunk_document, split_paragraphs
 from parser.methods.base import MethodResult, Sample
 from parser.ordering import check_strategy, order_by_scores
 from parser.scorers import build_scorer
@@ -65,6 +65,12 @@ def extract_answer(text: str) -> tuple[str | None, str]:
         tail = reply[matches[-1].end() :].strip().lstrip(":").strip()
         return (tail.splitlines()[0].strip().rstrip(".") if tail else None), "answer_is"
     return (reply.strip() or None), "reply"
+
+
+def paragraphs_in(chunk: str) -> list[int]:
+    """The `Document {i}` numbers whose header is in `chunk` (recorded, so a report can say at which
+    reading step the evidence was read; a token window may hold a paragraph's tail without it)."""
+    return [p.index for p in split_paragraphs(chunk) if p.index is not None] if chunk.strip() else []
 
 
 class SequentialMethod:
@@ -167,6 +173,7 @@ class SequentialMethod:
             wall_s=time.perf_counter() - started,
             lead_output_tokens=tokens,
             record={"num_chunks": len(chunks), "order": self.order, "reading_order": order, "order_s": round(order_s, 4),
+                    "chunk_paragraphs": [paragraphs_in(c) for c in chunks],
                     **self.final_record(state), "final_reply": reply, "extracted_by": how, "updates": trace},
         )
 

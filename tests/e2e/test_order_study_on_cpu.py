@@ -65,3 +65,5 @@ def test_order_study_writes_every_cell_the_spread_table_and_the_figure(tmp_path)
     header = table.splitlines()[2]
     assert header.index("position") < header.index("order") < header.index("distance")  # the paper's panels
     assert (report / "figures" / "controlled_sensitivity.png").read_bytes()[:4] == b"\x89PNG"
+    reading = (report / "reading.md").read_text()  # when each sequential reader read the evidence
+    assert all(f"| {row} |" in reading for row in ROWS if row != "ParSer") and "| ParSer |" not in reading
