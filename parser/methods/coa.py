@@ -28,25 +28,10 @@ NO_UNIT = "(none yet: you are the first reader)"
 class ChainOfAgentsMethod(SequentialMethod):
     name = "coa"
 
-    def __init__(
-        self,
-        models: Models,
-        *,
-        chunk_size: int = 8000,
-        chunking: str = "tokens",
-        max_summary_tokens: int = 8000,
-        max_answer_tokens: int = 1024,
-        max_context_tokens: int | None = None,
-        temperature: float = 0.0,
-        top_p: float = 0.95,
-        thinking: bool = False,
-        prompt_version: str = prompts.DEFAULT_VERSION,
-        order: str = "document",
-        scorer: dict[str, Any] | None = None,
-    ):
-        super().__init__(models, chunk_size=chunk_size, chunking=chunking, max_update_tokens=max_summary_tokens,
-                         max_answer_tokens=max_answer_tokens, max_context_tokens=max_context_tokens, temperature=temperature,
-                         top_p=top_p, thinking=thinking, prompt_version=prompt_version, order=order, scorer=scorer)
+    def __init__(self, models: Models, *, chunk_size: int = 8000, max_summary_tokens: int = 8000, temperature: float = 0.0,
+                 **options: Any):
+        """The CL paper's budgets (top-p 0.95 is the shared default); `options`: `SequentialMethod`'s."""
+        super().__init__(models, chunk_size=chunk_size, max_update_tokens=max_summary_tokens, temperature=temperature, **options)
 
     def new_state(self) -> dict[str, Any]:
         return {"unit": NO_UNIT}

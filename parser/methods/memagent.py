@@ -79,25 +79,10 @@ class MemAgentMethod(SequentialMethod):
     name = "memagent"
     update_template, final_template = "memagent_update", "memagent_final"
 
-    def __init__(
-        self,
-        models: Models,
-        *,
-        chunk_size: int = 5000,
-        chunking: str = "tokens",
-        max_memory_tokens: int = 1024,
-        max_answer_tokens: int = 1024,
-        max_context_tokens: int | None = None,
-        temperature: float = 0.7,
-        top_p: float = 0.95,
-        thinking: bool = False,
-        prompt_version: str = prompts.DEFAULT_VERSION,
-        order: str = "document",
-        scorer: dict[str, Any] | None = None,
-    ):
-        super().__init__(models, chunk_size=chunk_size, chunking=chunking, max_update_tokens=max_memory_tokens,
-                         max_answer_tokens=max_answer_tokens, max_context_tokens=max_context_tokens, temperature=temperature,
-                         top_p=top_p, thinking=thinking, prompt_version=prompt_version, order=order, scorer=scorer)
+    def __init__(self, models: Models, *, chunk_size: int = 5000, max_memory_tokens: int = 1024, temperature: float = 0.7,
+                 **options: Any):
+        """The reference eval's budgets; `options`: `SequentialMethod`'s (chunking, order, scorer, ...)."""
+        super().__init__(models, chunk_size=chunk_size, max_update_tokens=max_memory_tokens, temperature=temperature, **options)
 
     def new_state(self) -> dict[str, Any]:
         return {"memory": NO_MEMORY}

@@ -25,6 +25,7 @@ import re
 import time
 from typing import Any, Mapping
 
+from parser import prompts
 from parser.actions import split_thinking
 from parser.backends.base import SamplingParams
 from parser.backends.models import Models
@@ -83,18 +84,19 @@ class SequentialMethod:
         models: Models,
         *,
         chunk_size: int,
-        chunking: str,
         max_update_tokens: int,
-        max_answer_tokens: int,
-        max_context_tokens: int | None,
         temperature: float,
-        top_p: float,
-        thinking: bool,
-        prompt_version: str,
+        chunking: str = "tokens",
+        max_answer_tokens: int = 1024,
+        max_context_tokens: int | None = None,
+        top_p: float = 0.95,
+        thinking: bool = False,
+        prompt_version: str = prompts.DEFAULT_VERSION,
         order: str = "document",
         scorer: Mapping[str, Any] | None = None,
     ):
-        """`scorer` is read only when `order` is not `document` (no embedder is loaded otherwise)."""
+        """Each method sets the first three (its published budgets); `scorer` is read only when
+        `order` is not `document` (no embedder is loaded otherwise)."""
         if chunking not in ("tokens", "paragraphs"):
             raise ValueError(f"{self.name}: chunking must be 'tokens' or 'paragraphs', got {chunking!r}")
         self.models = models
