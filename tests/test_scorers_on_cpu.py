@@ -53,6 +53,17 @@ def test_a_long_passage_is_embedded_by_windows_and_pooled(minilm):
     np.testing.assert_allclose(minilm([short])[0], minilm._embed([short])[0], atol=1e-6)
 
 
+def test_passages_are_embedded_once_per_content(minilm, monkeypatch):
+    first = minilm(["the river Quouvar", "the city Criamorburg"])
+    seen = []
+    embed = minilm._embed
+    monkeypatch.setattr(minilm, "_embed", lambda texts: seen.extend(texts) or embed(texts))
+    again = minilm(["the city Criamorburg", "a new passage", "the river Quouvar", "a new passage"])
+    assert seen == ["a new passage"]  # the other two come from the cache, the repeat is embedded once
+    np.testing.assert_array_equal(again[[2, 0]], first)
+    np.testing.assert_array_equal(again[1], again[3])
+
+
 def test_embedding_scores_find_the_gold_chunk(minilm, sample):
     row, chunks = sample
     relevance, similarity = EmbeddingScorer(minilm).scores(row["question"], chunks)

@@ -18,6 +18,8 @@ Queries are short and are embedded whole (truncated at the window).
 """
 from __future__ import annotations
 
+import collections
+import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -43,7 +45,10 @@ class Embedder:
     """`embedder(texts)` embeds passages, `embedder.queries(texts)` queries; rows L2-normalised."""
 
     def __init__(self, model: str, *, pooling: str | None = None, query_instruction: str | None = None,
-                 device: str = "cpu", dtype: str | None = None, max_length: int = 8192, batch_size: int = 16):
+                 device: str = "cpu", dtype: str | None = None, max_length: int = 8192, batch_size: int = 16,
+                 cache_size: int = 4096):
+        """`cache_size`: passage vectors kept by content hash (LRU), so the methods that order the
+        same chunks (MemAgent (CL-order), CoA (dense), CoA (CL-order) in the order study) embed them once."""
         import torch
         from transformers import AutoModel, AutoTokenizer
 
@@ -55,6 +60,8 @@ class Embedder:
         kwargs = {"dtype": getattr(torch, dtype)} if dtype else {}
         self.model = AutoModel.from_pretrained(path, **kwargs).to(device).eval()
         self.device, self.batch_size = device, batch_size
+        self.cache: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
+        self.cache_size = cache_size
         self.max_length = min(max_length, _declared_window(path), getattr(self.model.config, "max_position_embeddings", max_length))
         self.window_tokens = self.max_length - len(self.tokenizer("")["input_ids"])  # room left by the special tokens
         self.torch = torch
@@ -85,7 +92,20 @@ class Embedder:
         return np.concatenate(rows) if rows else np.zeros((0, 1), dtype=np.float32)
 
     def __call__(self, texts: list[str]) -> np.ndarray:
-        """Passages: windowed and pooled where longer than the window (module docstring)."""
+        """Passages: windowed and pooled where longer than the window (module docstring); cached."""
+        keys = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in texts]
+        missing = list(dict.fromkeys(k for k in keys if k not in self.cache))
+        fresh = self._passages([texts[keys.index(k)] for k in missing])
+        for key, row in zip(missing, fresh):
+            self.cache[key] = row
+        rows = [self.cache[k] for k in keys]
+        for key in keys:
+            self.cache.move_to_end(key)
+        while len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+        return np.stack(rows) if rows else np.zeros((0, fresh.shape[1] if len(fresh) else 1), dtype=np.float32)
+
+    def _passages(self, texts: list[str]) -> np.ndarray:
         pieces = [self.windows(t) for t in texts]
         flat = self._embed([piece for windows in pieces for piece, _ in windows])
         rows, at = [], 0
