@@ -288,8 +288,10 @@ def evidence_reading(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     From each row's reading order and the paragraphs in each chunk (`parser.methods.sequential`)
     and its gold paragraphs: `first` / `last` = the reading step of the first / last gold chunk as
     a fraction of the pass (0 = read first, 1 = read last), `gap` = chunks read from the first
-    gold chunk to the last. Model-free: it is what the order does, whatever the model answers."""
-    groups: dict[tuple, list[tuple[float, float, int]]] = collections.defaultdict(list)
+    gold chunk to the last, `in_order` = the fraction of samples whose gold chunks were read in
+    the reasoning order (`evidence_order`; a chunk holding two of them reads both at once).
+    Model-free: it is what the order does, whatever the model answers."""
+    groups: dict[tuple, list[tuple[float, float, int, float]]] = collections.defaultdict(list)
     chunks: dict[tuple, list[int]] = collections.defaultdict(list)
     for r in rows:
         record, gold = r.get("record") or {}, (r.get("meta") or {}).get("gold_paragraph_ids")
@@ -301,11 +303,13 @@ def evidence_reading(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if not steps:
             continue
         last_step = max(len(record["reading_order"]) - 1, 1)
+        chain = [step[holder[g]] for g in (r["meta"].get("evidence_order") or gold) if g in holder]
         key = (r["dataset"], r["backbone"], r["row"], r.get("condition"))
-        groups[key].append((steps[0] / last_step, steps[-1] / last_step, steps[-1] - steps[0]))
+        groups[key].append((steps[0] / last_step, steps[-1] / last_step, steps[-1] - steps[0], float(chain == sorted(chain))))
         chunks[key].append(len(record["reading_order"]))
     return [{"dataset": d, "backbone": b, "row": m, "condition": c, "samples": len(v), "chunks": _mean(chunks[(d, b, m, c)]),
-             "first": _mean([x[0] for x in v]), "last": _mean([x[1] for x in v]), "gap": _mean([x[2] for x in v])}
+             "first": _mean([x[0] for x in v]), "last": _mean([x[1] for x in v]), "gap": _mean([x[2] for x in v]),
+             "in_order": _mean([x[3] for x in v])}
             for (d, b, m, c), v in groups.items()]
 
 
@@ -500,9 +504,9 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
     reading = sorted(evidence_reading(rows), key=lambda e: (e["dataset"], e["backbone"], e["row"], str(e["condition"])))
     if reading:
         r_header = ["Dataset", "Backbone", "Method", "Condition", "chunks", "first evidence read at", "last evidence read at",
-                    "chunks from first to last evidence", "samples"]
+                    "chunks from first to last evidence", "read in reasoning order", "samples"]
         r_body = [[e["dataset"], e["backbone"], e["row"], str(e["condition"]), f"{e['chunks']:.1f}", f"{e['first']:.2f}",
-                   f"{e['last']:.2f}", f"{e['gap']:.2f}", str(e["samples"])] for e in reading]
+                   f"{e['last']:.2f}", f"{e['gap']:.2f}", f"{e['in_order']:.2f}", str(e["samples"])] for e in reading]
         r_md = ("## When the sequential readers read the evidence (fraction of the pass: 0 = first chunk read, 1 = last)\n\n"
                 + table_to_markdown(r_header, r_body))
         (out / "reading.md").write_text(r_md)

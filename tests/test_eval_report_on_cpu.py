@@ -123,15 +123,14 @@ def test_controlled_tables_give_each_methods_spread_and_one_figure_for_all_sets(
 def test_evidence_reading_says_when_each_order_read_the_gold_chunks():
     from eval.report import evidence_reading
 
-    # five chunks; gold paragraphs 3 and 9 sit in chunks 1 and 4
+    # five chunks; gold paragraphs 3 and 9 sit in chunks 1 and 4; the reasoning needs 3 before 9
     record = {"chunk_paragraphs": [[1, 2], [3, 4], [5, 6], [7, 8], [9]]}
-    rows = [_row(row="CoA (document)", condition="d0", meta={"gold_paragraph_ids": [3, 9]},
-                 record={**record, "reading_order": [0, 1, 2, 3, 4]}),
-            _row(row="CoA (CL-order)", condition="d0", meta={"gold_paragraph_ids": [3, 9]},
-                 record={**record, "reading_order": [4, 1, 0, 2, 3]}),
-            _row(row="ParSer", condition="d0", meta={"gold_paragraph_ids": [3, 9]}, record={"turns": []})]
-    got = {e["row"]: (e["first"], e["last"], e["gap"], e["chunks"]) for e in evidence_reading(rows)}
-    assert got == {"CoA (document)": (0.25, 1.0, 3, 5), "CoA (CL-order)": (0.0, 0.25, 1, 5)}  # ParSer reads no order
+    meta = {"gold_paragraph_ids": [3, 9], "evidence_order": [3, 9]}
+    rows = [_row(row="CoA (document)", condition="d0", meta=meta, record={**record, "reading_order": [0, 1, 2, 3, 4]}),
+            _row(row="CoA (CL-order)", condition="d0", meta=meta, record={**record, "reading_order": [4, 1, 0, 2, 3]}),
+            _row(row="ParSer", condition="d0", meta=meta, record={"turns": []})]
+    got = {e["row"]: (e["first"], e["last"], e["gap"], e["in_order"], e["chunks"]) for e in evidence_reading(rows)}
+    assert got == {"CoA (document)": (0.25, 1.0, 3, 1.0, 5), "CoA (CL-order)": (0.0, 0.25, 1, 0.0, 5)}  # ParSer: no order
 
 
 def test_viewer_escapes_model_text():
