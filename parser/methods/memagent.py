@@ -13,8 +13,9 @@ windows (`chunking: tokens`, 5,000 tokens; a document longer than `max_context_t
 its head and tail halves); the prediction is the last `\\boxed{...}`, else the text after the
 last "the answer is", else the final reply. Run trained checkpoints of these methods by
 pointing the `lead` model config at them. The chunk loop, the reading order (`order:`, default
-`document` as published; `chow_liu` gives "MemAgent (CL-order)") and the answer extraction are
-`parser.methods.sequential`'s.
+`document` as published; `chow_liu` gives "MemAgent (CL-order)"), the answer extraction and the
+retries (every call through `parser.retry`, the `retry:` section; one that still fails fails the
+sample) are `parser.methods.sequential`'s.
 """
 from __future__ import annotations
 

@@ -17,7 +17,9 @@ ParSer's paragraph packing (`chunking: paragraphs`); a document longer than
     python -m eval.run method=coa_cl                             # CoA (CL-order)
 
 The prediction is the last `\\boxed{...}` of the final reply, else the text after its last
-"the answer is", else the reply itself (MemAgent's evaluation code).
+"the answer is", else the reply itself (MemAgent's evaluation code). Every call goes through
+`parser.retry` (`retry:`): timeouts and retryable backend errors are retried, and a call that
+still fails fails the sample, which eval records and retries on re-run.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from parser.chat_format import CHATML
 from parser.chunking import chunk_document, split_paragraphs
 from parser.methods.base import MethodResult, Sample
 from parser.ordering import check_strategy, order_by_scores
+from parser.retry import RetryingBackend, RetryPolicy
 from parser.scorers import build_scorer
 
 _ANSWER_IS = re.compile(r"the answer is", re.IGNORECASE)
@@ -94,12 +97,15 @@ class SequentialMethod:
         prompt_version: str = prompts.DEFAULT_VERSION,
         order: str = "document",
         scorer: Mapping[str, Any] | None = None,
+        retry: Mapping[str, Any] | None = None,
     ):
         """Each method sets the first three (its published budgets); `scorer` is read only when
-        `order` is not `document` (no embedder is loaded otherwise)."""
+        `order` is not `document` (no embedder is loaded otherwise); `retry`: `parser.retry.RETRY_KEYS`
+        (max_attempts, retry_backoff_s, request_timeout_s)."""
         if chunking not in ("tokens", "paragraphs"):
             raise ValueError(f"{self.name}: chunking must be 'tokens' or 'paragraphs', got {chunking!r}")
         self.models = models
+        self.lead = RetryingBackend(models.lead, RetryPolicy.from_section(retry))  # every call, as every method's
         self.tokenizer = models.lead_tokenizer
         self.chunk_size = chunk_size
         self.chunking = chunking
@@ -132,7 +138,7 @@ class SequentialMethod:
         )
 
     async def _call(self, content: str, sampling: SamplingParams, sample_id: str) -> tuple[str, int]:
-        completion = await self.models.lead.generate(self._render(content), sampling, request_id=sample_id)
+        completion = await self.lead.generate(self._render(content), sampling, request_id=sample_id)
         text = CHATML.strip_end(completion.text)
         return text, len(completion.token_ids) or len(self.tokenizer.encode(text, add_special_tokens=False))
 
