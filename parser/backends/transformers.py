@@ -72,6 +72,7 @@ import torch
 
 from parser.backends.base import BackendError, Completion, Prompt, SamplingParams
 from parser.backends.kv_slots import SlotBatch, SoloRows, batchable, use_gqa_sdpa
+from parser.chat_format import CHATML
 
 try:  # transformers >= 5: layer-wise caches
     from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
@@ -81,7 +82,6 @@ except ImportError:  # pragma: no cover - older transformers: no hybrid models, 
 
     DynamicLayer = DynamicSlidingWindowLayer = LinearAttentionCacheLayerMixin = ()  # type: ignore[assignment]
 
-EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 # Rows decode in groups by capacity (positions: prompt + max_new_tokens), 1024 * 4^k: a round's
 # subagents share one group, while a much longer prompt (a lead's) gets its own instead of
 # stretching every row's attention and zeroed buffer to its length.
@@ -521,7 +521,7 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in EOS_TOKENS if t in vocab)
+    ids.update(vocab[t] for t in CHATML.stop_tokens if t in vocab)
     return ids
 
 
