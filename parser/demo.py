@@ -79,6 +79,8 @@ def print_result(sample: Sample, result: MethodResult, score: float) -> None:
     reading = sum(t["scatter_latency_s"] for t in record["turns"])
     print(f"  answer: {result.answer!r}   Sub_EM: {score:.0f}   stop: {record['stop_reason']}   latency: {result.wall_s:.1f} s "
           f"(reading {reading:.1f} s)   sequential steps: {result.steps}")
+    if result.failed:  # eval would count this sample as failed, not score it
+        print(f"  FAILED: {result.failed}")
 
 
 def round_summary(query: dict[str, Any], chunks: int, shown: int = 4) -> str:
