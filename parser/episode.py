@@ -36,7 +36,9 @@ Constrained decoding (off in every paper config; both recorded in `Trajectory.co
 `constrain_subagents` decodes subagent replies under the finding's JSON schema (answer before
 evidence, so a reply cut at its budget still carries the answer); `constrain_lead` allows one
 tool call or one `<answer>` per lead turn (`parser.actions.action_regex`), which is how an
-untrained small lead (the CPU demo's SmolLM2-135M) reaches the tool at all. It changes the
+untrained small lead (the CPU demo's SmolLM2-135M) reaches the tool at all; `distinct_queries`
+adds to it that a query asked before may not be asked again verbatim (a greedy 135M lead
+otherwise sends its first query every turn, and each repeat costs a whole scatter round). It changes the
 lead's sampling distribution, so training refuses it.
 
 The protocol object (`parser.protocol`, from `EpisodeConfig.protocol`: this project's or the
@@ -89,13 +91,21 @@ class LeadContext:
         self.end_of_turn_id = chat.end_of_turn_id(tokenizer)
         self.rerendered = False  # an eval-only option rewrote history: prompts come from `messages`
         self.token_view_note: str | None = None  # why the token view is approximate, if it is
+        self.asked: list[str] = []  # the queries sent so far (the lead constraint's exclusions)
         self.action_regex = self._action_regex() if config.constrain_lead else None
 
     def _action_regex(self) -> str:
         """The lead constraint in this chat template's tool-call dialect."""
         rendered = self._render(self.messages, add_generation_prompt=True)
-        dialect = "xml" if "<function=" in rendered else "json"
-        return action_regex(self.tools, dialect, thinking=rendered.rstrip().endswith("<think>"))
+        self._dialect = "xml" if "<function=" in rendered else "json"
+        self._thinking = rendered.rstrip().endswith("<think>")
+        return action_regex(self.tools, self._dialect, thinking=self._thinking)
+
+    def note_queries(self, queries: list[str]) -> None:
+        """Remember the turn's queries; under `distinct_queries` the constraint now refuses them."""
+        self.asked += queries
+        if self.config.distinct_queries:
+            self.action_regex = action_regex(self.tools, self._dialect, thinking=self._thinking, exclude=self.asked)
 
     def _template_ignores_tools(self) -> bool:
         """True for chat templates without tool support: the tool schemas must go in as text."""
@@ -235,6 +245,7 @@ class EpisodeEngine:
                 turn.queries, turn.tool_calls = result.queries, result.calls
                 turn.scatter_latency_s = time.perf_counter() - tools_started
                 observation = result.messages
+                context.note_queries(action.queries)
             elif (answer := rules.reply_answer(content, cut)) is not None:
                 turn.action_error = None
                 trajectory.answer, trajectory.stop_reason = answer, "plain_reply"
