@@ -653,6 +653,45 @@ def test_parser_release_eval_preset_composes(release_repo, monkeypatch):
     assert cfg.models.lead.model == "inNexus/parser-qwen35-4b" and cfg.method.name == "parser_release"
 
 
+def test_eval_run_feeds_release_subagents_the_releases_paragraph_chunks(release_repo, monkeypatch):
+    """`python -m eval.run --config-name tiny_cpu method=parser_release`, as eval.run builds it
+    (`build_eval_method`: tiny in-process models, the stand-in checkout): every subagent prompt
+    carries one of the release's `Paragraph N:` chunks, and together they are the whole document
+    as the release chunks it. Only the lead is replaced, by one scripted query then an answer: a
+    random-weight lead rarely calls the tool, and what it says is not under test here."""
+    from hydra import compose, initialize_config_dir
+
+    from eval.datasets import load_subsets
+    from eval.run import build_eval_method
+
+    monkeypatch.setenv(release.REPO_ENV, release_repo)
+    with initialize_config_dir(config_dir=str(ROOT / "configs/eval"), version_base=None):
+        cfg = compose(config_name="tiny_cpu", overrides=[f"hydra.searchpath=[file://{ROOT / 'configs'}]", "method=parser_release",
+                                                          "method.episode.subagent_max_tokens=4", "method.episode.chunk_size=2048"])
+    method = build_eval_method(cfg)
+    tok = method.models.lead_tokenizer
+    method.engine.lead = Lead([_turn(tok, f"</think>\n\n{_xml('Who?')}"), _turn(tok, "</think>\n\n<answer>x</answer>")])
+    seen = []
+    subagent = method.models.subagent
+    generate = subagent.generate
+
+    async def recording(prompt, sampling, **kwargs):
+        seen.append((kwargs["routing_key"], prompt))
+        return await generate(prompt, sampling, **kwargs)
+
+    monkeypatch.setattr(subagent, "generate", recording)
+    (sample,) = load_subsets({**dict(cfg.dataset), "num_questions": 1, "lengths": [50]})[0].samples
+    result = asyncio.run(method.run(sample))
+    asyncio.run(method.aclose())
+    chunks = release_chunks(sample.context, method.models.subagent_tokenizer, 2048)
+    assert result.record["num_chunks"] == len(chunks) > 1
+    assert sorted(key for key, _ in seen) == sorted(f"{sample.id}:{c.index}" for c in chunks)
+    for key, prompt in seen:
+        chunk = chunks[int(key.rsplit(":", 1)[1])]
+        assert chunk.text.startswith(f"Paragraph {chunk.paragraph_ids[0]}: ") and chunk.text in prompt
+        assert "STAND-IN subagent prompt" in prompt and "Document 1:\n" not in prompt
+
+
 def test_release_training_preset_and_loss_aggregations():
     pytest.importorskip("verl")
     from hydra import compose, initialize_config_dir
