@@ -44,7 +44,7 @@ _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
 
 
 def _fenced(body: str) -> str | None:
-    """The inside of the first ```` ```json … ``` ```` fence, as the regex
+    r"""The inside of the first ```` ```json … ``` ```` fence, as the regex
     ```` ```(?:json)?\s*(.*?)``` ```` finds it (whose `\s*` backtracking is quadratic on a long
     unclosed fence of whitespace)."""
     start = body.find("```")
