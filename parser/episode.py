@@ -56,7 +56,7 @@ import time
 from typing import Any
 
 from parser import prompts
-from parser.actions import LeadAction, action_regex, split_thinking
+from parser.actions import LeadAction, ToolCall, action_regex, split_thinking
 from parser.backends.base import Backend, Completion, SamplingParams
 from parser.chat_format import ChatFormat
 from parser.chunking import Chunk
@@ -214,66 +214,78 @@ class EpisodeEngine:
 
     async def run_tools(self, question: str, toolset: Toolset, *, doc_id: str = "doc", request_id: str | None = None,
                         routing_key: str | None = None) -> Trajectory:
-        """One episode with any tool set. `request_id` keeps the episode on one server (default
-        `doc_id`); `routing_key`, if given, is sent with every generation (gateway pinning)."""
+        """One episode with any tool set: paper Algorithm 1, its line numbers on the right.
+        `request_id` keeps the episode on one server (default `doc_id`); `routing_key`, if given,
+        is sent with every generation (gateway pinning)."""
         cfg, protocol = self.config, self.protocol
         protocol.check_toolset(toolset.names)
-        rules = toolset.rules
         started = time.perf_counter()
-        context = LeadContext(self.tokenizer, toolset, question, cfg, protocol.chat)
+        context = LeadContext(self.tokenizer, toolset, question, cfg, protocol.chat)  # l. 3: H <- [system, user(q)]
         trajectory = Trajectory(question=question, doc_id=doc_id, num_chunks=0, prompt_ids=context.prompt_ids,
                                 constraints=cfg.constraints())
         ids = {"request_id": request_id or doc_id, **({"routing_key": routing_key} if routing_key is not None else {})}
-        for turn_index in range(cfg.max_turns):
+        for turn_index in range(cfg.max_turns):  # l. 4: for t = 1 to K
             budget = protocol.turn_budget(len(context.response_ids))
             if budget <= 0:
                 trajectory.stop_reason = "response_length"
                 break
-            step = await self._turn(context, context.prompt(), turn_index, budget, toolset.names, ids)
+            step = await self._turn(context, context.prompt(), turn_index, budget, toolset.names, ids)  # l. 5
             if step is None:
                 trajectory.stop_reason = "empty_generation"
                 break
             turn, action, content = step
             trajectory.turns.append(turn)
-            if action.answer is not None:
+            if action.answer is not None:  # ll. 6-8: an answer ends the episode
                 trajectory.answer, trajectory.stop_reason = action.answer, "answer"
                 break
-            cut = turn.finish_reason == "length"
-            if action.calls:
-                tools_started = time.perf_counter()
-                result = await toolset.execute(action.calls)
-                turn.queries, turn.tool_calls = result.queries, result.calls
-                turn.scatter_latency_s = time.perf_counter() - tools_started
-                observation = result.messages
+            if action.calls:  # ll. 9-16: scatter every query to every chunk, gather, append
+                observation = await self._execute(toolset, action.calls, turn)
                 context.note_queries(action.queries)
-            elif (answer := rules.reply_answer(content, cut)) is not None:
-                turn.action_error = None
-                trajectory.answer, trajectory.stop_reason = answer, "plain_reply"
-                break
-            elif (message := rules.continuation(cut, cfg.prompt_version)) is not None:
-                observation = [{"role": "user", "content": message}]
-            else:
-                error = action.error or "no tool call and no <answer> block"
-                closed_here = context.response_mask[-1] == 0  # the engine closed a cut turn
-                start = len(context.response_ids) - turn.lead_tokens - closed_here
-                trajectory.invalid_turn_spans.append((start, start + turn.lead_tokens))
-                observation = [{"role": "user", "content": toolset.invalid_action(error)}]
+            else:  # ll. 17-18: the invalid-action hint (unless the tool set's rules say otherwise)
+                observation = self._without_call(toolset, context, trajectory, turn, action, content)
+                if observation is None:
+                    break
             context.append_observation(observation)
-            if action.calls and rules.compact(context.messages, cfg.prompt_version):
+            if action.calls and toolset.rules.compact(context.messages, cfg.prompt_version):
                 context.history_rewritten()
                 trajectory.token_view_valid = False
-        final = rules.finalize_prompt(cfg.prompt_version)
+        final = toolset.rules.finalize_prompt(cfg.prompt_version)
         if trajectory.stop_reason == "max_turns" and final is not None and protocol.turn_budget(len(context.response_ids)) > 0:
             await self._finalize(context, trajectory, final, ids)
         if context.token_view_note:
             trajectory.token_view_valid, trajectory.token_view_note = False, context.token_view_note
-        trajectory.answer = protocol.final_answer(trajectory)
+        trajectory.answer = protocol.final_answer(trajectory)  # l. 21
         trajectory.messages = context.messages
         trajectory.response_ids = context.response_ids
         trajectory.response_mask = context.response_mask
         trajectory.response_logprobs = context.response_logprobs
         trajectory.wall_s = time.perf_counter() - started
         return trajectory
+
+    async def _execute(self, toolset: Toolset, calls: list[ToolCall], turn: Turn) -> list[dict[str, Any]]:
+        """The turn's tool calls, concurrently; their records go on the turn."""
+        started = time.perf_counter()
+        result = await toolset.execute(calls)
+        turn.queries, turn.tool_calls = result.queries, result.calls
+        turn.scatter_latency_s = time.perf_counter() - started
+        return result.messages
+
+    def _without_call(self, toolset: Toolset, context: LeadContext, trajectory: Trajectory, turn: Turn,
+                      action: LeadAction, content: str) -> list[dict[str, Any]] | None:
+        """The observation after a turn with neither a usable call nor an answer: the tool set's
+        continuation prompt after a cut turn, else the invalid-action hint (the turn is recorded
+        for the protocol's mask rule); None when the tool set's rules take the reply as the answer."""
+        rules, cut = toolset.rules, turn.finish_reason == "length"
+        if (answer := rules.reply_answer(content, cut)) is not None:
+            turn.action_error = None
+            trajectory.answer, trajectory.stop_reason = answer, "plain_reply"
+            return None
+        if (message := rules.continuation(cut, self.config.prompt_version)) is not None:
+            return [{"role": "user", "content": message}]
+        closed_here = context.response_mask[-1] == 0  # the engine closed a cut turn
+        start = len(context.response_ids) - turn.lead_tokens - closed_here
+        trajectory.invalid_turn_spans.append((start, start + turn.lead_tokens))
+        return [{"role": "user", "content": toolset.invalid_action(action.error or "no tool call and no <answer> block")}]
 
     async def _turn(self, context: LeadContext, prompt: list[int], index: int, budget: int, tool_names: tuple[str, ...],
                     ids: dict[str, str]) -> tuple[Turn, LeadAction, str] | None:
