@@ -21,7 +21,6 @@ import asyncio
 import hashlib
 import random
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +84,7 @@ def build(out: str | Path, steps: int = 200, cache: bool = True) -> dict[str, st
 
     from data_prep.verl_parquet import write_rl_parquet
     from parser.testing import byte_bpe_tokenizer
-    from parser.testing.assets import cache_dir
+    from parser.testing.assets import cached_directory
     from parser.verl.train import CONFIG_DIR
 
     out = Path(out)
@@ -96,22 +95,13 @@ def build(out: str | Path, steps: int = 200, cache: bool = True) -> dict[str, st
     tokenizer = byte_bpe_tokenizer()
     sequences = asyncio.run(record_conversations(OmegaConf.to_container(config.parser.memagent, resolve=True), tokenizer))
     key = hashlib.sha256(repr((sequences, steps)).encode()).hexdigest()[:16]
-    cached = cache_dir() / "memagent_smoke_lead" / key
-    lead = out / "lead"
-    if not (cache and cached.is_dir()):
+
+    def fit(directory: Path) -> None:
         model, _ = teach_lead(tokenizer, sequences, steps=steps)
-        staging = Path(f"{cached}.tmp-{random.getrandbits(32):08x}") if cache else lead
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        if cache:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                staging.rename(cached)
-            except OSError:  # another process published it first
-                shutil.rmtree(staging)
-    if cache:
-        shutil.rmtree(lead, ignore_errors=True)
-        shutil.copytree(cached, lead)
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    lead = cached_directory("memagent_smoke_lead", key, out / "lead", fit, cache=cache)
     data = out / "data"
     train = write_rl_parquet(data / "train.parquet", eval_rows(16), data_source="memagent_cpu", agent_name=AGENT_NAME)
     val = write_rl_parquet(data / "val.parquet", eval_rows(2), data_source="memagent_cpu", split="val", agent_name=AGENT_NAME)
