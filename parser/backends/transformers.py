@@ -56,6 +56,7 @@ from typing import Any, Sequence
 import torch
 
 from parser.backends.base import BackendError, Completion, Prompt, SamplingParams
+from parser.chat_format import CHATML
 
 try:  # transformers >= 5: layer-wise caches
     from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
@@ -64,8 +65,6 @@ except ImportError:  # pragma: no cover - older transformers: no hybrid models, 
     from transformers.cache_utils import DynamicCache
 
     DynamicLayer = DynamicSlidingWindowLayer = LinearAttentionCacheLayerMixin = ()  # type: ignore[assignment]
-
-EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
 @dataclasses.dataclass
@@ -341,7 +340,7 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in EOS_TOKENS if t in vocab)
+    ids.update(vocab[t] for t in CHATML.stop_tokens if t in vocab)
     return ids
 
 
