@@ -49,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
 from parser import prompts
 from parser.actions import LeadAction, action_regex, split_thinking
@@ -64,17 +64,23 @@ from parser.trajectory import Trajectory, Turn
 
 
 class LeadContext:
-    """The agent's token stream and chat messages, grown by appending only."""
+    """The agent's token stream and chat messages, grown by appending only.
 
-    def __init__(self, tokenizer: Any, toolset: Toolset, question: str, config: EpisodeConfig, chat: ChatFormat):
+    What comes from outside — the question and every tool's output (findings, search results,
+    file text) — passes `untrusted` before it is rendered (`Protocol.untrusted`: under `parser`
+    it can never become a control token of the chat template)."""
+
+    def __init__(self, tokenizer: Any, toolset: Toolset, question: str, config: EpisodeConfig, chat: ChatFormat,
+                 untrusted: Callable[[str], str] = lambda text: text):
         self.tokenizer = tokenizer
         self.config = config
         self.chat = chat
+        self.untrusted = untrusted
         self.template_kwargs = {"enable_thinking": config.lead_thinking}
         self.tools = toolset.schemas()
         self.messages: list[dict[str, Any]] = [
             {"role": "system", "content": toolset.system_prompt()},
-            {"role": "user", "content": toolset.user_prompt(question)},
+            {"role": "user", "content": toolset.user_prompt(untrusted(question))},
         ]
         if self.tools and self._template_ignores_tools():
             fallback = prompts.render("tool_format_fallback", config.prompt_version,
@@ -163,6 +169,8 @@ class LeadContext:
         return self._encode(rendered[end + len(end_of_turn):])
 
     def append_observation(self, messages: list[dict[str, Any]]) -> None:
+        """Append a tool (or hint) turn; tool outputs pass `untrusted` first."""
+        messages = [{**m, "content": self.untrusted(m["content"])} if m["role"] == "tool" else m for m in messages]
         self._append_context(self.observation_ids(messages))
         self.messages += messages
 
@@ -207,7 +215,8 @@ class EpisodeEngine:
         protocol.check_toolset(toolset.names)
         rules = toolset.rules
         started = time.perf_counter()
-        context = LeadContext(self.tokenizer, toolset, question, cfg, protocol.chat)
+        context = LeadContext(self.tokenizer, toolset, question, cfg, protocol.chat,
+                              untrusted=lambda text: protocol.untrusted(text, self.tokenizer))
         trajectory = Trajectory(question=question, doc_id=doc_id, num_chunks=0, prompt_ids=context.prompt_ids,
                                 constraints=cfg.constraints())
         ids = {"request_id": request_id or doc_id, **({"routing_key": routing_key} if routing_key is not None else {})}

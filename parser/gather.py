@@ -40,7 +40,16 @@ from parser.trajectory import Finding
 ABSTENTIONS = frozenset(
     {"unknown", "none", "n/a", "na", "null", "not found", "not mentioned", "no information", "not available", "unanswerable"}
 )
-_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
+
+
+def _after_thinking(text: str) -> str:
+    """The reply after a leading thinking block (closed, or cut at the limit: then nothing). A
+    `<think>` anywhere else is text — a finding that quotes a document containing one was dropped."""
+    body = text.strip()
+    if not body.startswith("<think>"):
+        return body
+    end = body.find("</think>")
+    return "" if end < 0 else body[end + len("</think>") :].strip()
 
 
 def _fenced(body: str) -> str | None:
@@ -59,7 +68,7 @@ def parse_reply(text: Any) -> tuple[str, str] | None:
     """(answer, evidence) for a finding, or None for an abstention / junk (any non-string too)."""
     if not isinstance(text, str):
         return None
-    body = _THINK_BLOCK.sub("", text).strip()
+    body = _after_thinking(text)
     fenced = _fenced(body)
     if fenced is not None:
         body = fenced

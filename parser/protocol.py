@@ -67,6 +67,11 @@ class Protocol(abc.ABC):
     def subagent_prompt(self, chunk: str, query: str) -> str:
         """The subagent's one user message for (chunk, query)."""
 
+    @abc.abstractmethod
+    def untrusted(self, text: str, tokenizer: Any) -> str:
+        """Text from outside (a document, a question, a finding, a tool's output, a query the lead
+        wrote) as it may enter a prompt `tokenizer` encodes."""
+
     def check_toolset(self, names: Iterable[str]) -> None:
         """Refuse a tool set this protocol has no rules for."""
 
@@ -123,6 +128,11 @@ class ParserProtocol(Protocol):
     def subagent_prompt(self, chunk: str, query: str) -> str:
         return prompts.render("subagent", self.config.prompt_version, chunk=chunk, query=query)
 
+    def untrusted(self, text: str, tokenizer: Any) -> str:
+        """Never a control token: a `<|im_end|>` in a document was a real end of turn in the
+        lead's and the readers' inputs (and in the loss mask built on them)."""
+        return self.chat.neutralize(text, tokenizer)
+
     def turn_budget(self, used: int) -> int:
         """`max_tokens_per_turn`, and never past `max_response_tokens` in all."""
         budget = self.config.max_tokens_per_turn
@@ -175,6 +185,11 @@ class ReleaseProtocol(Protocol):
 
     def subagent_prompt(self, chunk: str, query: str) -> str:
         return self.prose.subagent_prompt(chunk, query)
+
+    def untrusted(self, text: str, tokenizer: Any) -> str:
+        """As it is: the release tokenises documents, findings and tool output with their control
+        tokens (docs/fidelity.md), and its checkpoint was trained on that."""
+        return text
 
     def check_toolset(self, names: Iterable[str]) -> None:
         if tuple(names) != (TOOL_NAME,):

@@ -16,6 +16,7 @@ pointing the `lead` model config at them.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from typing import Any
@@ -155,9 +156,11 @@ class MemAgentMethod:
         )
 
     async def _call(self, content: str, sampling: SamplingParams, sample_id: str) -> tuple[str, int]:
+        """The reply (it comes back in the next prompt as memory: never as control tokens) and its token count."""
         completion = await self.models.lead.generate(self._render(content), sampling, request_id=sample_id)
         text = CHATML.strip_end(completion.text)
-        return text, len(completion.token_ids) or len(self.tokenizer.encode(text, add_special_tokens=False))
+        count = len(completion.token_ids) or len(self.tokenizer.encode(text, add_special_tokens=False))
+        return CHATML.neutralize(text, self.tokenizer), count
 
     # -- the hooks ReMemR1 overrides -------------------------------------------------------
     def new_state(self) -> dict[str, Any]:
@@ -176,6 +179,8 @@ class MemAgentMethod:
     # -- the loop ------------------------------------------------------------------------
     async def run(self, sample: Sample) -> MethodResult:
         started = time.perf_counter()
+        sample = dataclasses.replace(sample, context=CHATML.neutralize(sample.context, self.tokenizer),
+                                     question=CHATML.neutralize(sample.question, self.tokenizer))
         state = self.new_state()
         trace, tokens = [], 0
         chunks = self.chunks(sample.context)
