@@ -12,6 +12,9 @@ far -> its output is parsed -> an answer ends the episode; the turn's tool calls
 concurrently (`Toolset.execute`; for ParSer each query is scattered to every chunk's reader and
 gathered into one observation) -> the observation is appended -> repeat until an answer or
 `max_turns`. Unusable output gets the tool set's invalid-action hint and the loop continues.
+A turn's fan-out is bounded: at most `max_tool_calls_per_turn` calls run (ParSer's scatter also
+keeps queries x chunks within `max_subagent_requests_per_turn`); a call past the bound is
+answered "not run" and counted in `Turn.calls_not_run`.
 
 The token view for training is built by *appending* what the model actually saw — never by
 re-rendering history (Qwen3.5's template drops earlier `<think>` blocks, which would break the
@@ -59,7 +62,7 @@ from parser.chunking import Chunk
 from parser.config import EpisodeConfig
 from parser.protocol import Protocol, protocol_for
 from parser.retry import retrying
-from parser.tools import ChunkReader, QueryAgents, Toolset
+from parser.tools import ChunkReader, QueryAgents, Toolset, not_run
 from parser.trajectory import Trajectory, Turn
 
 
@@ -237,10 +240,12 @@ class EpisodeEngine:
             cut = turn.finish_reason == "length"
             if action.calls:
                 tools_started = time.perf_counter()
-                result = await toolset.execute(action.calls)
-                turn.queries, turn.tool_calls = result.queries, result.calls
+                run, refused = action.calls[: cfg.max_tool_calls_per_turn], action.calls[cfg.max_tool_calls_per_turn :]
+                result = await toolset.execute(run)
+                turn.queries, turn.tool_calls, turn.calls_not_run = result.queries, result.calls, len(refused) + result.not_run
                 turn.scatter_latency_s = time.perf_counter() - tools_started
-                observation = result.messages
+                refusal = not_run(len(action.calls), cfg.max_tool_calls_per_turn, cfg.prompt_version)
+                observation = result.messages + [{"role": "tool", "name": c.name, "content": refusal} for c in refused]
             elif (answer := rules.reply_answer(content, cut)) is not None:
                 turn.action_error = None
                 trajectory.answer, trajectory.stop_reason = answer, "plain_reply"
