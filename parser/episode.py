@@ -51,12 +51,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from typing import Any, Callable
 
 from parser import prompts
 from parser.actions import LeadAction, action_regex, split_thinking
-from parser.backends.base import Backend, Completion, SamplingParams
+from parser.backends.base import Backend, BackendError, Completion, SamplingParams
 from parser.chat_format import ChatFormat
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig
@@ -96,13 +97,15 @@ class LeadContext:
         self.end_of_turn_id = chat.end_of_turn_id(tokenizer)
         self.rerendered = False  # an eval-only option rewrote history: prompts come from `messages`
         self.token_view_note: str | None = None  # why the token view is approximate, if it is
+        # the generation prompt opens <think>: a turn without </think> is all thinking (no action)
+        self.thinking_open = self._render(self.messages, add_generation_prompt=True).rstrip().endswith("<think>")
         self.action_regex = self._action_regex() if config.constrain_lead else None
 
     def _action_regex(self) -> str:
         """The lead constraint in this chat template's tool-call dialect."""
         rendered = self._render(self.messages, add_generation_prompt=True)
         dialect = "xml" if "<function=" in rendered else "json"
-        return action_regex(self.tools, dialect, thinking=rendered.rstrip().endswith("<think>"))
+        return action_regex(self.tools, dialect, thinking=self.thinking_open)
 
     def _template_ignores_tools(self) -> bool:
         """True for chat templates without tool support: the tool schemas must go in as text."""
@@ -140,6 +143,9 @@ class LeadContext:
         if logprobs is not None and len(logprobs) != len(token_ids):
             self.token_view_note = self.token_view_note or (
                 f"the lead backend returned {len(logprobs)} logprobs for {len(token_ids)} token ids")
+            logprobs = None
+        if logprobs is not None and not all(isinstance(x, (int, float)) and math.isfinite(x) for x in logprobs):
+            self.token_view_note = self.token_view_note or "the lead backend returned logprobs that are not finite numbers"
             logprobs = None
         self.response_ids += token_ids
         self.response_mask += [1] * len(token_ids)
@@ -194,6 +200,7 @@ class EpisodeEngine:
         self.config = config or EpisodeConfig()
         self.protocol = protocol or protocol_for(self.config)
         self._slots = asyncio.Semaphore(self.config.max_concurrency)
+        self._vocab_size = len(lead_tokenizer) if hasattr(lead_tokenizer, "__len__") else float("inf")
 
     def _count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
@@ -289,17 +296,17 @@ class EpisodeEngine:
         async for attempt in retrying(cfg.max_attempts, cfg.retry_backoff_s):
             with attempt:
                 attempts += 1
-                completion = await self.lead.generate(prompt, sampling, **ids)
+                completion = await self._generate(prompt, sampling, ids)
         lead_latency = time.perf_counter() - lead_started
         if self.protocol.ends_on_empty_generation and not completion.token_ids and not completion.text:
             return None
         token_ids = context.append_generation(completion)
         text = completion.text if completion.text else self.tokenizer.decode(token_ids, skip_special_tokens=False)
         text = context.chat.strip_end(text)
-        action = self.protocol.parse_turn(text, tool_names)
+        action = self.protocol.parse_turn(text, tool_names, thinking_open=context.thinking_open)
         if action.answer is None or self.protocol.closes_answer_turn:
             context.close_turn(token_ids)
-        content = split_thinking(text)[1].strip()
+        content = split_thinking(text, opened=context.thinking_open)[1].strip()
         context.messages.append({"role": "assistant", "content": content, "reasoning_content": action.thinking})
         turn = Turn(
             index=index, text=text, thinking=action.thinking, queries=[], answer=action.answer,
@@ -307,6 +314,17 @@ class EpisodeEngine:
             lead_latency_s=lead_latency, prompt_tokens=completion.prompt_tokens or len(prompt), lead_attempts=attempts,
         )
         return turn, action, content
+
+    async def _generate(self, prompt: list[int], sampling: SamplingParams, ids: dict[str, str]) -> Completion:
+        """One lead generation whose token ids the stream can take: ints inside the tokenizer's
+        vocabulary (a garbled reply is a retryable `BackendError`; it once went straight into the
+        training stream). Logprobs that are not finite numbers are dropped (the view says so)."""
+        completion = await self.lead.generate(prompt, sampling, **ids)
+        for position, token in enumerate(completion.token_ids):
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < self._vocab_size:
+                raise BackendError(f"lead backend returned token id {token!r} at position {position}, outside the lead "
+                                   f"tokenizer's vocabulary [0, {self._vocab_size})", retryable=True)
+        return completion
 
     async def _finalize(self, context: LeadContext, trajectory: Trajectory, message: str, ids: dict[str, str]) -> None:
         """One tool-free turn for the answer (eval-only: its prompt has no tool schemas)."""

@@ -84,7 +84,8 @@ class Protocol(abc.ABC):
         """New tokens the next lead turn may take, `used` response tokens in; <= 0 ends the episode."""
 
     @abc.abstractmethod
-    def parse_turn(self, text: str, tool_names: Iterable[str] | None) -> LeadAction: ...
+    def parse_turn(self, text: str, tool_names: Iterable[str] | None, thinking_open: bool = False) -> LeadAction:
+        """One lead generation -> its action. `thinking_open`: the generation prompt opened `<think>`."""
 
     @abc.abstractmethod
     def gather(self, query: str, replies: gather.Replies, count_tokens: Callable[[str], int]) -> gather.Gathered:
@@ -140,8 +141,8 @@ class ParserProtocol(Protocol):
             budget = min(budget, self.config.max_response_tokens - used)
         return budget
 
-    def parse_turn(self, text: str, tool_names: Iterable[str] | None) -> LeadAction:
-        return parse_lead_output(text, tool_names)
+    def parse_turn(self, text: str, tool_names: Iterable[str] | None, thinking_open: bool = False) -> LeadAction:
+        return parse_lead_output(text, tool_names, thinking_open=thinking_open)
 
     def gather(self, query: str, replies: gather.Replies, count_tokens: Callable[[str], int]) -> gather.Gathered:
         return gather.gather(query, replies, count_tokens=count_tokens, token_budget=self.config.observation_token_budget,
@@ -204,7 +205,8 @@ class ReleaseProtocol(Protocol):
         left = self.config.max_response_tokens is None or used < self.config.max_response_tokens
         return self.config.max_tokens_per_turn if left else 0
 
-    def parse_turn(self, text: str, tool_names: Iterable[str] | None) -> LeadAction:
+    def parse_turn(self, text: str, tool_names: Iterable[str] | None, thinking_open: bool = False) -> LeadAction:
+        """The release searches the whole turn, thinking included (docs/fidelity.md row 7)."""
         return parse_release_turn(text)
 
     def gather(self, query: str, replies: gather.Replies, count_tokens: Callable[[str], int]) -> gather.Gathered:

@@ -26,6 +26,7 @@ FIELDS = {
     "subagent": {"chunk", "query"},
     "invalid_action": set(),
     "finding": {"agent", "answer", "evidence"},
+    "finding_cut": {"agent", "answer", "evidence"},  # a first finding longer than the whole budget, cut to fit
     "observation": {"query", "num_findings", "num_agents", "findings"},
     "observation_empty": {"query", "num_agents"},
     "omitted": {"count"},
