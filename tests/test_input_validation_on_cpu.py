@@ -64,3 +64,48 @@ def test_the_parquet_checker_still_reads_both_layouts_and_numeric_golds(tmp_path
     (theirs,) = read_rl_parquet(write(tmp_path, released(reward_model={"ground_truth": [1999]})))
     assert (mine.golds, theirs.golds) == (["Miro Tal"], ["1999"])
     assert theirs.question == "Who directed Zorvan?" and theirs.document == GOOD["context"]
+
+
+# -- the eval loader --------------------------------------------------------------------------------
+def eval_row(**fields):
+    return {"id": "q0_L1", "question": "Who directed Zorvan?", "answers": ["Miro Tal"], "context": GOOD["context"],
+            "length": 1, **fields}
+
+
+@pytest.mark.parametrize("bad, message", [
+    (eval_row(answers={"Miro Tal": 1}), "field 'answers' must be a non-empty list of strings, got dict"),
+    (eval_row(answers=[]), "field 'answers' must be a non-empty list"),
+    (eval_row(answers=["the"]), r"answers\[0\] = 'the' normalizes to nothing"),
+    (eval_row(answers=[""]), r"answers\[0\] = '' normalizes to nothing"),
+    (eval_row(answers=[None]), r"answers\[0\] must be a string, got NoneType"),
+    (eval_row(answers=[["Miro", "Tal"]]), r"answers\[0\] must be a string, got list"),
+    (eval_row(context=["Document 1:", "a list"]), "field 'context' must be a string, got list"),
+    (eval_row(context=""), "field 'context' is empty"),
+    (eval_row(question=["q"]), "field 'question' must be a string, got list"),
+    (eval_row(question="  "), "field 'question' is empty"),
+    ({**eval_row(), "question": None, "input": 7}, "field 'input' must be a string, got int"),
+    ({k: v for k, v in eval_row().items() if k != "answers"}, "missing field 'answers'"),
+])
+def test_the_eval_loader_refuses_what_data_prep_refuses(tmp_path, bad, message):
+    """The file loader accepted these (a dict's keys became the golds, "the" matched every
+    prediction, a list became the document)."""
+    import orjson
+
+    from eval.datasets import load_subsets
+
+    path = tmp_path / "eval_1.jsonl"
+    path.write_bytes(orjson.dumps(eval_row(id="ok_L1")) + b"\n" + orjson.dumps(bad) + b"\n")
+    with pytest.raises(DataError, match=message) as error:
+        load_subsets({"name": "x", "source": "files", "lengths": [1], "path": str(tmp_path / "eval_{length}.jsonl")})
+    assert str(error.value).startswith(f"{path}:2:")
+
+
+def test_the_eval_loader_reads_memagent_rows_and_numeric_golds(tmp_path):
+    import orjson
+
+    from eval.datasets import load_subsets
+
+    path = tmp_path / "eval_1.json"
+    path.write_bytes(orjson.dumps([{"index": 4, "input": "When?", "answers": [1999], "context": GOOD["context"], "num_docs": 1}]))
+    (subset,) = load_subsets({"name": "x", "source": "files", "lengths": [1], "path": str(tmp_path / "eval_{length}.json")})
+    assert subset.samples[0].answers == ["1999"] and subset.samples[0].question == "When?"
