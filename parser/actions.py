@@ -93,7 +93,7 @@ def _answers(text: str) -> list[str]:
 
 
 def _named_blocks(text: str, tag: str, *, need_close: bool) -> Iterator[tuple[str, str]]:
-    """(name, body) of each `<tag=name>body</tag>` in order, as the regex
+    r"""(name, body) of each `<tag=name>body</tag>` in order, as the regex
     `<tag=([^>\n]+)>(.*?)</tag>` (or `(?:</tag>|\Z)` without `need_close`) finds them."""
     opener, closer = f"<{tag}=", f"</{tag}>"
     pos, gt = 0, -1

@@ -79,6 +79,8 @@ def print_result(sample: Sample, result: MethodResult, score: float) -> None:
                 print(f"      ... {len(query['findings']) - 5} more findings")
     print(f"  answer: {result.answer!r}   Sub_EM: {score:.0f}   stop: {record['stop_reason']}   "
           f"latency: {result.wall_s:.1f}s   sequential steps: {result.steps}")
+    if result.failed:  # eval would count this sample as failed, not score it
+        print(f"  FAILED: {result.failed}")
 
 
 async def run_demo(cfg: DictConfig, log_dir: Path) -> list[dict[str, Any]]:

@@ -32,7 +32,8 @@ Honest token view: the lead's generated ids are the ids the backend reports. A b
 returns only text (an OpenAI server without `return_token_ids`) has its text re-tokenised, which
 need not give the ids the model sampled; the trajectory then says so (`token_view_valid=False`,
 `token_view_note`) and training refuses it. Lead generations are retried like subagent reads
-(`parser.retry`).
+(`parser.retry`), under their backend's own deadline (`request_timeout_s` is the subagent
+read's); one that fails for good raises `CallFailed` out of the episode.
 
 Constrained decoding (off in every paper config; both recorded in `Trajectory.constraints`):
 `constrain_subagents` decodes subagent replies under the finding's JSON schema (answer before
@@ -50,6 +51,7 @@ protocol's mask rule, applied once the reward is known (`Protocol.mask_invalid_t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import time
@@ -62,7 +64,7 @@ from parser.chat_format import ChatFormat
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig
 from parser.protocol import Protocol, protocol_for
-from parser.retry import retrying
+from parser.retry import RetryPolicy
 from parser.tools import ChunkReader, QueryAgents, Toolset, not_run
 from parser.trajectory import Trajectory, Turn
 
@@ -200,6 +202,7 @@ class EpisodeEngine:
         self.config = config or EpisodeConfig()
         self.protocol = protocol or protocol_for(self.config)
         self._slots = asyncio.Semaphore(self.config.max_concurrency)
+        self._lead_retry = dataclasses.replace(RetryPolicy.of(self.config), timeout_s=None)
         self._vocab_size = len(lead_tokenizer) if hasattr(lead_tokenizer, "__len__") else float("inf")
 
     def _count_tokens(self, text: str) -> int:
@@ -292,11 +295,7 @@ class EpisodeEngine:
             return_logprobs=True, regex=context.action_regex if tool_names else None,
         )
         lead_started = time.perf_counter()
-        attempts = 0
-        async for attempt in retrying(cfg.max_attempts, cfg.retry_backoff_s):
-            with attempt:
-                attempts += 1
-                completion = await self._generate(prompt, sampling, ids)
+        completion, attempts = await self._lead_retry.call(lambda: self._generate(prompt, sampling, ids))
         lead_latency = time.perf_counter() - lead_started
         if self.protocol.ends_on_empty_generation and not completion.token_ids and not completion.text:
             return None

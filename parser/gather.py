@@ -53,7 +53,7 @@ def _after_thinking(text: str) -> str:
 
 
 def _fenced(body: str) -> str | None:
-    """The inside of the first ```` ```json … ``` ```` fence, as the regex
+    r"""The inside of the first ```` ```json … ``` ```` fence, as the regex
     ```` ```(?:json)?\s*(.*?)``` ```` finds it (whose `\s*` backtracking is quadratic on a long
     unclosed fence of whitespace)."""
     start = body.find("```")

@@ -27,12 +27,12 @@ def _row(dataset="synthetic", length=50, run=0, sid="q0", row="ParSer", sub=1.0,
 def test_store_skips_done_keys_and_survives_a_torn_line(tmp_path):
     store = ResultsStore(tmp_path)
     assert store.append(_row(sid="a"))
-    assert not store.append(_row(sid="a"))  # same (dataset, length, run, id): never twice
+    assert not store.append(_row(sid="a"))  # same (dataset, length, condition, run, id): never twice
     assert store.append(_row(sid="a", run=1))
     with open(tmp_path / RESULTS, "a") as f:  # a kill mid-write leaves half a line
         f.write('{"dataset": "synthetic", "length": 50, "ru')
     reopened = ResultsStore(tmp_path)
-    assert reopened.done_keys() == {("synthetic", 50, 0, "a"), ("synthetic", 50, 1, "a")}
+    assert reopened.done_keys() == {("synthetic", 50, None, 0, "a"), ("synthetic", 50, None, 1, "a")}
     assert reopened.append(_row(sid="b"))
     assert [r["sample_id"] for r in read_jsonl(tmp_path / RESULTS)] == ["a", "a", "b"]  # file is clean again
 

@@ -12,14 +12,15 @@ Prompts and answer extraction follow the authors' evaluation code: chunks are fi
 windows (`chunking: tokens`, 5,000 tokens; a document longer than `max_context_tokens` keeps
 its head and tail halves); the prediction is the last `\\boxed{...}`, else the text after the
 last "the answer is", else the final reply. Run trained checkpoints of these methods by
-pointing the `lead` model config at them.
+pointing the `lead` model config at them. Every call goes through `parser.retry` (the `retry:`
+section); one that still fails fails the sample.
 """
 from __future__ import annotations
 
 import dataclasses
 import re
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from parser.actions import split_thinking
 from parser.backends.base import SamplingParams
@@ -28,6 +29,7 @@ from parser import prompts
 from parser.chunking import chunk_document
 from parser.backends.models import Models
 from parser.methods.base import MethodResult, Sample
+from parser.retry import RetryingBackend, RetryPolicy
 
 NO_MEMORY = "No previous memory"
 NO_RECALLED_MEMORY = "No memory was recalled."
@@ -127,10 +129,13 @@ class MemAgentMethod:
         top_p: float = 0.95,
         thinking: bool = False,
         prompt_version: str = prompts.DEFAULT_VERSION,
+        retry: Mapping[str, Any] | None = None,
     ):
+        """`retry`: `parser.retry.RETRY_KEYS` (max_attempts, retry_backoff_s, request_timeout_s)."""
         if chunking not in ("tokens", "paragraphs"):
             raise ValueError(f"{self.name}: chunking must be 'tokens' or 'paragraphs', got {chunking!r}")
         self.models = models
+        self.lead = RetryingBackend(models.lead, RetryPolicy.from_section(retry))
         self.tokenizer = models.lead_tokenizer
         self.chunk_size = chunk_size
         self.chunking = chunking
@@ -157,7 +162,7 @@ class MemAgentMethod:
 
     async def _call(self, content: str, sampling: SamplingParams, sample_id: str) -> tuple[str, int]:
         """The reply (it comes back in the next prompt as memory: never as control tokens) and its token count."""
-        completion = await self.models.lead.generate(self._render(content), sampling, request_id=sample_id)
+        completion = await self.lead.generate(self._render(content), sampling, request_id=sample_id)
         text = CHATML.strip_end(completion.text)
         count = len(completion.token_ids) or len(self.tokenizer.encode(text, add_special_tokens=False))
         return CHATML.neutralize(text, self.tokenizer), count
