@@ -12,15 +12,16 @@ import math
 
 import pytest
 
-from parser.backends.base import BackendError, Completion
+from parser.backends.base import BackendError
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
 from parser.gather import render_observation
 from parser.tools import ReaderReply
 from parser.trajectory import Finding
+from scripted_lead import CALL, ScriptedLead
 
-CALL = "<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
+QUERY = CALL.format("query_agents", "query", "{}")
 
 
 def counter(tokenizer):
@@ -58,25 +59,6 @@ def test_a_budget_smaller_than_the_header_omits_the_finding(qwen3_5_tokenizer):
 
 
 # -- unfinished thinking ----------------------------------------------------------------------------
-class ScriptedLead:
-    def __init__(self, tokenizer, script, ids=None, logprobs=None):
-        self.tokenizer, self.script = tokenizer, list(script)
-        self.ids, self.logprobs = list(ids or []), logprobs
-        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.calls = 0
-
-    async def generate(self, prompt, sampling, **_):
-        self.calls += 1
-        if self.ids:
-            ids = self.ids.pop(0)
-            return Completion(text="", token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop")
-        text, finish = self.script.pop(0)
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + ([self.end] if finish == "stop" else [])
-        logprobs = self.logprobs if self.logprobs is not None else [-0.1] * len(ids)
-        return Completion(text="", token_ids=ids, logprobs=logprobs[: len(ids)] + [-0.1] * (len(ids) - len(logprobs)),
-                          finish_reason=finish)
-
-
 class Reader:
     async def read(self, query, chunk, doc_id):
         self.queries = getattr(self, "queries", []) + [query]
@@ -98,7 +80,7 @@ def episode(tokenizer, lead, **config):
 
 def test_an_answer_inside_thinking_cut_at_the_limit_does_not_end_the_episode(qwen3_5_tokenizer):
     script = [("Maybe it is <answer>Anna Berg</answer>, but I should check with the agents and", "length"),
-              ("Check.\n</think>\n\n" + CALL.format("Who directed Zorvan?"), "stop"),
+              ("Check.\n</think>\n\n" + QUERY.format("Who directed Zorvan?"), "stop"),
               ("Found.\n</think>\n\n<answer>Miro Tal</answer>", "stop")]
     trajectory, _ = episode(qwen3_5_tokenizer, ScriptedLead(qwen3_5_tokenizer, script))
     assert trajectory.answer == "Miro Tal" and trajectory.num_turns == 3
@@ -106,7 +88,7 @@ def test_an_answer_inside_thinking_cut_at_the_limit_does_not_end_the_episode(qwe
 
 
 def test_a_tool_call_inside_unfinished_thinking_is_not_run(qwen3_5_tokenizer):
-    script = [("I could call " + CALL.format("a half-thought query") + " but", "length"),
+    script = [("I could call " + QUERY.format("a half-thought query") + " but", "length"),
               ("Done.\n</think>\n\n<answer>Miro Tal</answer>", "stop")]
     trajectory, reader = episode(qwen3_5_tokenizer, ScriptedLead(qwen3_5_tokenizer, script))
     assert not hasattr(reader, "queries") and trajectory.turns[0].queries == []
@@ -146,7 +128,7 @@ def test_a_garbled_generation_is_retried_and_the_stream_stays_clean(qwen3_5_toke
 
 
 def test_logprobs_that_are_not_numbers_make_the_view_approximate(qwen3_5_tokenizer):
-    lead = ScriptedLead(qwen3_5_tokenizer, [("Sure.\n</think>\n\n<answer>Miro Tal</answer>", "stop")], logprobs=[math.nan])
+    lead = ScriptedLead(qwen3_5_tokenizer, ["Sure.\n</think>\n\n<answer>Miro Tal</answer>"], logprobs=[math.nan])
     trajectory, _ = episode(qwen3_5_tokenizer, lead)
     assert not trajectory.token_view_valid and "not finite" in trajectory.token_view_note
     assert all(math.isfinite(x) for x in trajectory.response_logprobs)

@@ -13,24 +13,11 @@ import asyncio
 
 import pytest
 
-from parser.backends.base import Completion
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig, episode_preset
 from parser.episode import EpisodeEngine
 from parser.tools import FunctionTools, ReaderReply, TurnRules
-
-CALL = "<tool_call>\n<function={}>\n<parameter={}>\n{}\n</parameter>\n</function>\n</tool_call>"
-
-
-class ScriptedLead:
-    def __init__(self, tokenizer, first_turn: str):
-        self.tokenizer, self.script = tokenizer, [first_turn, "Done.\n</think>\n\n<answer>x</answer>"]
-        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-
-    async def generate(self, prompt, sampling, **_):
-        ids = self.tokenizer.encode(self.script.pop(0), add_special_tokens=False) + [self.end]
-        return Completion(text="", token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop")
-
+from scripted_lead import CALL, ScriptedLead
 
 class CountingReader:
     def __init__(self):
@@ -61,7 +48,7 @@ def chunks(n: int) -> list[Chunk]:
 
 def episode(tokenizer, turn: str, num_chunks: int, **config):
     reader = CountingReader()
-    engine = EpisodeEngine(ScriptedLead(tokenizer, turn), tokenizer, reader, EpisodeConfig(**config))
+    engine = EpisodeEngine(ScriptedLead(tokenizer, [turn]), tokenizer, reader, EpisodeConfig(**config))
     trajectory = asyncio.run(asyncio.wait_for(engine.run("Who?", chunks(num_chunks), doc_id="d"), 120))
     return trajectory, reader
 
@@ -116,7 +103,7 @@ def test_a_tool_set_of_functions_runs_a_bounded_number_per_turn(qwen3_5_tokenize
         def invalid_action(self, error):
             return error
 
-    engine = EpisodeEngine(ScriptedLead(qwen3_5_tokenizer, calls(500, "probe", "x")), qwen3_5_tokenizer,
+    engine = EpisodeEngine(ScriptedLead(qwen3_5_tokenizer, [calls(500, "probe", "x")]), qwen3_5_tokenizer,
                            config=EpisodeConfig(max_tool_calls_per_turn=4))
     trajectory = asyncio.run(asyncio.wait_for(engine.run_tools("Q?", Probe()), 60))
     assert started == 4 and trajectory.turns[0].calls_not_run == 496
