@@ -91,10 +91,22 @@ def flood(corpus, marker):
     writer.wait()
 
 
-def run(coro, within: float):
-    """Run a sandbox coroutine; fail (not hang) if it has not returned `within` seconds."""
+def run(coro, within: float, busy_loop: bool = False):
+    """Run a sandbox coroutine; fail (not hang) if it has not returned `within` seconds.
+    `busy_loop`: other work holds the event loop 20 ms at a time, as other episodes do; the
+    command's output then piles up between reads."""
     async def bounded():
-        return await asyncio.wait_for(coro, within)
+        async def busy():
+            while True:
+                time.sleep(0.02)
+                await asyncio.sleep(0)
+
+        other = asyncio.ensure_future(busy()) if busy_loop else None
+        try:
+            return await asyncio.wait_for(coro, within)
+        finally:
+            if other is not None:
+                other.cancel()
 
     try:
         return asyncio.run(bounded())
@@ -105,10 +117,10 @@ def run(coro, within: float):
 # -- class 1: a deadline that is always honoured, and no process left behind -----------------
 def test_a_command_still_printing_at_its_deadline_returns(corpus, flood):
     """The collector used to stop reading at the deadline and then wait for a process whose
-    output nobody drained: `call` never returned."""
+    output nobody drained: with the loop busy (so output had piled up), `call` never returned."""
     sandbox = Sandbox(corpus, timeout_s=0.5)
     started = time.monotonic()
-    reply = run(sandbox.call("bash", {"command": f"head -c 100000000000 {flood.name}"}), within=10)
+    reply = run(sandbox.call("bash", {"command": f"head -c 100000000000 {flood.name}"}), within=10, busy_loop=True)
     assert "timed out after 0.5 s" in reply and "0123456789abcdef" in reply
     assert time.monotonic() - started < 0.5 + GRACE_S + 2
     assert len(reply) < sandbox.limits.max_output_chars + 500
@@ -120,7 +132,7 @@ def test_many_flooding_commands_at_once_all_return(corpus, flood):
     async def many():
         return await asyncio.gather(*(sandbox.call("bash", {"command": f"head -c 100000000000 {flood.name}"}) for _ in range(6)))
 
-    replies = run(many(), within=20)
+    replies = run(many(), within=20, busy_loop=True)
     assert all("timed out" in reply for reply in replies)
 
 
