@@ -176,11 +176,12 @@ async def warm_up(method: Method, subsets: list[Subset], n: int) -> None:
         print(f"[eval] warm-up {copy.id}: {time.perf_counter() - t:.1f} s (not recorded)")
 
 
-def build_eval_method(cfg: DictConfig) -> Method:
-    """The models and the method a config names (the method owns and closes its models)."""
+def build_eval_method(cfg: DictConfig, models: Any = None) -> Method:
+    """The method a config names, on `models` (several methods may share them: the order study)
+    or on models built from `cfg.models`. The method closes its models on `aclose`."""
     from parser.backends.models import build_models
 
-    models = build_models(OmegaConf.to_container(cfg.models, resolve=True))
+    models = models or build_models(OmegaConf.to_container(cfg.models, resolve=True))
     method_cfg = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k not in ("name", "label")}
     return build_method(cfg.method.name, models, **method_cfg)
 

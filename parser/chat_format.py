@@ -70,18 +70,16 @@ class ChatFormat:
         return text.removesuffix(self.end_of_turn)
 
     def control_tokens(self, tokenizer: Any) -> frozenset[str]:
-        """The format's tokens, the format's tags, and every token the tokenizer marks special or
-        added: each of these strings, found in raw text, is encoded as one token rather than as
-        text (Qwen's `<think>` and `<tool_call>` are added but not "special", and match all the same)."""
-        special = set(getattr(tokenizer, "all_special_tokens", ()))
-        decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-        special.update(t.content for t in decoder.values())
-        return frozenset(t for t in special | set(self.tokens) | set(self.tags) if len(t) > 1)
+        """Every string this tokenizer turns into one reserved token when it meets it in raw text:
+        the format's tokens, the tokenizer's special tokens, and its other added tokens (Qwen's
+        `<think>`, `<tool_call>`, which the lead's parser and the template read as markup)."""
+        added = {t.content for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()}
+        return frozenset(added | set(getattr(tokenizer, "all_special_tokens", ())) | set(self.tokens))
 
     def neutralize(self, text: str, tokenizer: Any = None) -> str:
-        """`text` with every control-token string (`control_tokens`, and anything shaped like
-        `<|...|>`) broken by a WORD JOINER after its first character: tokenised, it can never
-        produce a control token. Linear in `text`; idempotent."""
+        """`text` with every control-token string (`control_tokens`, the format's tags, and
+        anything shaped like `<|...|>`) broken by a WORD JOINER after its first character:
+        tokenised, it can never produce a control token. Linear in `text`; idempotent."""
         return self._pattern(tokenizer).sub(lambda m: m.group()[0] + WORD_JOINER + m.group()[1:], text)
 
     def _pattern(self, tokenizer: Any) -> "re.Pattern[str]":
@@ -89,7 +87,8 @@ class ChatFormat:
             return _PATTERNS[tokenizer]
         except (KeyError, TypeError):
             pass
-        tokens = self.control_tokens(tokenizer) if tokenizer is not None else frozenset(self.tokens) | set(self.tags)
+        found = self.control_tokens(tokenizer) if tokenizer is not None else frozenset(self.tokens)
+        tokens = {t for t in found | set(self.tags) if len(t) > 1}  # a one-character added token cannot be broken
         literal = "|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))
         pattern = re.compile(f"{_BAR_TOKEN}|{literal}")
         try:

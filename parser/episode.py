@@ -39,7 +39,9 @@ Constrained decoding (off in every paper config; both recorded in `Trajectory.co
 `constrain_subagents` decodes subagent replies under the finding's JSON schema (answer before
 evidence, so a reply cut at its budget still carries the answer); `constrain_lead` allows one
 tool call or one `<answer>` per lead turn (`parser.actions.action_regex`), which is how an
-untrained small lead (the CPU demo's SmolLM2-135M) reaches the tool at all. It changes the
+untrained small lead (the CPU demo's SmolLM2-135M) reaches the tool at all; `distinct_queries`
+adds to it that a query asked before may not be asked again verbatim (a greedy 135M lead
+otherwise sends its first query every turn, and each repeat costs a whole scatter round). It changes the
 lead's sampling distribution, so training refuses it.
 
 The protocol object (`parser.protocol`, from `EpisodeConfig.protocol`: this project's or the
@@ -58,7 +60,7 @@ import time
 from typing import Any, Callable
 
 from parser import prompts
-from parser.actions import LeadAction, action_regex, split_thinking
+from parser.actions import LeadAction, ToolCall, action_regex, split_thinking
 from parser.backends.base import Backend, BackendError, Completion, SamplingParams
 from parser.chat_format import ChatFormat
 from parser.chunking import Chunk
@@ -101,13 +103,20 @@ class LeadContext:
         self.token_view_note: str | None = None  # why the token view is approximate, if it is
         # the generation prompt opens <think>: a turn without </think> is all thinking (no action)
         self.thinking_open = self._render(self.messages, add_generation_prompt=True).rstrip().endswith("<think>")
+        self.asked: list[str] = []  # the queries sent so far (the lead constraint's exclusions)
         self.action_regex = self._action_regex() if config.constrain_lead else None
 
     def _action_regex(self) -> str:
         """The lead constraint in this chat template's tool-call dialect."""
         rendered = self._render(self.messages, add_generation_prompt=True)
-        dialect = "xml" if "<function=" in rendered else "json"
-        return action_regex(self.tools, dialect, thinking=self.thinking_open)
+        self._dialect = "xml" if "<function=" in rendered else "json"
+        return action_regex(self.tools, self._dialect, thinking=self.thinking_open)
+
+    def note_queries(self, queries: list[str]) -> None:
+        """Remember the turn's queries; under `distinct_queries` the constraint now refuses them."""
+        self.asked += queries
+        if self.config.distinct_queries:
+            self.action_regex = action_regex(self.tools, self._dialect, thinking=self.thinking_open, exclude=self.asked)
 
     def _template_ignores_tools(self) -> bool:
         """True for chat templates without tool support: the tool schemas must go in as text."""
@@ -222,68 +231,83 @@ class EpisodeEngine:
 
     async def run_tools(self, question: str, toolset: Toolset, *, doc_id: str = "doc", request_id: str | None = None,
                         routing_key: str | None = None) -> Trajectory:
-        """One episode with any tool set. `request_id` keeps the episode on one server (default
-        `doc_id`); `routing_key`, if given, is sent with every generation (gateway pinning)."""
+        """One episode with any tool set: paper Algorithm 1, its line numbers on the right.
+        `request_id` keeps the episode on one server (default `doc_id`); `routing_key`, if given,
+        is sent with every generation (gateway pinning)."""
         cfg, protocol = self.config, self.protocol
         protocol.check_toolset(toolset.names)
-        rules = toolset.rules
         started = time.perf_counter()
-        context = LeadContext(self.tokenizer, toolset, question, cfg, protocol.chat,
+        context = LeadContext(self.tokenizer, toolset, question, cfg, protocol.chat,  # l. 3: H <- [system, user(q)]
                               untrusted=lambda text: protocol.untrusted(text, self.tokenizer))
         trajectory = Trajectory(question=question, doc_id=doc_id, num_chunks=0, prompt_ids=context.prompt_ids,
                                 constraints=cfg.constraints())
         ids = {"request_id": request_id or doc_id, **({"routing_key": routing_key} if routing_key is not None else {})}
-        for turn_index in range(cfg.max_turns):
+        for turn_index in range(cfg.max_turns):  # l. 4: for t = 1 to K
             budget = protocol.turn_budget(len(context.response_ids))
             if budget <= 0:
                 trajectory.stop_reason = "response_length"
                 break
-            step = await self._turn(context, context.prompt(), turn_index, budget, toolset.names, ids)
+            step = await self._turn(context, context.prompt(), turn_index, budget, toolset.names, ids)  # l. 5
             if step is None:
                 trajectory.stop_reason = "empty_generation"
                 break
             turn, action, content = step
             trajectory.turns.append(turn)
-            if action.answer is not None:
+            if action.answer is not None:  # ll. 6-8: an answer ends the episode
                 trajectory.answer, trajectory.stop_reason = action.answer, "answer"
                 break
-            cut = turn.finish_reason == "length"
-            if action.calls:
-                tools_started = time.perf_counter()
-                run, refused = action.calls[: cfg.max_tool_calls_per_turn], action.calls[cfg.max_tool_calls_per_turn :]
-                result = await toolset.execute(run)
-                turn.queries, turn.tool_calls, turn.calls_not_run = result.queries, result.calls, len(refused) + result.not_run
-                turn.scatter_latency_s = time.perf_counter() - tools_started
-                refusal = not_run(len(action.calls), cfg.max_tool_calls_per_turn, cfg.prompt_version)
-                observation = result.messages + [{"role": "tool", "name": c.name, "content": refusal} for c in refused]
-            elif (answer := rules.reply_answer(content, cut)) is not None:
-                turn.action_error = None
-                trajectory.answer, trajectory.stop_reason = answer, "plain_reply"
-                break
-            elif (message := rules.continuation(cut, cfg.prompt_version)) is not None:
-                observation = [{"role": "user", "content": message}]
-            else:
-                error = action.error or "no tool call and no <answer> block"
-                closed_here = context.response_mask[-1] == 0  # the engine closed a cut turn
-                start = len(context.response_ids) - turn.lead_tokens - closed_here
-                trajectory.invalid_turn_spans.append((start, start + turn.lead_tokens))
-                observation = [{"role": "user", "content": toolset.invalid_action(error)}]
+            if action.calls:  # ll. 9-16: scatter every query to every chunk, gather, append
+                observation = await self._execute(toolset, action.calls, turn)
+                context.note_queries(action.queries)
+            else:  # ll. 17-18: the invalid-action hint (unless the tool set's rules say otherwise)
+                observation = self._without_call(toolset, context, trajectory, turn, action, content)
+                if observation is None:
+                    break
             context.append_observation(observation)
-            if action.calls and rules.compact(context.messages, cfg.prompt_version):
+            if action.calls and toolset.rules.compact(context.messages, cfg.prompt_version):
                 context.history_rewritten()
                 trajectory.token_view_valid = False
-        final = rules.finalize_prompt(cfg.prompt_version)
+        final = toolset.rules.finalize_prompt(cfg.prompt_version)
         if trajectory.stop_reason == "max_turns" and final is not None and protocol.turn_budget(len(context.response_ids)) > 0:
             await self._finalize(context, trajectory, final, ids)
         if context.token_view_note:
             trajectory.token_view_valid, trajectory.token_view_note = False, context.token_view_note
-        trajectory.answer = protocol.final_answer(trajectory)
+        trajectory.answer = protocol.final_answer(trajectory)  # l. 21
         trajectory.messages = context.messages
         trajectory.response_ids = context.response_ids
         trajectory.response_mask = context.response_mask
         trajectory.response_logprobs = context.response_logprobs
         trajectory.wall_s = time.perf_counter() - started
         return trajectory
+
+    async def _execute(self, toolset: Toolset, calls: list[ToolCall], turn: Turn) -> list[dict[str, Any]]:
+        """The turn's tool calls, concurrently, at most `max_tool_calls_per_turn` of them (each
+        later one is answered "not run"); their records go on the turn."""
+        bound = self.config.max_tool_calls_per_turn
+        run, refused = calls[:bound], calls[bound:]
+        started = time.perf_counter()
+        result = await toolset.execute(run)
+        turn.queries, turn.tool_calls, turn.calls_not_run = result.queries, result.calls, len(refused) + result.not_run
+        turn.scatter_latency_s = time.perf_counter() - started
+        refusal = not_run(len(calls), bound, self.config.prompt_version)
+        return result.messages + [{"role": "tool", "name": c.name, "content": refusal} for c in refused]
+
+    def _without_call(self, toolset: Toolset, context: LeadContext, trajectory: Trajectory, turn: Turn,
+                      action: LeadAction, content: str) -> list[dict[str, Any]] | None:
+        """The observation after a turn with neither a usable call nor an answer: the tool set's
+        continuation prompt after a cut turn, else the invalid-action hint (the turn is recorded
+        for the protocol's mask rule); None when the tool set's rules take the reply as the answer."""
+        rules, cut = toolset.rules, turn.finish_reason == "length"
+        if (answer := rules.reply_answer(content, cut)) is not None:
+            turn.action_error = None
+            trajectory.answer, trajectory.stop_reason = answer, "plain_reply"
+            return None
+        if (message := rules.continuation(cut, self.config.prompt_version)) is not None:
+            return [{"role": "user", "content": message}]
+        closed_here = context.response_mask[-1] == 0  # the engine closed a cut turn
+        start = len(context.response_ids) - turn.lead_tokens - closed_here
+        trajectory.invalid_turn_spans.append((start, start + turn.lead_tokens))
+        return [{"role": "user", "content": toolset.invalid_action(action.error or "no tool call and no <answer> block")}]
 
     async def _turn(self, context: LeadContext, prompt: list[int], index: int, budget: int, tool_names: tuple[str, ...],
                     ids: dict[str, str]) -> tuple[Turn, LeadAction, str] | None:

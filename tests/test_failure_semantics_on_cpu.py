@@ -155,7 +155,7 @@ SAMPLE = Sample(id="s0", question="Which place lies on river 1?", answers=["Plac
                 context="\n\n".join(c.text for c in CHUNKS))
 
 
-@pytest.mark.parametrize("name", ["full_context", "memagent", "rememr1"])
+@pytest.mark.parametrize("name", ["full_context", "memagent", "rememr1", "coa"])
 def test_baselines_retry_the_lead_like_parser_does(tiny_tokenizer, name):
     """Full-context and MemAgent called the lead with no retry: one 503 failed the sample."""
     model = FlakyModel(BackendError("HTTP 503"), asyncio.TimeoutError())
@@ -164,7 +164,7 @@ def test_baselines_retry_the_lead_like_parser_does(tiny_tokenizer, name):
     assert result.answer and model.calls >= 3
 
 
-@pytest.mark.parametrize("name", ["full_context", "memagent"])
+@pytest.mark.parametrize("name", ["full_context", "memagent", "coa"])
 def test_baselines_surface_a_bug_and_fail_a_call_that_keeps_failing(tiny_tokenizer, name):
     bug = FlakyModel(ValueError("bad sampling"))
     with pytest.raises(ValueError):

@@ -85,7 +85,7 @@ class PromptSet:
 LEAD = PromptSet("", FIELDS)
 
 # The baselines' prompts (`prompts/baselines/<version>/`): full-context, MemAgent, ReMemR1,
-# agentic RAG, the DCI agent and the DCI subagent. The engine's own turns (continuation,
+# Chain-of-Agents (worker, manager), agentic RAG, the DCI agent and the DCI subagent. The engine's own turns (continuation,
 # finalize, compaction placeholder) are in `LEAD` and shared by every tool set.
 BASELINE_FIELDS = {
     "full_context_user": {"context", "question"},
@@ -94,6 +94,8 @@ BASELINE_FIELDS = {
     "memagent_final": {"question", "memory"},
     "rememr1_update": {"question", "memory", "recalled_memory", "chunk"},
     "rememr1_final": {"question", "memory", "recalled_memory"},
+    "coa_worker": {"question", "unit", "chunk"},
+    "coa_manager": {"question", "unit"},
     "rag_system": set(),
     "rag_user": {"question"},
     "dci_system": set(),
