@@ -139,32 +139,44 @@ def test_a_chat_server_gets_neutral_messages_too(qwen3_5_tokenizer):
 
 # -- the baselines ---------------------------------------------------------------------------------
 class RecordingLead:
-    def __init__(self):
-        self.prompts = []
+    """Records every prompt; replies `reply` (a sequential reader's memory comes back in its next prompt)."""
+
+    def __init__(self, reply: str = "<answer>x</answer>"):
+        self.prompts, self.reply = [], reply
 
     async def generate(self, prompt, sampling, **_):
         self.prompts.append(prompt)
-        return Completion(text="<answer>x</answer>", token_ids=[], finish_reason="stop")
+        return Completion(text=self.reply, token_ids=[], finish_reason="stop")
 
     async def aclose(self):
         pass
 
 
-@pytest.mark.parametrize("method", ["full_context", "memagent"])
-def test_baselines_show_the_document_as_text(qwen3_5_tokenizer, method):
+def _control_in_method_prompts(tokenizer, method: str, text: str, reply: str = "<answer>x</answer>") -> collections.Counter:
     from parser.backends.models import Models
     from parser.methods import build_method
     from parser.methods.base import Sample
 
-    def control_in_prompts(text):
-        lead = RecordingLead()
-        models = Models(lead=lead, lead_tokenizer=qwen3_5_tokenizer, subagent=lead, subagent_tokenizer=qwen3_5_tokenizer)
-        sample = Sample(id="s", question="Who?" + text, answers=["x"], context=render_paragraphs(["Zorvan\n" + text]))
-        asyncio.run(build_method(method, models).run(sample))
-        return sum((control_counts(qwen3_5_tokenizer, qwen3_5_tokenizer.encode(p, add_special_tokens=False)) for p in lead.prompts),
-                   collections.Counter())
+    lead = RecordingLead(reply)
+    models = Models(lead=lead, lead_tokenizer=tokenizer, subagent=lead, subagent_tokenizer=tokenizer)
+    sample = Sample(id="s", question="Who?" + text, answers=["x"], context=render_paragraphs(["Zorvan\n" + text]))
+    asyncio.run(build_method(method, models).run(sample))
+    return sum((control_counts(tokenizer, tokenizer.encode(p, add_special_tokens=False)) for p in lead.prompts),
+               collections.Counter())
 
-    assert control_in_prompts(INJECTION) == control_in_prompts(BENIGN)
+
+@pytest.mark.parametrize("method", ["full_context", "memagent", "rememr1", "coa"])
+def test_baselines_show_the_document_as_text(qwen3_5_tokenizer, method):
+    assert _control_in_method_prompts(qwen3_5_tokenizer, method, INJECTION) == \
+        _control_in_method_prompts(qwen3_5_tokenizer, method, BENIGN)
+
+
+@pytest.mark.parametrize("method", ["memagent", "rememr1", "coa"])
+def test_a_sequential_readers_memory_comes_back_as_text(qwen3_5_tokenizer, method):
+    """The state a model wrote (memory, CoA's notes) is shown back in the next prompt: a reply
+    quoting the document's injection must not turn into turn boundaries there."""
+    assert _control_in_method_prompts(qwen3_5_tokenizer, method, "", reply=INJECTION) == \
+        _control_in_method_prompts(qwen3_5_tokenizer, method, "", reply=BENIGN)
 
 
 # -- the neutralizer itself --------------------------------------------------------------------------
