@@ -21,7 +21,7 @@ round. Targets on 2 cores: cached round >= 4x at T=14, first round >= 0.95x, bat
 1.5x of vLLM's time. The run fails (exit 1) on nonsense: a missing row, NaN, zero tokens.
 
     .venv/bin/python scripts/bench_backend.py                  # T = 14 and 64 on SmolLM2-135M (~15 min on 2 cores)
-    .venv/bin/python scripts/bench_backend.py --vllm-python /work/main/.venv-vllm/bin/python
+    .venv/bin/python scripts/bench_backend.py --vllm-python .venv-vllm/bin/python        # after `make vllm-env`
     .venv/bin/python scripts/bench_backend.py --tasks 14 --threads 1   # one width, one torch thread (a loaded machine)
     .venv/bin/python scripts/bench_backend.py --smoke          # seconds: tiny random model, T = 4 (the suite runs it)
 """
@@ -209,7 +209,7 @@ async def warm_up(reader: SubagentReader, tokenizer) -> None:
     """vLLM's first requests compile and allocate; keep that out of the timed rounds."""
     from parser.chunking import Chunk
 
-    chunk = Chunk(index=0, text="The warm-up paragraph names nobody.", num_tokens=8)
+    chunk = Chunk(index=0, text="The warm-up paragraph names nobody.", paragraph_ids=(), num_tokens=8)
     await asyncio.gather(*(reader.read(f"warm-up {i}", chunk, "warm-up") for i in range(4)))
 
 
