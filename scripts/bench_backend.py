@@ -177,7 +177,6 @@ def main() -> None:
         return lambda width: backends.setdefault((name, width), reader(TransformersBackend(model, tokenizer, **kwargs)))
 
     engines = {"serial": engine("serial", max_batch_size=1), "batched": engine("batched")}
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         server = None
         if args.vllm_python:
@@ -190,12 +189,9 @@ def main() -> None:
             url = server.__enter__()
             engines["vllm"] = lambda width: backends.setdefault(("vllm", width), reader(
                 HttpBackend(url, api="completions", server="vllm", timeout_s=600.0)))
-            asyncio.run(warm_up(engines["vllm"](0), tokenizer))
         try:
-            for width in args.tasks:
-                rows += asyncio.run(bench_width(width, engines, tokenizer, args.seed + width, cfg))
+            rows = asyncio.run(bench_all(args.tasks, engines, tokenizer, args.seed, cfg, backends))
         finally:
-            asyncio.run(close(backends.values()))
             if server is not None:
                 server.__exit__(None, None, None)
     print(f"[bench] load average after: {os.getloadavg()[0]:.2f}")
@@ -203,6 +199,19 @@ def main() -> None:
     problems = check(rows, args.tasks, list(engines))
     if problems:
         raise SystemExit("[bench] nonsense: " + "; ".join(problems))
+
+
+async def bench_all(widths: list[int], engines: dict, tokenizer, seed: int, cfg, backends: dict) -> list[dict]:
+    """Every width in one event loop, so the HTTP engine's session lives and closes in the loop it was opened in."""
+    rows = []
+    try:
+        if "vllm" in engines:
+            await warm_up(engines["vllm"](0), tokenizer)
+        for width in widths:
+            rows += await bench_width(width, engines, tokenizer, seed + width, cfg)
+    finally:
+        await close(backends.values())
+    return rows
 
 
 async def warm_up(reader: SubagentReader, tokenizer) -> None:
