@@ -6,7 +6,8 @@ sglang-router 0.3.2 (the authors' router), each with its shipped settings
 Checks the gateway contract (scripts/serve_subagents.py, parser/gateway.py):
 - multi-round traffic: >= 99% of round-2+ requests reach the worker that served their chunk in
   round 1, and no worker gets more than 1.5x the mean, for every policy ParSer ships (smg's
-  consistent_hashing is measured for locality only: its spread depends on the hash ring);
+  consistent_hashing is measured for locality only: its spread depends on the hash ring); the
+  same rounds straight to the workers give the router's added latency (printed);
 - smg reads the chunk's routing key from `X-SMG-Routing-Key`: with chunks so short that the
   shared instructions dominate the text, it holds one sticky key per chunk and spreads them
   evenly; the same traffic with the header renamed holds no key at all;
@@ -95,8 +96,10 @@ def loopback_workers(tmp_path_factory):
         group.stop()
 
 
-def _run_through_router(cfg: dict, worker_urls: list[str], tmp_path: Path, workload, routing_header=None):
-    """(per-round stats, the router's sticky keys per worker at the end)."""
+def _run_through_router(cfg: dict, worker_urls: list[str], tmp_path: Path, workload, routing_header=None,
+                        direct: bool = False):
+    """(per-round stats, smg's sticky-key counters at the end); `direct`: every round also straight
+    to the workers (gateway_report's --direct)."""
     group = ProcessGroup(tmp_path)
     router = router_launch(cfg, worker_urls)
     try:
@@ -105,8 +108,13 @@ def _run_through_router(cfg: dict, worker_urls: list[str], tmp_path: Path, workl
 
         async def go():
             extra = {"routing_header": routing_header} if routing_header else {}
-            async with HttpBackend(router.url, **extra) as backend:
-                return await report.run_workload(backend, workload, num_workers=len(worker_urls))
+            pool = WorkerPool([HttpBackend(u) for u in worker_urls]) if direct else None
+            try:
+                async with HttpBackend(router.url, **extra) as backend:
+                    return await report.run_workload(backend, workload, num_workers=len(worker_urls), direct=pool)
+            finally:
+                if pool is not None:
+                    await pool.aclose()
 
         stats = asyncio.run(go())
         keys = {name: sum(_metric(router.metrics_url, name).values())
@@ -120,7 +128,7 @@ def _run_through_router(cfg: dict, worker_urls: list[str], tmp_path: Path, workl
                                          ("sglang_router", "cache_aware"), ("sglang_router", "manual")])
 def test_chunks_stay_on_their_worker_across_rounds(kind, policy, loopback_workers, tmp_path):
     workload = report.Workload(chunks=48, rounds=4, chunk_words=300)
-    stats, _ = _run_through_router(_router_cfg(kind, policy), loopback_workers, tmp_path, workload)
+    stats, _ = _run_through_router(_router_cfg(kind, policy), loopback_workers, tmp_path, workload, direct=True)
     for s in stats:
         print(f"[{kind} {policy}] {s.line()}")
     total = report.summary(stats)
@@ -130,6 +138,9 @@ def test_chunks_stay_on_their_worker_across_rounds(kind, policy, loopback_worker
     assert total["locality_round2plus"] >= 0.99
     if policy != "consistent_hashing":
         assert total["max_spread"] <= 1.5
+    # the same rounds straight to the workers, interleaved: what the router adds (figures, not a bound)
+    assert total["direct_failed"] == 0 and all(total[k] > 0 for k in ("p50_ms", "direct_p50_ms", "p99_ms"))
+    assert sum(s.requests for s in stats if s.path == "direct") == 48 * 4
 
 
 def test_smg_pins_chunks_by_the_routing_key_header(loopback_workers, tmp_path):
