@@ -65,12 +65,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import yaml  # noqa: E402
 
 from parser import prompts  # noqa: E402
-from parser.backends.base import BackendError, Completion, SamplingParams  # noqa: E402
+from parser.backends.base import Completion, SamplingParams  # noqa: E402
 from parser.backends.http import HttpBackend  # noqa: E402
 from parser.backends.pool import WorkerPool  # noqa: E402
 from parser.chunking import Chunk  # noqa: E402
 from parser.config import EpisodeConfig  # noqa: E402
 from parser.gateway import ProcessGroup, router_launch, router_preset, worker_launches  # noqa: E402
+from parser.protocol import protocol_for  # noqa: E402
 from parser.tools import QueryAgents, ReaderReply  # noqa: E402
 
 FAULTS = ("kill", "freeze", "hang", "garbage", "flap")
@@ -247,7 +248,8 @@ async def _drive(backend: RecordingBackend, args: argparse.Namespace, fault: str
     words = "river castle amber signal harbor lantern meadow copper orbit violet".split()
     chunks = [Chunk(index=i, text=f"Document {i + 1}:\n" + " ".join(words[(i + j) % len(words)] for j in range(args.chunk_words)),
                     paragraph_ids=(i + 1,), num_tokens=args.chunk_words) for i in range(args.chunks)]
-    tool = QueryAgents(PromptReader(backend), chunks, "faults", config, asyncio.Semaphore(1024), lambda t: len(t.split()))
+    tool = QueryAgents(PromptReader(backend), chunks, "faults", config, protocol_for(config), asyncio.Semaphore(1024),
+                       lambda t: len(t.split()))
     started = time.monotonic()
     fault_time = math.inf
     rounds = []

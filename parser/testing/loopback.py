@@ -60,6 +60,7 @@ class RequestRecord:
     prefix_hash: str
     prompt_len: int  # characters for text prompts, tokens for token-id prompts
     time: float
+    prompt: Any = None  # the whole prompt, with `keep_prompts` (parity tests compare them)
 
 
 def prefix_hash(prompt: Any, marker: str = PREFIX_MARKER, prefix_chars: int = 2048) -> str:
@@ -87,7 +88,7 @@ class LoopbackWorker:
                  hang_s: float = 600.0, flap_period_s: float = 0.0,
                  needle: str | None = None, needle_answer: str | None = None,
                  routing_header: str = ROUTING_HEADER, request_id_header: str = "X-Request-Id",
-                 prefix_marker: str = PREFIX_MARKER, keep_records: bool = True):
+                 prefix_marker: str = PREFIX_MARKER, keep_records: bool = True, keep_prompts: bool = False):
         self.worker_id = worker_id
         self.delay_s = delay_s
         self.fail_first = fail_first
@@ -103,6 +104,7 @@ class LoopbackWorker:
         self.request_id_header = request_id_header
         self.prefix_marker = prefix_marker
         self.keep_records = keep_records
+        self.keep_prompts = keep_prompts
         self.records: list[RequestRecord] = []
         self.count = 0
         self.inflight = 0
@@ -176,7 +178,7 @@ class LoopbackWorker:
                 routing_key=request.headers.get(self.routing_header),
                 request_id=request.headers.get(self.request_id_header),
                 prefix_hash=prefix_hash(prompt, self.prefix_marker),
-                prompt_len=len(prompt), time=time.time(),
+                prompt_len=len(prompt), time=time.time(), prompt=prompt if self.keep_prompts else None,
             ))
         if self.delay_s:
             self.inflight += 1

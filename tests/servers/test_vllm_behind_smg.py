@@ -2,9 +2,10 @@
 
     make test-servers          # builds .venv-vllm, starts vLLM(s) and smg on 127.0.0.1
 
-Two vLLM workers behind `python -m smg launch` with the shipped router settings
-(configs/serve/router/smg.yaml) when memory allows (the second starts only if, with it, at least
-`SPARE_GIB` of memory stays available to the machine; otherwise one, and the test says so). What
+Two vLLM workers (`parser.testing.vllm_server`) behind `python -m smg launch` with the shipped
+router settings (configs/serve/router/smg.yaml) when memory allows (the second starts only if,
+with it, at least `SPARE_GIB` of memory stays available to the machine; otherwise one, and the
+test says so). What
 must hold through the router, as in the direct tests (test_vllm_server.py):
 - an episode whose subagents go through smg keeps the lead's exact token view (the lead talks to
   vLLM directly: smg's /v1/completions refuses token-id prompts, checked below) and gets the same
@@ -34,12 +35,15 @@ from parser.backends.http import HttpBackend
 from parser.chunking import chunk_document
 from parser.episode import EpisodeConfig, EpisodeEngine
 from parser.gateway import ProcessGroup, router_launch, router_preset
+from parser.protocol import protocol_for
 from parser.readers import SubagentReader
 from parser.tools import QueryAgents
 
-from vllm_helpers import NEEDLE, QUESTION, document, episode_config, start_vllm, stop_vllm
+from parser.testing.vllm_server import vllm_server
+from varnholm import NEEDLE, QUESTION, document, episode_config
 
 SPARE_GIB = 4.0  # memory that must stay available to the shared machine after a second worker
+WORKER_GIB = 4.0  # a second worker, 1 GiB KV cache (measured: 4.8 GiB resident with the first's 2 GiB)
 
 
 def _available_gib() -> float:
@@ -48,39 +52,28 @@ def _available_gib() -> float:
     return int(fields["MemAvailable"].split()[0]) / 2**20
 
 
-def _rss_gib(pid: int) -> float:
-    """Resident memory of a process group (the API server, its engine core and worker)."""
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getpgid(int(entry.name)) == pid:
-                    total += int((entry / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-            except (OSError, ValueError):
-                continue
-    return total / 2**30
-
-
 @pytest.fixture(scope="module")
 def workers(vllm, tmp_path_factory):
     """The session's vLLM server and, when memory allows, a second one (1 GiB KV cache)."""
-    urls, second = [vllm.url], None
     python = os.environ.get("PARSER_VLLM_PYTHON")
-    first_gib = _rss_gib(vllm.pid) if vllm.pid else 5.0
     available = _available_gib()
-    print(f"\n[smg+vllm] first worker {first_gib:.1f} GiB resident, {available:.1f} GiB available")
+    print(f"\n[smg+vllm] {available:.1f} GiB available with the first worker up")
     if not python:
         print("[smg+vllm] one worker only: PARSER_VLLM_PYTHON is not set, so no second server can start")
-    elif available - first_gib < SPARE_GIB:
-        print(f"[smg+vllm] one worker only: a second would leave under {SPARE_GIB} GiB available")
+        yield [vllm.url]
+    elif available - WORKER_GIB < SPARE_GIB:
+        print(f"[smg+vllm] one worker only: a second (~{WORKER_GIB:.0f} GiB) would leave under {SPARE_GIB:.0f} GiB available")
+        yield [vllm.url]
     else:
-        url, second = start_vllm(python, Path(tmp_path_factory.mktemp("vllm2")) / "server.log", kv_cache_gib="1")
-        urls.append(url)
-    try:
-        yield urls
-    finally:
-        if second is not None:
-            stop_vllm(second)
+        try:
+            server = vllm_server(python, Path(tmp_path_factory.mktemp("vllm2")) / "server.log", kv_cache_gib=1)
+            url = server.__enter__()
+        except RuntimeError as error:
+            pytest.fail(str(error))
+        try:
+            yield [vllm.url, url]
+        finally:
+            server.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +183,7 @@ def test_scatter_through_smg_keeps_each_chunk_on_the_worker_that_holds_it(smg, w
     assert all(prefix_tokens(QUESTION, c) // block > instructions // block for c in chunks), (block, instructions)
 
     def tool(doc_id):
-        return QueryAgents(reader, chunks, doc_id, EpisodeConfig(), asyncio.Semaphore(512),
+        return QueryAgents(reader, chunks, doc_id, EpisodeConfig(), protocol_for(EpisodeConfig()), asyncio.Semaphore(512),
                            lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
 
     queries = [QUESTION, "When was the lighthouse keeper of Varnholm appointed?", "Who kept the Varnholm light?"]
