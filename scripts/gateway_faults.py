@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.smoke:
         args.faults, args.setups = ["kill", "garbage"], ["smg", "pool"]
-        args.duration_s, args.fault_at_s, args.chunks = min(args.duration_s, 8.0), min(args.fault_at_s, 2.0), 12
+        args.duration_s, args.fault_at_s, args.chunks = min(args.duration_s, 6.0), min(args.fault_at_s, 1.5), 12
     args.set = _parse_set(args.set)
     log_root = Path(args.log_dir or os.environ.get("TMPDIR", "/tmp")) / f"gateway-faults-{os.getpid()}"
 
