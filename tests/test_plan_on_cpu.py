@@ -241,7 +241,8 @@ def test_calibrate_predict_run_smoke(tiny_qwen3_model, tiny_tokenizer, tmp_path)
     assert Rates.load(tmp_path / "rates.yaml") == rates
     # the fit is non-negative by construction; which terms a tiny model's noise leaves at 0 varies
     # from run to run (its prefill can vanish next to the per-request overhead), so only signs are tested
-    assert rates.overhead_s > 0 and all(v >= 0 for v in rates.vector())
+    # (under load even the per-request overhead can be absorbed by another term: some term must explain the time)
+    assert all(v >= 0 for v in rates.vector()) and any(v > 0 for v in rates.vector())
     assert trajectory.answer == "done" and len(trajectory.turns) == 3
     calls = [c for t in trajectory.turns for q in t.queries for c in q.calls]
     assert calls and all(c.status != "failed" for c in calls)
