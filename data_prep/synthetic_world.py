@@ -26,6 +26,9 @@ from data_prep.records import Corpus, Question
 from data_prep.sources import read_2wiki
 
 QUESTION_TYPES = ("comparison", "inference", "compositional", "bridge_comparison", "bridge")
+# Not in the default cycle: single-fact questions (one lookup), for sets that mix one- and
+# two-hop chains (the CPU learning run: configs/data/learn_cpu.yaml).
+ONE_HOP = "one_hop"
 
 _ONSETS = ["b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kl", "l", "m", "n", "p", "qu", "r", "s", "st",
            "t", "th", "v", "vr", "z", "zh", "y", "w", "c", "cr", "j", "x"]
@@ -241,7 +244,20 @@ def _ask(world: World, qtype: str, rng: random.Random) -> dict[str, Any] | None:
                     "gold": [f.name, s.name], "evidences": [[f.name, "producer", s.name], [s.name, "headquarters location", s.attrs["hq"]]]}
         return {"question": f"In what year was the organisation that produced {f.name} founded?", "answer": str(s.attrs["founded"]),
                 "gold": [f.name, s.name], "evidences": [[f.name, "producer", s.name], [s.name, "inception", str(s.attrs["founded"])]]}
-    raise ValueError(f"unknown question type {qtype!r}; known: {QUESTION_TYPES}")
+    if qtype == ONE_HOP:  # one relation of one entity
+        relation = rng.choice(["director", "place of birth", "father", "producer"])
+        if relation in ("director", "producer"):
+            f = rng.choice(world.films)
+            value = f.attrs["director" if relation == "director" else "studio"]
+            text = f"Who directed the film {f.name}?" if relation == "director" else f"Which organisation produced the film {f.name}?"
+            return {"question": text, "answer": value, "gold": [f.name], "evidences": [[f.name, relation, value]]}
+        p = rng.choice(world.people)
+        if relation == "father" and "father" not in p.attrs:
+            return None
+        value = p.attrs["birthplace" if relation == "place of birth" else "father"]
+        text = f"Where was {p.name} born?" if relation == "place of birth" else f"Who is the father of {p.name}?"
+        return {"question": text, "answer": value, "gold": [p.name], "evidences": [[p.name, relation, value]]}
+    raise ValueError(f"unknown question type {qtype!r}; known: {QUESTION_TYPES + (ONE_HOP,)}")
 
 
 def synthetic_rows(num_questions: int, *, seed: int = 0, num_paragraphs: int = 8000, own_paragraphs: int = 10,

@@ -6,12 +6,15 @@ landing on the same worker?). Each request is recorded with the routing-key head
 of the prompt's reusable prefix (what a RadixCache would share: everything before the last
 "Query:", per the subagent prompt's instructions -> chunk -> query order) and this worker's
 id. It answers with the subagent's abstention, or with a finding when the prompt contains
-`needle`. Faults for retry tests: a delay, failing the first N or every K-th request with an
+`needle`, or (`reader="world"`) as a reader of the synthetic world's prose would
+(`parser.testing.world_reader`: the frozen subagents of the CPU learning run). Faults for
+retry tests: a delay, failing the first N or every K-th request with an
 HTTP status, dropping the connection without an answer, or `garbage`: HTTP 200 with a body
 that is no completion (`text` null on /generate, an empty `choices` list on the OpenAI paths).
 
     python -m parser.testing.loopback --port 31001 --worker-id w1
     python -m parser.testing.loopback --port 31002 --worker-id w2 --fail-every 10 --fail-mode drop
+    python -m parser.testing.loopback --port 31003 --reader world      # reads synthetic-world chunks
 
 In-process: `with start_loopback("w1") as h: h.url; h.worker.records`.
 Endpoints: POST /generate, /v1/completions, /v1/chat/completions; GET /health,
@@ -69,7 +72,7 @@ class LoopbackWorker:
 
     def __init__(self, worker_id: str = "loopback-0", *, delay_s: float = 0.0,
                  fail_first: int = 0, fail_every: int = 0, fail_mode: str = "500",
-                 needle: str | None = None, needle_answer: str | None = None,
+                 needle: str | None = None, needle_answer: str | None = None, reader: str | None = None,
                  routing_header: str = ROUTING_HEADER, request_id_header: str = "X-Request-Id",
                  prefix_marker: str = PREFIX_MARKER, keep_records: bool = True):
         if fail_mode not in ("drop", "garbage") and not fail_mode.isdigit():
@@ -81,6 +84,9 @@ class LoopbackWorker:
         self.fail_mode = fail_mode
         self.needle = needle
         self.needle_answer = needle_answer
+        if reader not in (None, "world"):
+            raise ValueError(f"reader={reader!r}: expected None or 'world'")
+        self.reader = reader
         self.routing_header = routing_header
         self.request_id_header = request_id_header
         self.prefix_marker = prefix_marker
@@ -109,6 +115,10 @@ class LoopbackWorker:
         return app
 
     def reply_text(self, prompt: Any) -> str:
+        if self.reader == "world":
+            from parser.testing.world_reader import reply_to_prompt
+
+            return reply_to_prompt(prompt)
         text = prompt if isinstance(prompt, str) else (
             orjson.dumps(prompt).decode() if prompt and isinstance(prompt[0], dict) else "")
         if self.needle and self.needle in text:
@@ -208,11 +218,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fail-every", type=int, default=0, help="fail every K-th request")
     ap.add_argument("--fail-mode", default="500", help="an HTTP status, 'drop' the connection, or 'garbage' (HTTP 200, no completion)")
     ap.add_argument("--needle", default=None, help="answer with a finding when this is in the prompt")
+    ap.add_argument("--reader", choices=["world"], default=None,
+                    help="answer as a reader of the synthetic world's prose (parser.testing.world_reader)")
     ap.add_argument("--no-records", action="store_true", help="keep no per-request records")
     args = ap.parse_args(argv)
     worker = LoopbackWorker(args.worker_id or f"loopback:{args.port}", delay_s=args.delay_s,
                             fail_first=args.fail_first, fail_every=args.fail_every,
-                            fail_mode=args.fail_mode, needle=args.needle,
+                            fail_mode=args.fail_mode, needle=args.needle, reader=args.reader,
                             keep_records=not args.no_records)
     print(f"parser.testing.loopback: {worker.worker_id} on http://{args.host}:{args.port}",
           flush=True)
