@@ -88,6 +88,7 @@ class TransformersBackend:
         checkpoint_every: int = 256,  # recurrent-state snapshots during prefill (hybrid models)
         logprobs_before_temperature: bool = False,
         name: str = "transformers",
+        seed: int = 0,  # of the sampler for requests without a seed (SamplingParams.seed)
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -100,7 +101,7 @@ class TransformersBackend:
         self.eos_ids = _eos_ids(model, tokenizer)
         self._entries: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self._rng = torch.Generator().manual_seed(0)  # for requests without a seed
+        self._rng = torch.Generator().manual_seed(int(seed))  # for requests without a seed
         self._grammars: Any = None  # parser.backends.grammar.Grammars, built on first constraint
 
     @classmethod
