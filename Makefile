@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast assets bench vllm-env test-servers
+.PHONY: setup demo test test-fast assets bench learn vllm-env test-servers
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -32,6 +32,12 @@ test: setup assets
 # The in-process tests only (skips everything marked slow, i.e. tests/e2e/): for quick iterations.
 test-fast: setup assets
 	$(PY) -m pytest -q -m "not slow"
+
+# RL that measurably learns, on this CPU (recipes/train_cpu_learn.sh, configs/train/cpu_learn.yaml):
+# data -> warm-started tiny lead -> eval -> GRPO -> merged checkpoint -> eval -> Table 7 + curve +
+# outputs/learn/summary.json; fails unless held-out Sub_EM and reward rose. Not in CI (its smoke is).
+learn: setup assets
+	PYTHON=$(abspath $(PY)) nice -n 5 recipes/train_cpu_learn.sh
 
 bench: setup
 	$(PY) scripts/bench_scatter.py
