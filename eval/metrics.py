@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
-from parser.protocol import strip_trailing_markers
+from parser.release import strip_trailing_markers
 from parser.reward import exact_match, release_sub_em, sub_em
 
 

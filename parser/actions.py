@@ -26,14 +26,15 @@ and runs in time linear in its length: tags are found with `str.find` (a regex l
 `<parameter=([^>\n]+)>(.*?)</parameter>` rescans the rest of the text from every unclosed
 opener, quadratic on repeated tags), and JSON goes through `parser.lenient_json`.
 
-`protocol="release"` applies the authors' turn rules instead (release
-train/scripts/parser_agent_loop.py): the whole turn is searched, thinking included, after
-trailing `<|im_end|>`/`<|endoftext|>` are stripped; only closed `<tool_call>` blocks count
-(strict JSON, else the XML dialect); any call wins over an answer; a call to another tool, or
-with a missing/empty/non-string query, stays a call whose tool reply is an error (`ToolCall.error`),
-so the turn is still a valid step; an empty `<answer></answer>` is no answer.
+`parse_release_turn` applies the authors' turn rules instead (release
+train/scripts/parser_agent_loop.py; `parser.protocol` picks one of the two): the whole turn is
+searched, thinking included, after trailing `<|im_end|>`/`<|endoftext|>` are stripped; only
+closed `<tool_call>` blocks count (strict JSON, else the XML dialect); any call wins over an
+answer; a call to another tool, or with a missing/empty/non-string query, stays a call whose
+tool reply is an error (`ToolCall.error`), so the turn is still a valid step; an empty `<answer></answer>`, or one that says "No answer
+found" (the release's own marker for none), is no answer.
 
-    parse_lead_output(text, protocol="release").queries   # valid non-empty queries, in order
+    parse_release_turn(text).queries   # valid non-empty queries, in order
 """
 from __future__ import annotations
 
@@ -41,9 +42,8 @@ import dataclasses
 import re
 from typing import Any, Iterable, Iterator
 
+from parser import release
 from parser.lenient_json import loads_lenient, loads_strict
-
-from parser import protocol as release
 
 TOOL_NAME = "query_agents"
 
@@ -167,11 +167,8 @@ def _check_query(call: ToolCall) -> str | None:
     return None
 
 
-def parse_lead_output(text: str, tool_names: Iterable[str] | None = (TOOL_NAME,), protocol: str = "parser") -> LeadAction:
-    """Answer, or the usable calls to `tool_names` (None: any tool). An answer wins over calls
-    (`protocol="release"`: the release's rules, module docstring; `tool_names` is query_agents)."""
-    if release.check_protocol(protocol) == "release":
-        return _parse_release(text)
+def parse_lead_output(text: str, tool_names: Iterable[str] | None = (TOOL_NAME,)) -> LeadAction:
+    """Answer, or the usable calls to `tool_names` (None: any tool). An answer wins over calls."""
     thinking, action = split_thinking(text)
     answers = _answers(action)
     if answers:
@@ -279,7 +276,8 @@ def _release_check(call: ToolCall) -> ToolCall:
     return call
 
 
-def _parse_release(text: str) -> LeadAction:
+def parse_release_turn(text: str) -> LeadAction:
+    """One lead turn under the release's rules (module docstring); its only tool is query_agents."""
     text = release.strip_trailing_markers(text)
     thinking = split_thinking(text)[0]
     calls = [_release_check(call) for call in _release_calls(text)]

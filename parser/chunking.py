@@ -10,9 +10,9 @@ This module never talks to a model, and nothing here is shown to the lead agent.
 
     >>> chunks = chunk_document(document, tokenizer, chunk_size=4096)
 
-`protocol="release"` chunks as the authors' release does (release train/scripts/parser_dataset.py,
-eval/preprocess_eval_data.py): the text is split at every ``Document {i}:`` header that starts a
-line, each non-empty piece becomes ``Paragraph {i}: {piece}`` (i = the piece's position in the
+`release_chunks` chunks as the authors' release does (release train/scripts/parser_dataset.py,
+eval/preprocess_eval_data.py; `parser.protocol` picks one of the two): the text is split at every
+``Document {i}:`` header that starts a line, each non-empty piece becomes ``Paragraph {i}: {piece}`` (i = the piece's position in the
 split, so the pieces keep their document numbers), and pieces are packed while the running
 count (piece tokens + 1 per join) stays *below* ``chunk_size``; a piece longer than a chunk is
 kept whole (chunk_size <= 0: one piece per chunk).
@@ -22,8 +22,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from typing import Any, Sequence
-
-from parser.protocol import check_protocol
 
 PARAGRAPH_SEPARATOR = "\n\n"
 # A delimiter counts only at the very start of the text or right after a blank line, so the
@@ -87,14 +85,12 @@ def count_tokens(tokenizer: Any, text: str) -> int:
     return len(_encode_batch(tokenizer, [text])[0])
 
 
-def chunk_document(document: str, tokenizer: Any, chunk_size: int, protocol: str = "parser") -> list[Chunk]:
+def chunk_document(document: str, tokenizer: Any, chunk_size: int) -> list[Chunk]:
     """Greedily pack paragraphs into chunks of at most ``chunk_size`` tokens.
 
     Each paragraph is tokenized once (batched); chunk sizes are the sum of paragraph and
     separator token counts, so the growing chunk is never re-tokenized.
     """
-    if check_protocol(protocol) == "release":
-        return release_chunks(document, tokenizer, chunk_size)
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     paragraphs = split_paragraphs(document)

@@ -8,16 +8,19 @@ budgets) set these fields; `tests/test_configs_on_cpu.py` keeps `train.yaml` equ
 defaults here.
 
     EpisodeConfig(**OmegaConf.to_container(cfg.episode))
-    episode_preset("dci", max_turns=8)      # configs/episode/dci.yaml, one field overridden
+    episode_preset("eval", max_turns=8)     # configs/episode/eval.yaml, one field overridden
+    config, rules = baseline_episode("dci", {"max_turns": 8})   # + the tool set's turn rules
 
 The baselines' episode presets (the DCI agent, the DCI subagent, agentic RAG) live in the same
 folder, so a method built from Python without a config gets exactly what its Hydra config gets.
+Their `turn_rules:` section is not the engine's: it goes to the baseline's tool set
+(`parser.tools.TurnRules`), where its reference protocol departs from Algorithm 1.
 """
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 EPISODE_PRESETS = Path(__file__).resolve().parent.parent / "configs" / "episode"
 PROTOCOLS = ("parser", "release")  # whose behaviour the engine has; parser/protocol.py, docs/fidelity.md
@@ -48,12 +51,6 @@ class EpisodeConfig:
     # constrained decoding (parser.episode's docstring); off in the paper's settings
     constrain_subagents: bool = False  # subagent replies under the finding's JSON schema
     constrain_lead: bool = False  # one tool call or one <answer> per lead turn (not for training)
-    # the baselines' protocols (parser.episode's docstring); off for ParSer
-    plain_reply_is_answer: bool = False
-    continue_cut_turns: bool = False
-    finalize_turn: bool = False  # eval-only
-    compact_after_chars: int | None = None  # eval-only
-    keep_recent_results: int = 12
     protocol: str = "parser"  # "release": the authors' release, row by row (parser.protocol, docs/fidelity.md)
     protocol_release: dict[str, Any] = dataclasses.field(default_factory=lambda: {"repo": None})  # repo: its checkout
 
@@ -61,11 +58,6 @@ class EpisodeConfig:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}")
         self.protocol_release = dict(self.protocol_release or {})
-
-    def eval_only_options(self) -> list[str]:
-        """The options set that make prompts other than the appended stream (no token view)."""
-        return [name for name, on in (("finalize_turn", self.finalize_turn),
-                                      ("compact_after_chars", self.compact_after_chars is not None)) if on]
 
     def constraints(self) -> list[str]:
         """The constrained-decoding options that are on (recorded in trajectories and manifests)."""
@@ -95,7 +87,18 @@ def _preset_values(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
 
 def episode_preset(name: str, **overrides: Any) -> EpisodeConfig:
     """The `EpisodeConfig` of `configs/episode/<name>.yaml`, with `overrides` on top."""
-    values = {**_preset_values(name), **overrides}
+    return _episode_config(name, {**_preset_values(name), **overrides})
+
+
+def baseline_episode(name: str, overrides: Mapping[str, Any] | None = None) -> tuple[EpisodeConfig, dict[str, Any]]:
+    """A baseline's preset with `overrides` (its method config's `episode` section) on top: the
+    engine's `EpisodeConfig`, and the `turn_rules` section for its tool set (merged key by key)."""
+    values, overrides = _preset_values(name), dict(overrides or {})
+    rules = {**values.pop("turn_rules", {}), **(overrides.pop("turn_rules", None) or {})}
+    return _episode_config(name, {**values, **overrides}), rules
+
+
+def _episode_config(name: str, values: dict[str, Any]) -> EpisodeConfig:
     known = {f.name for f in dataclasses.fields(EpisodeConfig)}
     unknown = sorted(set(values) - known)
     if unknown:

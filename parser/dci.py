@@ -48,7 +48,7 @@ from typing import Any
 from parser import prompts
 from parser.chunking import split_paragraphs
 from parser.dci_options import OptionRefused, check_options
-from parser.tools import FunctionTools
+from parser.tools import FunctionTools, TurnRules
 
 ALLOWED_COMMANDS = ("rg", "grep", "ls", "find", "head", "wc")
 MAX_OUTPUT_CHARS = 20_000
@@ -397,11 +397,13 @@ class SandboxTools(FunctionTools):
     """`read(file, offset)` and `bash(command)` confined to one corpus directory.
 
     `prompt` names the system/user templates: "dci" (the standalone agent, user field
-    `question`) or "dci_subagent" (ParSer's DCI reader, user field `query`).
+    `question`) or "dci_subagent" (ParSer's DCI reader, user field `query`); `rules` are the
+    reference's turn rules (configs/episode/dci.yaml `turn_rules:`; none by default).
     """
 
-    def __init__(self, sandbox: Sandbox, prompt: str = "dci", version: str = prompts.DEFAULT_VERSION):
-        self.sandbox, self.prompt, self.version = sandbox, prompt, version
+    def __init__(self, sandbox: Sandbox, prompt: str = "dci", version: str = prompts.DEFAULT_VERSION,
+                 rules: TurnRules = TurnRules()):
+        self.sandbox, self.prompt, self.version, self.rules = sandbox, prompt, version, rules
         self.functions = {"read": self.read, "bash": self.bash}
         self.tool_schemas = prompts.baseline_tools("read", "bash", version=version)
 

@@ -2,39 +2,28 @@
 
 Training (the verl agent loop), eval, the tool-using baselines (agentic RAG, the DCI agent), the
 DCI subagent and the demo all run `EpisodeEngine`; behaviour differences are `EpisodeConfig`
-values or a `parser.tools.Toolset`, never a second loop.
+values, the protocol object (`parser.protocol`) or a `parser.tools.Toolset`, never a second loop.
 
     await engine.run(question, chunks, doc_id=...)        # ParSer: query_agents over the chunks
     await engine.run_tools(question, toolset, doc_id=...)  # any tool set (RAG, DCI, ...)
 
-One turn: the agent generates from the exact token stream it has seen so far -> its output is
-parsed (`parser.actions`) -> an answer ends the episode; the turn's tool calls run concurrently
-(`Toolset.execute`; for ParSer each query is scattered to every chunk's reader and gathered into
-one observation) -> the observation is appended -> repeat until an answer or `max_turns`.
-Unusable output gets the tool set's invalid-action hint and the loop continues.
+One turn (Algorithm 1, ll. 5-20): the lead generates from the exact token stream it has seen so
+far -> its output is parsed -> an answer ends the episode; the turn's tool calls run
+concurrently (`Toolset.execute`; for ParSer each query is scattered to every chunk's reader and
+gathered into one observation) -> the observation is appended -> repeat until an answer or
+`max_turns`. Unusable output gets the tool set's invalid-action hint and the loop continues.
 
 The token view for training is built by *appending* what the model actually saw — never by
 re-rendering history (Qwen3.5's template drops earlier `<think>` blocks, which would break the
 prefix property). Generated tokens get mask 1; observation and template tokens mask 0. A turn
 cut at its token limit is closed with the end-of-turn token (mask 0) before the observation.
 
-Options for the baselines' reference protocols (all off by default, so ParSer and training are
-unchanged): `plain_reply_is_answer` (DCI: a reply without tool calls is the answer),
-`continue_cut_turns` (a turn cut at the token limit gets a continuation prompt), both compatible
-with the token view; and two that are **eval-only**:
-
-* `compact_after_chars` (DCI's zero-LLM compaction: once the tool results in the history exceed
-  N characters, all but the last `keep_recent_results` are replaced by a placeholder). It rewrites
-  history, so the next prompts are re-rendered from the compacted messages by the chat template
-  — what the reference's chat-completions server does — and `Trajectory.token_view_valid` is set
-  False. Why not keep the token view: any prompt that drops earlier tokens is not an extension
-  of the previous stream, so one trajectory would need several (prompt, response) segments, and
-  the training path (verl 0.9.1's `AgentLoopOutput`) takes exactly one. Compaction is a context
-  budget for 48-turn eval agents, not something we train with.
-* `finalize_turn` (after `max_turns` without an answer, one tool-free turn asks for the answer).
-  "Tool-free" means rendered without the tool schemas, which is again not the appended stream.
-
-`EpisodeConfig.eval_only_options()` names what is set; the verl agent loop refuses those.
+Where a baseline's reference protocol departs from Algorithm 1 (a plain reply as the answer, a
+continuation prompt after a cut turn, compaction, a tool-free finalize turn), its tool set's
+`rules` (`parser.tools.TurnRules`) say so, through four hooks the loop calls at fixed points;
+ParSer's `QueryAgents` has none. Compaction and finalize are eval-only: the prompts after them
+are re-rendered from the messages, so `Trajectory.token_view_valid` is set False (and the verl
+agent loop, which runs only `QueryAgents`, never meets them).
 
 Honest token view: the lead's generated ids are the ids the backend reports. A backend that
 returns only text (an OpenAI server without `return_token_ids`) has its text re-tokenised, which
@@ -49,13 +38,11 @@ tool call or one `<answer>` per lead turn (`parser.actions.action_regex`), which
 untrained small lead (the CPU demo's SmolLM2-135M) reaches the tool at all. It changes the
 lead's sampling distribution, so training refuses it.
 
-`protocol` (`parser` | `release`) picks whose behaviour the same loop has (`parser.protocol`,
-docs/fidelity.md). Under `release`: the release's prompts, tool schema and hint (read from
-`protocol_release.repo`), its turn rules (`parser.actions`), observation (`parser.gather`),
-chunk headers (`parser.chunking`); each turn may use the full `max_tokens_per_turn` until the
-response reaches `max_response_tokens` (the caller cuts the rest); the episode's answer is the
-last `<answer>` block of all turns together; invalid turns are recorded in
-`Trajectory.invalid_turn_spans` for the release's mask rule, applied once the reward is known.
+The protocol object (`parser.protocol`, from `EpisodeConfig.protocol`: this project's or the
+authors' release's) decides each turn's budget and parse, whether a generation of no tokens
+ends the episode, whether the answer turn is closed, the final answer, and the chat format's
+end-of-turn token. Invalid turns are recorded in `Trajectory.invalid_turn_spans` for the
+protocol's mask rule, applied once the reward is known (`Protocol.mask_invalid_turns`).
 """
 from __future__ import annotations
 
@@ -65,24 +52,24 @@ import time
 from typing import Any
 
 from parser import prompts
-from parser import protocol as protocols
-from parser.actions import TOOL_NAME, LeadAction, action_regex, parse_lead_output, split_thinking
+from parser.actions import LeadAction, action_regex, split_thinking
 from parser.backends.base import Backend, Completion, SamplingParams
+from parser.chat_format import ChatFormat
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig
+from parser.protocol import Protocol, protocol_for
 from parser.retry import retrying
 from parser.tools import ChunkReader, QueryAgents, Toolset
 from parser.trajectory import Trajectory, Turn
-
-END_OF_TURN = "<|im_end|>"
 
 
 class LeadContext:
     """The agent's token stream and chat messages, grown by appending only."""
 
-    def __init__(self, tokenizer: Any, toolset: Toolset, question: str, config: EpisodeConfig):
+    def __init__(self, tokenizer: Any, toolset: Toolset, question: str, config: EpisodeConfig, chat: ChatFormat):
         self.tokenizer = tokenizer
         self.config = config
+        self.chat = chat
         self.template_kwargs = {"enable_thinking": config.lead_thinking}
         self.tools = toolset.schemas()
         self.messages: list[dict[str, Any]] = [
@@ -97,7 +84,7 @@ class LeadContext:
         self.response_ids: list[int] = []
         self.response_mask: list[int] = []
         self.response_logprobs: list[float] = []
-        self.end_of_turn_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+        self.end_of_turn_id = chat.end_of_turn_id(tokenizer)
         self.rerendered = False  # an eval-only option rewrote history: prompts come from `messages`
         self.token_view_note: str | None = None  # why the token view is approximate, if it is
         self.action_regex = self._action_regex() if config.constrain_lead else None
@@ -134,7 +121,8 @@ class LeadContext:
 
     def append_generation(self, completion: Completion) -> list[int]:
         """Append one generation; returns its token ids. Re-tokenising text (a backend without
-        ids) or logprobs that do not align with the ids make the view approximate, said once."""
+        ids) or logprobs that do not align with the ids make the view approximate, said once.
+        `close_turn` follows, unless the protocol leaves the answer turn open."""
         token_ids, logprobs = list(completion.token_ids), completion.logprobs
         if not token_ids:
             token_ids = self._encode(completion.text)
@@ -147,9 +135,12 @@ class LeadContext:
         self.response_ids += token_ids
         self.response_mask += [1] * len(token_ids)
         self.response_logprobs += list(logprobs) if logprobs else [0.0] * len(token_ids)
-        if not token_ids or token_ids[-1] != self.end_of_turn_id:  # cut at the limit: close the turn
-            self._append_context([self.end_of_turn_id])
         return token_ids
+
+    def close_turn(self, token_ids: list[int]) -> None:
+        """End the generated turn `token_ids` with the end-of-turn token if it did not (cut at the limit)."""
+        if not token_ids or token_ids[-1] != self.end_of_turn_id:
+            self._append_context([self.end_of_turn_id])
 
     def _append_context(self, token_ids: list[int]) -> None:
         self.response_ids += token_ids
@@ -165,36 +156,32 @@ class LeadContext:
         marker = "\u2063parser-stand-in\u2063"
         history = [self.messages[0], {"role": "user", "content": "?"}, {"role": "assistant", "content": marker}]
         rendered = self._render(history + messages, add_generation_prompt=True)
-        end = rendered.find(END_OF_TURN, rendered.rindex(marker))
+        end_of_turn = self.chat.end_of_turn
+        end = rendered.find(end_of_turn, rendered.rindex(marker))
         if end < 0:
-            raise RuntimeError(f"chat template does not close assistant turns with {END_OF_TURN}")
-        return self._encode(rendered[end + len(END_OF_TURN):])
+            raise RuntimeError(f"chat template does not close assistant turns with {end_of_turn}")
+        return self._encode(rendered[end + len(end_of_turn):])
 
     def append_observation(self, messages: list[dict[str, Any]]) -> None:
         self._append_context(self.observation_ids(messages))
         self.messages += messages
 
-    def compact(self, after_chars: int, keep_recent: int, placeholder: str) -> bool:
-        """DCI's compaction of older tool results; True if history changed (eval-only)."""
-        results = [m for m in self.messages if m["role"] == "tool"]
-        if sum(len(m["content"]) for m in results) <= after_chars:
-            return False
-        changed = False
-        for message in results[: max(len(results) - keep_recent, 0)]:
-            changed |= message["content"] != placeholder
-            message["content"] = placeholder
-        self.rerendered |= changed
-        return changed
+    def history_rewritten(self) -> None:
+        """Earlier messages were changed (compaction): later prompts are rendered from `messages`."""
+        self.rerendered = True
 
 
 class EpisodeEngine:
-    """Runs episodes for one lead backend (and, for ParSer, one chunk reader); safe to share across tasks."""
+    """Runs episodes for one lead backend (and, for ParSer, one chunk reader); safe to share across tasks.
+    `protocol`: the one chosen for `config` by whoever built the engine (default `protocol_for(config)`)."""
 
-    def __init__(self, lead: Backend, lead_tokenizer: Any, reader: ChunkReader | None = None, config: EpisodeConfig | None = None):
+    def __init__(self, lead: Backend, lead_tokenizer: Any, reader: ChunkReader | None = None,
+                 config: EpisodeConfig | None = None, protocol: Protocol | None = None):
         self.lead = lead
         self.tokenizer = lead_tokenizer
         self.reader = reader
         self.config = config or EpisodeConfig()
+        self.protocol = protocol or protocol_for(self.config)
         self._slots = asyncio.Semaphore(self.config.max_concurrency)
 
     def _count_tokens(self, text: str) -> int:
@@ -204,7 +191,7 @@ class EpisodeEngine:
         """ParSer's tool set over one document's chunks, sharing this engine's concurrency bound."""
         if self.reader is None:
             raise ValueError("EpisodeEngine.run needs a chunk reader (EpisodeEngine(lead, tokenizer, reader, config))")
-        return QueryAgents(self.reader, chunks, doc_id, self.config, self._slots, self._count_tokens)
+        return QueryAgents(self.reader, chunks, doc_id, self.config, self.protocol, self._slots, self._count_tokens)
 
     async def run(self, question: str, chunks: list[Chunk], doc_id: str = "doc", request_id: str | None = None) -> Trajectory:
         """One ParSer episode (paper Algorithm 1) over `chunks`; the lead never sees them."""
@@ -216,36 +203,41 @@ class EpisodeEngine:
                         routing_key: str | None = None) -> Trajectory:
         """One episode with any tool set. `request_id` keeps the episode on one server (default
         `doc_id`); `routing_key`, if given, is sent with every generation (gateway pinning)."""
-        cfg = self.config
-        if cfg.protocol == "release" and tuple(toolset.names) != (TOOL_NAME,):
-            raise ValueError(f"protocol=release is the release's query_agents protocol; tool set {toolset.names} has none")
+        cfg, protocol = self.config, self.protocol
+        protocol.check_toolset(toolset.names)
+        rules = toolset.rules
         started = time.perf_counter()
-        context = LeadContext(self.tokenizer, toolset, question, cfg)
+        context = LeadContext(self.tokenizer, toolset, question, cfg, protocol.chat)
         trajectory = Trajectory(question=question, doc_id=doc_id, num_chunks=0, prompt_ids=context.prompt_ids,
                                 constraints=cfg.constraints())
         ids = {"request_id": request_id or doc_id, **({"routing_key": routing_key} if routing_key is not None else {})}
         for turn_index in range(cfg.max_turns):
-            budget = self._budget(context)
+            budget = protocol.turn_budget(len(context.response_ids))
             if budget <= 0:
                 trajectory.stop_reason = "response_length"
                 break
-            turn, action, content = await self._turn(context, context.prompt(), turn_index, budget, toolset.names, ids)
+            step = await self._turn(context, context.prompt(), turn_index, budget, toolset.names, ids)
+            if step is None:
+                trajectory.stop_reason = "empty_generation"
+                break
+            turn, action, content = step
             trajectory.turns.append(turn)
             if action.answer is not None:
                 trajectory.answer, trajectory.stop_reason = action.answer, "answer"
                 break
+            cut = turn.finish_reason == "length"
             if action.calls:
                 tools_started = time.perf_counter()
                 result = await toolset.execute(action.calls)
                 turn.queries, turn.tool_calls = result.queries, result.calls
                 turn.scatter_latency_s = time.perf_counter() - tools_started
                 observation = result.messages
-            elif turn.finish_reason == "length" and cfg.continue_cut_turns:
-                observation = [{"role": "user", "content": prompts.render("continue", cfg.prompt_version)}]
-            elif cfg.plain_reply_is_answer and turn.finish_reason != "length" and content and "<tool_call>" not in content:
+            elif (answer := rules.reply_answer(content, cut)) is not None:
                 turn.action_error = None
-                trajectory.answer, trajectory.stop_reason = content, "plain_reply"
+                trajectory.answer, trajectory.stop_reason = answer, "plain_reply"
                 break
+            elif (message := rules.continuation(cut, cfg.prompt_version)) is not None:
+                observation = [{"role": "user", "content": message}]
             else:
                 error = action.error or "no tool call and no <answer> block"
                 closed_here = context.response_mask[-1] == 0  # the engine closed a cut turn
@@ -253,16 +245,15 @@ class EpisodeEngine:
                 trajectory.invalid_turn_spans.append((start, start + turn.lead_tokens))
                 observation = [{"role": "user", "content": toolset.invalid_action(error)}]
             context.append_observation(observation)
-            if action.calls and cfg.compact_after_chars is not None:
-                placeholder = prompts.render("compacted", cfg.prompt_version)
-                if context.compact(cfg.compact_after_chars, cfg.keep_recent_results, placeholder):
-                    trajectory.token_view_valid = False
-        if trajectory.stop_reason == "max_turns" and cfg.finalize_turn and self._budget(context) > 0:
-            await self._finalize(context, trajectory, ids)
+            if action.calls and rules.compact(context.messages, cfg.prompt_version):
+                context.history_rewritten()
+                trajectory.token_view_valid = False
+        final = rules.finalize_prompt(cfg.prompt_version)
+        if trajectory.stop_reason == "max_turns" and final is not None and protocol.turn_budget(len(context.response_ids)) > 0:
+            await self._finalize(context, trajectory, final, ids)
         if context.token_view_note:
             trajectory.token_view_valid, trajectory.token_view_note = False, context.token_view_note
-        if cfg.protocol == "release":  # the last <answer> of the whole completion, as the release scores it
-            trajectory.answer = protocols.extract_answer("".join(protocols.strip_trailing_markers(t.text) for t in trajectory.turns))
+        trajectory.answer = protocol.final_answer(trajectory)
         trajectory.messages = context.messages
         trajectory.response_ids = context.response_ids
         trajectory.response_mask = context.response_mask
@@ -270,18 +261,10 @@ class EpisodeEngine:
         trajectory.wall_s = time.perf_counter() - started
         return trajectory
 
-    def _budget(self, context: LeadContext) -> int:
-        budget = self.config.max_tokens_per_turn
-        if self.config.protocol == "release":  # a full turn while any response budget is left
-            left = self.config.max_response_tokens is None or len(context.response_ids) < self.config.max_response_tokens
-            return budget if left else 0
-        if self.config.max_response_tokens is not None:
-            budget = min(budget, self.config.max_response_tokens - len(context.response_ids))
-        return budget
-
     async def _turn(self, context: LeadContext, prompt: list[int], index: int, budget: int, tool_names: tuple[str, ...],
-                    ids: dict[str, str]) -> tuple[Turn, LeadAction, str]:
-        """Generate, append to the stream, parse. Returns the turn, its action and its reply text."""
+                    ids: dict[str, str]) -> tuple[Turn, LeadAction, str] | None:
+        """Generate, append to the stream, parse. Returns the turn, its action and its reply text;
+        None for a generation of no tokens when the protocol ends the episode on one."""
         cfg = self.config
         sampling = SamplingParams(
             max_new_tokens=budget, temperature=cfg.lead_temperature, top_p=cfg.lead_top_p, top_k=cfg.lead_top_k,
@@ -294,10 +277,14 @@ class EpisodeEngine:
                 attempts += 1
                 completion = await self.lead.generate(prompt, sampling, **ids)
         lead_latency = time.perf_counter() - lead_started
+        if self.protocol.ends_on_empty_generation and not completion.token_ids and not completion.text:
+            return None
         token_ids = context.append_generation(completion)
         text = completion.text if completion.text else self.tokenizer.decode(token_ids, skip_special_tokens=False)
-        text = text.removesuffix(END_OF_TURN)
-        action = parse_lead_output(text, tool_names, protocol=cfg.protocol if tool_names else "parser")
+        text = context.chat.strip_end(text)
+        action = self.protocol.parse_turn(text, tool_names)
+        if action.answer is None or self.protocol.closes_answer_turn:
+            context.close_turn(token_ids)
         content = split_thinking(text)[1].strip()
         context.messages.append({"role": "assistant", "content": content, "reasoning_content": action.thinking})
         turn = Turn(
@@ -307,13 +294,15 @@ class EpisodeEngine:
         )
         return turn, action, content
 
-    async def _finalize(self, context: LeadContext, trajectory: Trajectory, ids: dict[str, str]) -> None:
+    async def _finalize(self, context: LeadContext, trajectory: Trajectory, message: str, ids: dict[str, str]) -> None:
         """One tool-free turn for the answer (eval-only: its prompt has no tool schemas)."""
-        context.append_observation([{"role": "user", "content": prompts.render("finalize", self.config.prompt_version)}])
+        context.append_observation([{"role": "user", "content": message}])
         trajectory.token_view_valid = False
-        turn, action, content = await self._turn(
-            context, context.prompt(with_tools=False), len(trajectory.turns), self._budget(context), (), ids
-        )
+        budget = self.protocol.turn_budget(len(context.response_ids))
+        step = await self._turn(context, context.prompt(with_tools=False), len(trajectory.turns), budget, (), ids)
+        if step is None:
+            return
+        turn, action, content = step
         trajectory.turns.append(turn)
         final = action.answer if action.answer is not None else (content if "<tool_call>" not in content else "")
         if final:

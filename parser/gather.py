@@ -9,24 +9,30 @@ The observation is bounded by a token budget and says what it cut.
 A reply is whatever a worker sent back, so `parse_reply` takes any value (a number or null
 from a broken worker is junk) and runs in linear time (`parser.lenient_json`).
 
-`protocol="release"` renders what the authors' release shows instead (release
-train/scripts/subagent.py): a reply containing one of the subagent's SGLang stop strings
-("unknown", "Unknown": any occurrence, case-sensitive) or a failed request (None) is dropped; the
-rest is read from a fenced ```json block, else the outermost {...}, with json-repair; falsy
+`gather_release` renders what the authors' release shows instead (release
+train/scripts/subagent.py; `parser.protocol` picks one of the two): a reply containing one of
+the subagent's SGLang stop strings ("unknown", "Unknown": any occurrence, case-sensitive) or a
+failed request (None) is dropped; the rest is read from a fenced ```json block, else the outermost {...}, with json-repair; falsy
 `evidence`/`answer` are left out, a reply that is not a JSON object but is longer than 64
 characters is passed on as `raw_response`; the kept replies go out as one JSON object keyed
 `agent_{i}` (indent 2, non-ASCII kept), or a fixed message when none is left. No merging, no budget.
 
-    text, num_findings = gather_replies(["Unknown", '{"evidence": "...", "answer": "..."}', None], protocol="release")
+Both take one query's replies as (chunk index, text or None for a failed request), in chunk
+order, and return a `Gathered`; `parser.tools.QueryAgents` records the calls around it:
+
+    gathered = gather("Who?", [(0, '{"answer": "unknown"}'), (1, '{"answer": "Paris", "evidence": "..."}')],
+                      count_tokens=len, token_budget=4096)
+    gathered = gather_release([(0, "Unknown"), (1, '{"evidence": "...", "answer": "..."}'), (2, None)])
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any, Callable, Sequence
 
 from parser import prompts
-from parser import protocol as release
+from parser import release
 from parser.lenient_json import loads_leading, loads_lenient
 from parser.reward import normalize_answer
 from parser.trajectory import Finding
@@ -119,25 +125,32 @@ def render_observation(
     return text, omitted
 
 
-def gather_replies(replies: Sequence[str | None], protocol: str = "parser", *, query: str = "",
-                   count_tokens: Callable[[str], int] | None = None, token_budget: int = 4096,
-                   merge: bool = True, version: str = prompts.DEFAULT_VERSION) -> tuple[str, int]:
-    """(observation text, number of findings) for one query's replies, reply i from chunk i
-    (None: the request failed). The `parser` keywords are its observation's settings; without
-    `count_tokens` the budget is not applied."""
-    if release.check_protocol(protocol) == "release":
-        return render_release_observation([parse_release_reply(r) for r in replies])
-    findings = []
-    for index, text in enumerate(replies):
-        parsed = parse_reply(text) if text is not None else None
+@dataclasses.dataclass
+class Gathered:
+    """One query's gathered replies: what the lead reads, and which replies counted."""
+
+    observation: str
+    findings: list[Finding]
+    kept: list[bool]  # per reply, in order: a finding (True) or an abstention / failure
+    omitted: int = 0  # findings cut by the observation budget
+
+
+Replies = Sequence[tuple[int, "str | None"]]  # (chunk index, reply text; None: the request failed)
+
+
+def gather(query: str, replies: Replies, *, count_tokens: Callable[[str], int], token_budget: int,
+           merge: bool = True, version: str = prompts.DEFAULT_VERSION) -> Gathered:
+    """This project's observation: findings labelled by chunk, identical answers merged, budgeted."""
+    findings, kept = [], []
+    for index, text in replies:
+        parsed = parse_reply(text)
+        kept.append(parsed is not None)
         if parsed:
             findings.append(Finding(agent=f"agent_{index}", chunk_index=index, answer=parsed[0], evidence=parsed[1]))
     if merge:
         findings = merge_identical(findings)
-    counter = count_tokens or (lambda _: 0)
-    text, _ = render_observation(query, findings, len(replies), counter, token_budget, version)
-    reporting = sum(1 + len(f.merged_agents) for f in findings)
-    return text, reporting
+    observation, omitted = render_observation(query, findings, len(replies), count_tokens, token_budget, version)
+    return Gathered(observation, findings, kept, omitted)
 
 
 _RELEASE_FENCE = re.compile(r"```json\s*(.*?)\s*```", re.DOTALL)
@@ -161,9 +174,15 @@ def parse_release_reply(text: str | None) -> dict[str, Any] | None:
     return kept or None
 
 
-def render_release_observation(parsed: Sequence[dict[str, Any] | None]) -> tuple[str, int]:
-    """The release's tool reply for one query, from `parse_release_reply` per chunk, in chunk order."""
-    findings = {release.AGENT_KEY.format(index=i): p for i, p in enumerate(parsed) if p}
-    if not findings:
-        return release.NO_FINDINGS, 0
-    return json.dumps(findings, indent=2, ensure_ascii=False), len(findings)
+def gather_release(replies: Replies) -> Gathered:
+    """The release's tool reply for one query (module docstring): its JSON of the kept replies, by chunk."""
+    kept = {index: parsed for index, text in replies if (parsed := parse_release_reply(text))}
+    findings = [Finding(release.AGENT_KEY.format(index=index), index, _text(fields.get("answer", "")),
+                        _text(fields.get("evidence", fields.get(release.RAW_KEY, "")))) for index, fields in kept.items()]
+    observation = (json.dumps({release.AGENT_KEY.format(index=i): fields for i, fields in kept.items()}, indent=2, ensure_ascii=False)
+                   if kept else release.NO_FINDINGS)
+    return Gathered(observation, findings, [index in kept for index, _ in replies])
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else str(value)

@@ -1,149 +1,217 @@
-"""The two protocols of the one episode engine: `parser` (this project) and `release` (the authors').
+"""The protocol object: everything that differs between this project and the authors' release, chosen once.
 
-Why: the released checkpoint (`inNexus/parser-qwen35-4b`) was trained on what the authors'
-release (github.com/cuhk-parser/PARSER, MIT) shows the models — its prompts, observation JSON,
-turn rules, subagent abstention, chunk headers and reward. `EpisodeConfig.protocol: release`
-makes the engine do exactly that, so the checkpoint runs in-distribution; `parser` (the
-default) keeps this project's behaviour. docs/fidelity.md lists every difference.
+Why: the one episode engine speaks two protocols (docs/fidelity.md): `parser`, this project's
+(the paper's prompts, turn rules and observation; the default), and `release`, the authors'
+release code's (`parser.release`), so that the released checkpoint runs on the inputs it was
+trained on. When each difference was re-decided by name at its call site, the one site that
+forgot (eval's chunking) fed the checkpoint the wrong chunks. Now `protocol_for(config)` turns
+`EpisodeConfig.protocol` into an object — the only place a protocol's name is read — and that
+object is handed to everything that differs: the subagents' chunks, the lead's prompts and tool
+schema, the subagent prompt, a turn's budget and parse, the gathered observation, how an
+episode ends and what its answer is, the reward and the invalid-turn mask, and the chat-format
+tokens. Nothing outside this module compares a protocol's name (tests/test_protocol_on_cpu.py
+scans the code for it).
 
-Facts of the protocol (tags, JSON keys, fixed messages, the user-turn header, stop strings)
-live here as constants. The release's long prose (the lead system prompt, the subagent prompt,
-the tool description and the invalid-step hint) is the authors' text: the project carries no
-copy. It is read at run time from a checkout of the release, by parsing its Python files
-without executing them:
+    protocol = protocol_for(config)                          # ParserProtocol | ReleaseProtocol
+    chunks = protocol.chunk(document, subagent_tokenizer)    # what each subagent reads
+    engine = EpisodeEngine(lead, tokenizer, reader, config, protocol)
+    reward = protocol.exact_match(trajectory.answer, golds)
 
-    git clone https://github.com/cuhk-parser/PARSER /path/to/PARSER
-    python -m eval.run method=parser_release method.episode.protocol_release.repo=/path/to/PARSER
-
-(or `export PARSER_RELEASE_REPO=/path/to/PARSER`, which the configs read).
+Across a process boundary a protocol travels as its `key` (verl's `extra_info`); `protocol_for`
+turns the key back into the object there too.
 """
 from __future__ import annotations
 
-import ast
-import dataclasses
+import abc
 import functools
-import json
-import os
-from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
-from parser.config import PROTOCOLS
-RELEASE_URL = "https://github.com/cuhk-parser/PARSER"
-REPO_ENV = "PARSER_RELEASE_REPO"
-
-# --- protocol facts (release/train/scripts/{prompt,subagent,parser_agent_loop}.py) ---
-USER_TURN = "## Question\n\n{question}\n"
-NO_FINDINGS = "No agents found relevant information for this query."
-NO_ANSWER = "No answer found"  # what the release's answer extraction returns when there is none
-STOP_STRINGS = ("unknown", "Unknown", " unknown", " Unknown")  # the subagent's SGLang stop strings
-TRAILING_MARKERS = ("<|im_end|>", "<|endoftext|>")  # stripped from the end of each lead turn
-AGENT_KEY = "agent_{index}"
-FINDING_KEYS = ("evidence", "answer")
-RAW_KEY = "raw_response"
-RAW_MIN_CHARS = 64  # a non-JSON reply longer than this is passed on as `raw_response`
-INVALID_MASK_REWARD = 0.2  # invalid turns train (mask 1) only in episodes rewarded below this
+from parser import gather, prompts, release, reward
+from parser.actions import TOOL_NAME, LeadAction, parse_lead_output, parse_release_turn
+from parser.chat_format import CHATML, ChatFormat
+from parser.chunking import Chunk, chunk_document, release_chunks
+from parser.config import EpisodeConfig
+from parser.trajectory import Trajectory
 
 
-def unknown_tool_error(name: str) -> str:
-    return json.dumps({"error": f"unknown tool {name!r}, expected query_agents"}, ensure_ascii=False)
+class Protocol(abc.ABC):
+    """What differs between the two protocols, as one object built from an `EpisodeConfig`."""
+
+    key: str  # EpisodeConfig.protocol; what crosses a process boundary
+    chat: ChatFormat = CHATML  # end-of-turn and stop tokens of the lead's chat template
+    ends_on_empty_generation: bool  # a lead generation of no tokens ends the episode (else: an invalid step)
+    closes_answer_turn: bool  # the answer turn gets the end-of-turn token (mask 0) when it did not emit it
+
+    def __init__(self, config: EpisodeConfig):
+        self.config = config
+
+    # -- inputs ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def chunk(self, document: str, tokenizer: Any) -> list[Chunk]:
+        """The subagents' chunks of `document` (`config.chunk_size` tokens of `tokenizer`)."""
+
+    @abc.abstractmethod
+    def lead_tools(self) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def lead_system(self) -> str: ...
+
+    @abc.abstractmethod
+    def lead_user(self, question: str) -> str: ...
+
+    @abc.abstractmethod
+    def invalid_hint(self) -> str:
+        """The message after a turn with neither a usable call nor an answer."""
+
+    @abc.abstractmethod
+    def subagent_prompt(self, chunk: str, query: str) -> str:
+        """The subagent's one user message for (chunk, query)."""
+
+    def check_toolset(self, names: Iterable[str]) -> None:
+        """Refuse a tool set this protocol has no rules for."""
+
+    def check_reader(self, kind: str) -> None:
+        """Refuse a chunk reader type (`parser.readers`) this protocol has no rules for."""
+
+    # -- one turn ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def turn_budget(self, used: int) -> int:
+        """New tokens the next lead turn may take, `used` response tokens in; <= 0 ends the episode."""
+
+    @abc.abstractmethod
+    def parse_turn(self, text: str, tool_names: Iterable[str] | None) -> LeadAction: ...
+
+    @abc.abstractmethod
+    def gather(self, query: str, replies: gather.Replies, count_tokens: Callable[[str], int]) -> gather.Gathered:
+        """One query's replies (chunk index, text or None for a failure) -> the observation."""
+
+    # -- the episode's end ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def final_answer(self, trajectory: Trajectory) -> str | None: ...
+
+    @abc.abstractmethod
+    def exact_match(self, prediction: str | None, golds: str | Iterable[str]) -> float:
+        """The training reward (binary EM of the final answer)."""
+
+    def mask_invalid_turns(self, trajectory: Trajectory, reward: float) -> None:
+        """Settle the mask of invalid turns once the reward is known (default: they train as generated)."""
 
 
-def query_type_error(value: Any) -> str:
-    return json.dumps({"error": f"invalid query type {type(value)!r}, expected str"}, ensure_ascii=False)
+class ParserProtocol(Protocol):
+    """This project's protocol: the paper's prompts (`parser/prompts/<prompt_version>/`), turn rules
+    (`parser.actions.parse_lead_output`), observation (`parser.gather.gather`) and chunking."""
 
+    key = "parser"
+    ends_on_empty_generation = False
+    closes_answer_turn = True
 
-MISSING_QUERY_ERROR = json.dumps({"error": "missing required argument 'query'"}, ensure_ascii=False)
+    def chunk(self, document: str, tokenizer: Any) -> list[Chunk]:
+        return chunk_document(document, tokenizer, self.config.chunk_size)
 
+    def lead_tools(self) -> list[dict[str, Any]]:
+        return prompts.lead_tools(self.config.prompt_version)
 
-def check_protocol(name: str) -> str:
-    if name not in PROTOCOLS:
-        raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {name!r}")
-    return name
+    def lead_system(self) -> str:
+        return prompts.render("lead_system", self.config.prompt_version)
 
+    def lead_user(self, question: str) -> str:
+        return prompts.render("lead_user", self.config.prompt_version, question=question)
 
-def strip_trailing_markers(text: str) -> str:
-    """The release's clean-up of one decoded lead turn: trailing end-of-turn markers and spaces."""
-    text = text.rstrip()
-    while text.endswith(TRAILING_MARKERS):
-        marker = next(m for m in TRAILING_MARKERS if text.endswith(m))
-        text = text[: -len(marker)].rstrip()
-    return text
-
-
-def extract_answer(text: str) -> str | None:
-    """The release's answer: the last `<answer>…</answer>` (stripped); None if absent or empty."""
-    close = text.rfind("</answer>")
-    if close < 0:
-        return None
-    open_ = text.rfind("<answer>", 0, close)
-    if open_ < 0:
-        return None
-    return text[open_ + len("<answer>"): close].strip() or None
-
-
-# --- the authors' prose, read from a checkout ---
-PROMPT_FILE = "train/scripts/prompt.py"
-LOOP_FILE = "train/scripts/parser_agent_loop.py"
-
-
-@dataclasses.dataclass(frozen=True)
-class ReleasePrompts:
-    lead_system: str
-    subagent: str  # str.format template with {chunk_content} and {question}
-    tools: list[dict[str, Any]]  # the lead's tool schema, as the release passes it to the template
-    invalid_hint: str
+    def invalid_hint(self) -> str:
+        return prompts.render("invalid_action", self.config.prompt_version)
 
     def subagent_prompt(self, chunk: str, query: str) -> str:
-        return self.subagent.format(chunk_content=chunk, question=query)
+        return prompts.render("subagent", self.config.prompt_version, chunk=chunk, query=query)
+
+    def turn_budget(self, used: int) -> int:
+        """`max_tokens_per_turn`, and never past `max_response_tokens` in all."""
+        budget = self.config.max_tokens_per_turn
+        if self.config.max_response_tokens is not None:
+            budget = min(budget, self.config.max_response_tokens - used)
+        return budget
+
+    def parse_turn(self, text: str, tool_names: Iterable[str] | None) -> LeadAction:
+        return parse_lead_output(text, tool_names)
+
+    def gather(self, query: str, replies: gather.Replies, count_tokens: Callable[[str], int]) -> gather.Gathered:
+        return gather.gather(query, replies, count_tokens=count_tokens, token_budget=self.config.observation_token_budget,
+                             merge=self.config.merge_identical_answers, version=self.config.prompt_version)
+
+    def final_answer(self, trajectory: Trajectory) -> str | None:
+        """The answer of the turn that ended the episode (paper Algorithm 1, l. 21)."""
+        return trajectory.answer
+
+    def exact_match(self, prediction: str | None, golds: str | Iterable[str]) -> float:
+        return reward.exact_match(prediction, golds)
 
 
-def resolve_repo(repo: str | os.PathLike | None) -> Path:
-    repo = repo or os.environ.get(REPO_ENV)
-    if not repo:
-        raise FileNotFoundError(
-            f"protocol=release needs a checkout of the authors' release for its prompts: "
-            f"git clone {RELEASE_URL} and set protocol_release.repo (or {REPO_ENV}) to it"
-        )
-    return Path(repo).expanduser()
+class ReleaseProtocol(Protocol):
+    """The authors' release, rule by rule (docs/fidelity.md): its prose read from a checkout
+    (`protocol_release.repo`, loaded on first use), its chunk headers, turn rules, observation
+    JSON, training EM and invalid-turn mask. Its only tool set is `query_agents`."""
+
+    key = "release"
+    ends_on_empty_generation = True  # its loop breaks on a generation without tokens
+    closes_answer_turn = False  # its loop appends nothing after the answer turn
+
+    @functools.cached_property
+    def prose(self) -> release.ReleasePrompts:
+        return release.load_release_prompts(self.config.protocol_release.get("repo"))
+
+    def chunk(self, document: str, tokenizer: Any) -> list[Chunk]:
+        return release_chunks(document, tokenizer, self.config.chunk_size)
+
+    def lead_tools(self) -> list[dict[str, Any]]:
+        return self.prose.tools
+
+    def lead_system(self) -> str:
+        return self.prose.lead_system
+
+    def lead_user(self, question: str) -> str:
+        return release.USER_TURN.format(question=question)
+
+    def invalid_hint(self) -> str:
+        return self.prose.invalid_hint
+
+    def subagent_prompt(self, chunk: str, query: str) -> str:
+        return self.prose.subagent_prompt(chunk, query)
+
+    def check_toolset(self, names: Iterable[str]) -> None:
+        if tuple(names) != (TOOL_NAME,):
+            raise ValueError(f"protocol=release is the release's query_agents protocol; tool set {tuple(names)} has none")
+
+    def check_reader(self, kind: str) -> None:
+        if kind != "subagent":
+            raise ValueError(f"reader type {kind!r} has no release protocol: the release has only the subagent reader")
+
+    def turn_budget(self, used: int) -> int:
+        """A full `max_tokens_per_turn` while any response budget is left (the caller cuts the rest)."""
+        left = self.config.max_response_tokens is None or used < self.config.max_response_tokens
+        return self.config.max_tokens_per_turn if left else 0
+
+    def parse_turn(self, text: str, tool_names: Iterable[str] | None) -> LeadAction:
+        return parse_release_turn(text)
+
+    def gather(self, query: str, replies: gather.Replies, count_tokens: Callable[[str], int]) -> gather.Gathered:
+        return gather.gather_release(replies)
+
+    def final_answer(self, trajectory: Trajectory) -> str | None:
+        """The last `<answer>` of all turns joined, as the release scores it."""
+        return release.extract_answer("".join(release.strip_trailing_markers(t.text) for t in trajectory.turns))
+
+    def exact_match(self, prediction: str | None, golds: str | Iterable[str]) -> float:
+        return reward.release_exact_match(prediction, golds)
+
+    def mask_invalid_turns(self, trajectory: Trajectory, reward: float) -> None:
+        """Invalid turns train (mask 1) only in an episode rewarded below `release.INVALID_MASK_REWARD`."""
+        trajectory.mask_invalid_turns(trainable=reward < release.INVALID_MASK_REWARD)
 
 
-def _module(path: Path) -> ast.Module:
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} not found: protocol=release reads its prompts from a checkout of the authors' "
-            f"release — git clone {RELEASE_URL} and set protocol_release.repo (or {REPO_ENV}) to it"
-        )
-    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+_BY_KEY: dict[str, type[Protocol]] = {cls.key: cls for cls in (ParserProtocol, ReleaseProtocol)}
 
 
-def _constant(tree: ast.AST, name: str, path: Path) -> Any:
-    """The literal assigned to `name` anywhere in the file (module level or inside a function)."""
-    for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        if any(isinstance(t, ast.Name) and t.id == name for t in targets) and node.value is not None:
-            try:
-                return ast.literal_eval(node.value)
-            except ValueError:
-                continue
-    raise ValueError(f"{path}: no literal assignment to {name}; is this a checkout of {RELEASE_URL}?")
-
-
-def load_release_prompts(repo: str | os.PathLike | None = None) -> ReleasePrompts:
-    """Parse (never import) the release's prompt and agent-loop files under `repo` (None: $PARSER_RELEASE_REPO)."""
-    return _load(str(resolve_repo(repo).resolve()))
-
-
-@functools.lru_cache(maxsize=8)
-def _load(repo: str) -> ReleasePrompts:
-    root = Path(repo)
-    prompt_path, loop_path = root / PROMPT_FILE, root / LOOP_FILE
-    prompt_tree, loop_tree = _module(prompt_path), _module(loop_path)
-    user = _constant(prompt_tree, "LEAD_AGENT_USER_PROMPT", prompt_path)
-    if user != USER_TURN:
-        raise ValueError(f"{prompt_path}: LEAD_AGENT_USER_PROMPT is {user!r}, this project implements {USER_TURN!r}")
-    return ReleasePrompts(
-        lead_system=_constant(prompt_tree, "LEAD_AGENT_SYSTEM_PROMPT", prompt_path),
-        subagent=_constant(prompt_tree, "SUBAGENT_USER_PROMPT", prompt_path),
-        tools=_constant(loop_tree, "SUBAGENT_QUERY_TOOLS", loop_path),
-        invalid_hint=_constant(loop_tree, "illegal_hint", loop_path),
-    )
+def protocol_for(config: EpisodeConfig) -> Protocol:
+    """The protocol object `config.protocol` names: the one place a protocol's name is read."""
+    if config.protocol not in _BY_KEY:
+        raise ValueError(f"protocol must be one of {', '.join(_BY_KEY)}; got {config.protocol!r}")
+    return _BY_KEY[config.protocol](config)

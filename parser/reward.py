@@ -9,10 +9,10 @@ scores 0 (its caller's `if pred else 0` guard), but a prediction that only *norm
 empty string ("the", "...") counts as a hit under Sub_EM ("" is a substring of everything). Use
 it only to compare with published numbers; the default scores any empty prediction 0.
 
-`protocol="release"` is the authors' *training* reward (release train/scripts/reward.py): articles
-are replaced *before* punctuation is removed, and punctuation is Unicode (`[^\w\s]`, so "¿", "–",
-"·" go and "_" stays). Their eval scorer uses the `parser` normalizer; `release_sub_em` is their
-eval Sub_EM.
+`release_normalize` / `release_exact_match` are the authors' *training* reward (release
+train/scripts/reward.py; `parser.protocol.ReleaseProtocol` trains with it): articles are replaced
+*before* punctuation is removed, and punctuation is Unicode (`[^\w\s]`, so "¿", "–", "·" go and
+"_" stays). Their eval scorer uses this project's normalizer; `release_sub_em` is their eval Sub_EM.
 
 A gold answer that normalizes to "" ("", "the", "?") never scores, in any mode or protocol: ""
 is a substring of every prediction, so it would be free accuracy. Data prep refuses such records
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import re
 import string
-from typing import Iterable
+from typing import Callable, Iterable
 
-from parser.protocol import NO_ANSWER, check_protocol, extract_answer
+from parser.release import NO_ANSWER, extract_answer
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
@@ -33,36 +33,43 @@ _UNICODE_PUNCTUATION = re.compile(r"[^\w\s]")
 _BOLD = re.compile(r"\*\*(.*?)\*\*")
 
 
-def normalize_answer(text: str, protocol: str = "parser") -> str:
-    """Lowercase, drop punctuation, replace articles by a space, collapse whitespace
-    (`release`: articles first, then Unicode punctuation)."""
-    if check_protocol(protocol) == "release":
-        if not text:
-            return ""
-        text = _ARTICLES.sub(" ", text.lower())
-        return " ".join(_UNICODE_PUNCTUATION.sub("", text).split())
+def normalize_answer(text: str) -> str:
+    """Lowercase, drop punctuation, replace articles by a space, collapse whitespace."""
     text = text.lower()
     text = "".join(ch for ch in text if ch not in _PUNCTUATION)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 
 
-def _golds(golds: str | Iterable[str], protocol: str = "parser") -> list[str]:
+def release_normalize(text: str) -> str:
+    """The release's training normaliser: articles first, then Unicode punctuation."""
+    if not text:
+        return ""
+    text = _ARTICLES.sub(" ", text.lower())
+    return " ".join(_UNICODE_PUNCTUATION.sub("", text).split())
+
+
+def _golds(golds: str | Iterable[str], normalize: Callable[[str], str] = normalize_answer) -> list[str]:
     """The normalized golds that can score (never an empty one)."""
     raw = [golds] if isinstance(golds, str) else [str(g) for g in golds]
-    return [g for g in (normalize_answer(r, protocol) for r in raw) if g]
+    return [g for g in (normalize(r) for r in raw) if g]
 
 
-def exact_match(prediction: str | None, golds: str | Iterable[str], compat: bool = False, protocol: str = "parser") -> float:
+def exact_match(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
     if not prediction:
         return 0.0
-    if check_protocol(protocol) == "release":
-        pred = normalize_answer(prediction, "release")
-        return float(any(pred == g for g in _golds(golds, "release")))
     pred = normalize_answer(prediction)
     if not pred and not compat:
         return 0.0
     return float(any(pred == g for g in _golds(golds)))
+
+
+def release_exact_match(prediction: str | None, golds: str | Iterable[str]) -> float:
+    """The release's training EM (`release_normalize` on both sides; empty golds never score)."""
+    if not prediction:
+        return 0.0
+    pred = release_normalize(prediction)
+    return float(any(pred == g for g in _golds(golds, release_normalize)))
 
 
 def sub_em(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:

@@ -2,9 +2,12 @@
 
 The engine owns the loop (generate -> parse -> execute -> append -> repeat) and the token view;
 a `Toolset` owns everything tool-specific: the schemas given to the chat template, the system
-and user prompts, the invalid-action hint, and `execute(calls)`, which turns the turn's calls
+and user prompts, the invalid-action hint, `execute(calls)`, which turns the turn's calls
 into observation messages (one `tool` message per call, in call order) plus records for the
-trajectory. So ParSer, agentic RAG and the DCI agent/subagent share one loop:
+trajectory, and its `rules` (`TurnRules`): the hooks by which a baseline's reference protocol
+departs from Algorithm 1 (a plain reply as the answer, a continuation prompt after a cut turn,
+compaction of older tool results, a tool-free finalize turn). So ParSer, agentic RAG and the
+DCI agent/subagent share one loop:
 
     engine = EpisodeEngine(lead, tokenizer, reader, config)
     await engine.run(question, chunks, doc_id=...)             # ParSer: QueryAgents over chunks
@@ -17,12 +20,15 @@ retries with backoff for retryable errors; what still fails is recorded as a fai
 treated as an abstention — it never kills the episode. Replies are gathered into one bounded
 observation per query (`parser.gather`). The lead never sees a chunk.
 
-With `protocol="release"`, `QueryAgents` speaks the authors' release (`parser.protocol`): its
-prompts and tool schema, its invalid-step hint, its JSON observation (`parser.gather`), and a
-call the release rejects (unknown tool, empty query) answered by its error as the tool reply.
+Whose prompts, tool schema, hint and observation `QueryAgents` uses is its protocol object's
+(`parser.protocol`: this project's, or the authors' release's); a call the release rejects
+(unknown tool, empty query) carries its error, which is the tool reply.
 
 `FunctionTools` is the base for tool sets made of plain async functions (`arguments -> text`):
 a failing function becomes an "Error: ..." observation, never an exception.
+
+    config, rules = baseline_episode("dci", episode)             # parser.config
+    SandboxTools(sandbox, rules=TurnRules.from_section(rules))   # configs/episode/dci.yaml `turn_rules:`
 """
 from __future__ import annotations
 
@@ -31,13 +37,13 @@ import dataclasses
 import time
 from typing import Any, Awaitable, Callable, Protocol
 
-from parser import gather, prompts
-from parser import protocol as release
+from parser import prompts
+from parser import protocol as protocols
 from parser.actions import TOOL_NAME, ToolCall
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig
 from parser.retry import retrying
-from parser.trajectory import Finding, QueryRecord, SubagentCall
+from parser.trajectory import QueryRecord, SubagentCall
 
 
 @dataclasses.dataclass
@@ -49,8 +55,65 @@ class ToolResult:
     calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # -> Turn.tool_calls
 
 
+@dataclasses.dataclass(frozen=True)
+class TurnRules:
+    """Where a tool set's reference protocol departs from Algorithm 1, as hooks the engine calls
+    at fixed points of its loop. All off (the default) is Algorithm 1: ParSer's `QueryAgents`.
+
+    `plain_reply_is_answer` (DCI) and `continue_cut_turns` (DCI, RAG) keep the appended token
+    view. `compact_after_chars` (DCI's zero-LLM compaction: once the tool results exceed N
+    characters, all but the last `keep_recent_results` become a placeholder) and `finalize_turn`
+    (after `max_turns`, one tool-free turn asks for the answer) are eval-only: the next prompts are
+    re-rendered from the messages (compacted, or without the tool schemas) — what the reference's
+    chat server does — so they are not the appended stream and the trajectory has no token view
+    (verl 0.9.1's `AgentLoopOutput` takes exactly one prompt/response segment). Training runs only
+    `QueryAgents`, which has none of these.
+    """
+
+    plain_reply_is_answer: bool = False
+    continue_cut_turns: bool = False
+    finalize_turn: bool = False  # eval-only
+    compact_after_chars: int | None = None  # eval-only
+    keep_recent_results: int = 12
+
+    @classmethod
+    def from_section(cls, section: dict[str, Any], where: str = "turn_rules") -> "TurnRules":
+        """From a config section; an unknown key is refused by name."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(section) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown turn rule(s) {unknown}; TurnRules has {sorted(known)}")
+        return cls(**section)
+
+    def reply_answer(self, content: str, cut: bool) -> str | None:
+        """The answer given by a turn with neither a usable call nor an `<answer>`, if any."""
+        if self.plain_reply_is_answer and not cut and content and "<tool_call>" not in content:
+            return content
+        return None
+
+    def continuation(self, cut: bool, version: str) -> str | None:
+        """The user message after a cut turn without a call (None: the invalid-action hint)."""
+        return prompts.render("continue", version) if cut and self.continue_cut_turns else None
+
+    def compact(self, messages: list[dict[str, Any]], version: str) -> bool:
+        """Replace older tool results in `messages` by a placeholder; True if history changed."""
+        results = [m for m in messages if m["role"] == "tool"]
+        if self.compact_after_chars is None or sum(len(m["content"]) for m in results) <= self.compact_after_chars:
+            return False
+        placeholder, changed = prompts.render("compacted", version), False
+        for message in results[: max(len(results) - self.keep_recent_results, 0)]:
+            changed |= message["content"] != placeholder
+            message["content"] = placeholder
+        return changed
+
+    def finalize_prompt(self, version: str) -> str | None:
+        """After `max_turns` without an answer: the user message of one tool-free answer turn."""
+        return prompts.render("finalize", version) if self.finalize_turn else None
+
+
 class Toolset(Protocol):
     names: tuple[str, ...]  # the tools the agent may call; calls to other names are invalid actions
+    rules: TurnRules  # the loop's hooks (TurnRules() = Algorithm 1)
 
     def schemas(self) -> list[dict[str, Any]]:
         """OpenAI-style function schemas for `apply_chat_template(tools=...)`."""
@@ -97,38 +160,37 @@ class QueryAgents:
     """ParSer's `query_agents(query)` over one document's chunks (one instance per episode).
 
     `slots` bounds the subagent requests in flight; the engine shares one semaphore across all
-    its episodes. `count_tokens` measures the observation budget in the lead's tokens.
+    its episodes. `count_tokens` measures the observation budget in the lead's tokens. The
+    prompts, schema and observation are `protocol`'s.
     """
 
     names = (TOOL_NAME,)
+    rules = TurnRules()  # paper Algorithm 1 as it is
 
     def __init__(self, reader: ChunkReader, chunks: list[Chunk], doc_id: str, config: EpisodeConfig,
-                 slots: asyncio.Semaphore, count_tokens: Callable[[str], int]):
+                 protocol: protocols.Protocol, slots: asyncio.Semaphore, count_tokens: Callable[[str], int]):
         if not chunks:
             raise ValueError(f"episode {doc_id!r} has no chunks to read")
         self.reader, self.chunks, self.doc_id = reader, chunks, doc_id
-        self.config, self.slots, self.count_tokens = config, slots, count_tokens
-        self.release = (release.load_release_prompts(config.protocol_release.get("repo"))
-                        if release.check_protocol(config.protocol) == "release" else None)
+        self.config, self.protocol, self.slots, self.count_tokens = config, protocol, slots, count_tokens
+        self.tool_schemas = protocol.lead_tools()  # read now: a missing release checkout fails before any call
 
     def schemas(self) -> list[dict[str, Any]]:
-        return self.release.tools if self.release else prompts.lead_tools(self.config.prompt_version)
+        return self.tool_schemas
 
     def system_prompt(self) -> str:
-        return self.release.lead_system if self.release else prompts.render("lead_system", self.config.prompt_version)
+        return self.protocol.lead_system()
 
     def user_prompt(self, question: str) -> str:
-        if self.release:
-            return release.USER_TURN.format(question=question)
-        return prompts.render("lead_user", self.config.prompt_version, question=question)
+        return self.protocol.lead_user(question)
 
     def invalid_action(self, error: str) -> str:
-        # neither hint takes an error field: the trained leads' prompts stay as they were
-        return self.release.invalid_hint if self.release else prompts.render("invalid_action", self.config.prompt_version)
+        # neither protocol's hint takes the error: the trained leads' prompts stay as they were
+        return self.protocol.invalid_hint()
 
     async def execute(self, calls: list[ToolCall]) -> ToolResult:
-        """One tool message per call, in call order; a call carrying an `error` (release protocol)
-        is answered by it without a scatter."""
+        """One tool message per call, in call order; a call carrying an `error` (the release's
+        rejected calls) is answered by it without a scatter."""
         usable = [c for c in calls if c.error is None]
         queries = list(await asyncio.gather(*(self.scatter(c.arguments["query"]) for c in usable)))
         replies = iter(q.observation for q in queries)
@@ -139,38 +201,15 @@ class QueryAgents:
     async def scatter(self, query: str) -> QueryRecord:
         started = time.perf_counter()
         calls = await asyncio.gather(*(self._read(query, chunk) for chunk in self.chunks))
-        if self.release:
-            return self._gather_release(query, calls, started)
-        findings = []
-        for chunk, (call, text) in zip(self.chunks, calls):
-            parsed = gather.parse_reply(text) if call.status != "failed" else None
-            if parsed:
-                call.status, call.raw = "finding", text
-                findings.append(Finding(agent=f"agent_{chunk.index}", chunk_index=chunk.index, answer=parsed[0], evidence=parsed[1]))
-            elif call.status != "failed":
-                call.status = "abstain"
-        if self.config.merge_identical_answers:
-            findings = gather.merge_identical(findings)
-        observation, omitted = gather.render_observation(
-            query, findings, len(self.chunks), self.count_tokens, self.config.observation_token_budget, self.config.prompt_version
-        )
-        return QueryRecord(query, findings, [c for c, _ in calls], observation, omitted, time.perf_counter() - started)
-
-    def _gather_release(self, query: str, calls: list[tuple[SubagentCall, str]], started: float) -> QueryRecord:
-        parsed = [gather.parse_release_reply(text if call.status != "failed" else None) for call, text in calls]
-        findings = []
-        for chunk, (call, text), kept in zip(self.chunks, calls, parsed):
+        gathered = self.protocol.gather(
+            query, [(call.chunk_index, text if call.status != "failed" else None) for call, text in calls], self.count_tokens)
+        for (call, text), kept in zip(calls, gathered.kept):
             if kept:
                 call.status, call.raw = "finding", text
-                answer = kept.get("answer", "")
-                evidence = kept.get("evidence", kept.get(release.RAW_KEY, ""))
-                findings.append(Finding(f"agent_{chunk.index}", chunk.index,
-                                        answer if isinstance(answer, str) else str(answer),
-                                        evidence if isinstance(evidence, str) else str(evidence)))
             elif call.status != "failed":
                 call.status = "abstain"
-        observation, _ = gather.render_release_observation(parsed)
-        return QueryRecord(query, findings, [c for c, _ in calls], observation, 0, time.perf_counter() - started)
+        return QueryRecord(query, gathered.findings, [c for c, _ in calls], gathered.observation, gathered.omitted,
+                           time.perf_counter() - started)
 
     async def _read(self, query: str, chunk: Chunk) -> tuple[SubagentCall, str]:
         """One (query, chunk) request with timeout and retries; failures become a record."""
@@ -198,11 +237,13 @@ ToolFn = Callable[[dict[str, Any]], Awaitable[str]]
 class FunctionTools:
     """A tool set of async functions `arguments -> observation text`, run concurrently per turn.
 
-    Subclasses set `functions` (name -> function), `tool_schemas`, and the three prompts.
+    Subclasses set `functions` (name -> function), `tool_schemas`, the three prompts, and
+    `rules` when their reference protocol has any.
     """
 
     functions: dict[str, ToolFn]
     tool_schemas: list[dict[str, Any]]
+    rules: TurnRules = TurnRules()
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -75,7 +75,8 @@ class Trajectory:
     messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     turns: list[Turn] = dataclasses.field(default_factory=list)
     answer: str | None = None
-    stop_reason: str = "max_turns"  # "answer" | "max_turns" | "response_length" | "plain_reply" | "finalize"
+    # "answer" | "max_turns" | "response_length" | "plain_reply" | "finalize" | "empty_generation" (release protocol)
+    stop_reason: str = "max_turns"
     wall_s: float = 0.0
     # token view for training: built by appending, never by re-rendering. False when an eval-only
     # option (compaction, the tool-free finalize turn) made a prompt that is not the appended stream.
@@ -86,12 +87,12 @@ class Trajectory:
     response_ids: list[int] = dataclasses.field(default_factory=list)
     response_mask: list[int] = dataclasses.field(default_factory=list)  # 1 = lead-generated
     response_logprobs: list[float] = dataclasses.field(default_factory=list)
-    # [start, end) in response_ids of each invalid turn's generated tokens (the release's mask rule)
+    # [start, end) in response_ids of each invalid turn's generated tokens (for a protocol's mask rule)
     invalid_turn_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
     def mask_invalid_turns(self, trainable: bool) -> None:
-        """The release's rule: an invalid turn's tokens are trained (mask 1) only if `trainable`
-        — its episode's reward is below `parser.protocol.INVALID_MASK_REWARD` — else masked out."""
+        """Invalid turns' tokens are trained (mask 1) if `trainable`, else masked out
+        (`parser.protocol.Protocol.mask_invalid_turns` decides which, once the reward is known)."""
         for start, end in self.invalid_turn_spans:
             self.response_mask[start:end] = [int(trainable)] * (end - start)
 

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from parser import prompts  # noqa: E402
 from parser.backends.base import ROUTING_HEADER, SamplingParams  # noqa: E402
 from parser.backends.http import HttpBackend  # noqa: E402
+from parser.chat_format import CHATML  # noqa: E402
 
 CHARS_PER_TOKEN = 4
 QUERY = "Which city did the author of the report move to after the flood?"
@@ -90,7 +91,7 @@ def subagent_prompts(num_chunks: int, chunk_tokens: int, seed: int = 0) -> list[
             size += len(w) + 1
         content = prompts.render("subagent", chunk=" ".join(words), query=QUERY)
         # what SubagentReader sends: the Qwen chat template, non-thinking
-        out.append(f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
+        out.append(f"{CHATML.turn_start}user\n{content}{CHATML.end_of_turn}\n{CHATML.turn_start}assistant\n"
                    "<think>\n\n</think>\n\n")
     return out
 

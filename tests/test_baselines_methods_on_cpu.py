@@ -26,7 +26,7 @@ from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
 from parser.backends.models import Models
 from parser.methods import Sample, build_method
-from parser.tools import FunctionTools
+from parser.tools import FunctionTools, TurnRules
 
 
 class ScriptedModel:
@@ -222,6 +222,7 @@ def test_engine_compacts_old_results_and_continues_cut_turns(tiny_tokenizer):
 
     class Echo(FunctionTools):
         tool_schemas: list = []
+        rules = TurnRules(continue_cut_turns=True, compact_after_chars=250, keep_recent_results=2)
 
         def __init__(self):
             self.functions = {"echo": self.echo}
@@ -240,7 +241,7 @@ def test_engine_compacts_old_results_and_continues_cut_turns(tiny_tokenizer):
 
     script = ["</think>" + call, "</think>" + call, "half a thought", "</think>" + call, "</think><answer>A</answer>"]
     model = Cut(lambda p, i: script[i], tiny_tokenizer)
-    config = EpisodeConfig(max_turns=6, continue_cut_turns=True, compact_after_chars=250, keep_recent_results=2)
+    config = EpisodeConfig(max_turns=6)
     result = run(EpisodeEngine(model, tiny_tokenizer, config=config).run_tools("question", Echo()))
     assert result.answer == "A" and result.num_turns == 5
     assert "cut off at the token limit" in model.prompts[3]
@@ -256,8 +257,8 @@ def test_token_view_options_keep_the_stream(tiny_tokenizer):
     """plain_reply_is_answer and continue_cut_turns append; the token view stays valid."""
     model = ScriptedModel(lambda p, i: '{"answer": "unknown"}', tiny_tokenizer)
     with tempfile.TemporaryDirectory() as directory:
-        tools = SandboxTools(Sandbox(directory), "dci_subagent")
-        config = EpisodeConfig(plain_reply_is_answer=True, continue_cut_turns=True, lead_thinking=False)
+        tools = SandboxTools(Sandbox(directory), "dci_subagent", rules=TurnRules(plain_reply_is_answer=True, continue_cut_turns=True))
+        config = EpisodeConfig(lead_thinking=False)
         result = run(EpisodeEngine(model, tiny_tokenizer, config=config).run_tools("Who?", tools))
     assert result.answer == '{"answer": "unknown"}' and result.stop_reason == "plain_reply" and result.token_view_valid
     assert result.turns[0].action_error is None

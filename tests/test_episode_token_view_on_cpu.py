@@ -152,7 +152,9 @@ def test_templates_without_tool_support_get_the_tools_as_text(qwen3_5_tokenizer)
     """A chat template that ignores `tools=` (SmolLM2's, say) still tells the model the call format."""
     import copy
 
+    from parser.chat_format import CHATML
     from parser.episode import LeadContext
+    from parser.protocol import protocol_for
     from parser.tools import QueryAgents
 
     plain = copy.copy(qwen3_5_tokenizer)
@@ -160,9 +162,9 @@ def test_templates_without_tool_support_get_the_tools_as_text(qwen3_5_tokenizer)
                           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     config = EpisodeConfig()
     chunks = chunk_document("Document 1:\nA\nText.", qwen3_5_tokenizer, 64)
-    toolset = QueryAgents(ScriptedReader(), chunks, "d", config, asyncio.Semaphore(1), plain.encode)
+    toolset = QueryAgents(ScriptedReader(), chunks, "d", config, protocol_for(config), asyncio.Semaphore(1), plain.encode)
     for tokenizer, expect_fallback in ((plain, True), (qwen3_5_tokenizer, False)):
-        context = LeadContext(tokenizer, toolset, "Who?", config)
+        context = LeadContext(tokenizer, toolset, "Who?", config, CHATML)
         system = context.messages[0]["content"]
         assert ('"name": "query_agents"' in system) is expect_fallback
         assert ("<tool_call>{" in system) is expect_fallback

@@ -10,11 +10,11 @@ import pytest
 
 from parser import prompts
 from parser.backends.base import Completion
-from parser import prompts
 from parser.dci import SandboxTools
 from parser.dci import Sandbox, materialize_corpus
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
+from parser.tools import TurnRules
 
 DOCUMENT = "Document 1:\nZorvan\nZorvan is a film directed by Miro Tal.\n\nDocument 2:\nLake Y\nLake Y lies north."
 GREP = "<tool_call>\n<function=bash>\n<parameter=command>\ngrep -rl Zorvan .\n</parameter>\n</function>\n</tool_call>"
@@ -41,11 +41,11 @@ class ScriptedModel:
         pass
 
 
-def run_dci(tokenizer, tmp_path, script, **options):
+def run_dci(tokenizer, tmp_path, script, rules=TurnRules(), **options):
     sandbox = Sandbox(materialize_corpus(DOCUMENT, tmp_path / "corpus"))
     model = ScriptedModel(tokenizer, script)
     engine = EpisodeEngine(model, tokenizer, config=EpisodeConfig(**options))
-    trajectory = asyncio.run(engine.run_tools("Who directed Zorvan?", SandboxTools(sandbox), doc_id="d", routing_key="d:0"))
+    trajectory = asyncio.run(engine.run_tools("Who directed Zorvan?", SandboxTools(sandbox, rules=rules), doc_id="d", routing_key="d:0"))
     return trajectory, model
 
 
@@ -57,7 +57,7 @@ def appended(qwen3_5_tokenizer, tmp_path_factory):
         ("Found it.\n</think>\n\nMiro Tal", "stop"),  # a plain reply is the answer
     ]
     trajectory, model = run_dci(qwen3_5_tokenizer, tmp_path_factory.mktemp("dci"), script,
-                                plain_reply_is_answer=True, continue_cut_turns=True)
+                                TurnRules(plain_reply_is_answer=True, continue_cut_turns=True))
     return trajectory, model, qwen3_5_tokenizer
 
 
@@ -101,23 +101,24 @@ def test_defaults_are_parsers_behaviour(qwen3_5_tokenizer, tmp_path):
 
 def test_eval_only_options_rerender_and_lose_the_token_view(qwen3_5_tokenizer, tmp_path):
     script = [("a\n</think>\n\n" + READ, "stop")] * 2 + [("</think>\n\n<answer>Miro Tal</answer>", "stop")]
-    trajectory, model = run_dci(qwen3_5_tokenizer, tmp_path, script, max_turns=2, finalize_turn=True,
-                                compact_after_chars=150, keep_recent_results=1)
+    trajectory, model = run_dci(qwen3_5_tokenizer, tmp_path, script,
+                                TurnRules(finalize_turn=True, compact_after_chars=150, keep_recent_results=1), max_turns=2)
     assert trajectory.answer == "Miro Tal" and trajectory.stop_reason == "finalize" and trajectory.num_turns == 3
     assert not trajectory.token_view_valid
     results = [m["content"] for m in trajectory.messages if m["role"] == "tool"]
     assert results[0] == prompts.render("compacted") and "Zorvan" in results[1]
     final = qwen3_5_tokenizer.decode(model.prompts[-1])
     assert "<tools>" not in final and prompts.render("finalize") in final and prompts.render("compacted") in final
-    assert EpisodeConfig(finalize_turn=True, compact_after_chars=1).eval_only_options() == ["finalize_turn", "compact_after_chars"]
-    assert EpisodeConfig(plain_reply_is_answer=True, continue_cut_turns=True).eval_only_options() == []
 
 
-def test_verl_refuses_eval_only_options():
+def test_turn_rules_belong_to_the_tool_sets_not_to_verls_episode():
+    """Training runs ParSer's query_agents, whose rules are Algorithm 1's: a baseline's turn rule in
+    `parser.episode` is an unknown key, and a typo in a tool set's rules is refused by name."""
     pytest.importorskip("verl")
     from parser.verl.agent_loop import episode_config
 
-    assert episode_config({"continue_cut_turns": True}, 512).continue_cut_turns
-    for option in ({"compact_after_chars": 1000}, {"finalize_turn": True}):
-        with pytest.raises(ValueError, match=f"{next(iter(option))}.*no token view"):
+    for option in ({"continue_cut_turns": True}, {"compact_after_chars": 1000}, {"finalize_turn": True}):
+        with pytest.raises(ValueError, match=f"unknown key.*{next(iter(option))}"):
             episode_config(option, 512)
+    with pytest.raises(ValueError, match=r"dci: episode.turn_rules: unknown turn rule\(s\) \['finalise_turn'\]"):
+        TurnRules.from_section({"finalise_turn": True}, "dci: episode.turn_rules")

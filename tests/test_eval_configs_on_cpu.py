@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from eval.datasets import load_subsets
 from parser.config import EpisodeConfig
 from parser.methods import METHODS as KNOWN_METHODS
+from parser.tools import TurnRules
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 EVAL = CONFIGS / "eval"
@@ -46,8 +47,9 @@ def test_method_options_name_registered_methods(method):
     assert cfg["name"] in KNOWN_METHODS
     assert full["report"]["row"] == cfg["label"]  # tables label the row by the method, not by a default
     for episode in (cfg.get("episode"), (cfg.get("reader") or {}).get("episode")):
-        if episode is not None:
-            EpisodeConfig(**episode)  # unknown or misspelled keys fail here
+        if episode is not None:  # unknown or misspelled keys fail here; turn rules are the tool set's
+            TurnRules.from_section(episode.pop("turn_rules", {}))
+            EpisodeConfig(**episode)
 
 
 def test_labels_say_the_mode():

@@ -1,7 +1,8 @@
 """`protocol: release`, row by row against the authors' release (github.com/cuhk-parser/PARSER).
 
-Each test restates one rule of the release (issue 12's table) and derives the expected text from
-it; the public API is called exactly as outside checks call it. CI has no network and the project
+Each test restates one rule of the release (docs/fidelity.md's table) and derives the expected
+text from it; the release's behaviour is reached through its protocol object
+(`parser.protocol.ReleaseProtocol`) or the function that object uses. CI has no network and the project
 carries no copy of the release's prose, so `parser.testing.release_standin` writes a stand-in
 checkout (same files, same constant names and literal forms, placeholder prose) in tmp_path: it
 stands in for a real clone. The scripted episode runs the real engine on the real Qwen3.5
@@ -21,15 +22,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from parser import protocol
-from parser.actions import parse_lead_output
-from parser.backends.base import Completion
-from parser.chunking import chunk_document, render_paragraphs
+from parser import release
+from parser.actions import parse_lead_output, parse_release_turn
+from parser.backends.base import BackendError, Completion
+from parser.chunking import Chunk, chunk_document, release_chunks, render_paragraphs
 from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.gather import gather_replies, parse_reply, render_observation
+from parser.gather import parse_reply, render_observation
+from parser.protocol import protocol_for
 from parser.readers.subagent import SubagentReader
 from parser.tools import ReaderReply
-from parser.reward import exact_match, normalize_answer, release_sub_em
+from parser.reward import exact_match, normalize_answer, release_normalize, release_sub_em
 from parser.testing.release_standin import write_release_standin
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,13 +43,17 @@ def release_repo(tmp_path_factory) -> str:
     return str(write_release_standin(tmp_path_factory.mktemp("PARSER")))
 
 
+def release_config(repo: str, **settings) -> EpisodeConfig:
+    return EpisodeConfig(protocol="release", protocol_release={"repo": repo}, **settings)
+
+
 # --- prose: read from a checkout, never executed, never copied ---
 
 def test_prompts_load_from_the_checkout_without_executing_it(tmp_path):
     repo = write_release_standin(tmp_path / "PARSER")
     loop = repo / "train/scripts/parser_agent_loop.py"
     loop.write_text("raise SystemExit('executed')\n" + loop.read_text())  # importing it would exit
-    prompts = protocol.load_release_prompts(str(repo))
+    prompts = release.load_release_prompts(str(repo))
     assert prompts.lead_system.startswith("STAND-IN lead system prompt")
     assert prompts.invalid_hint.startswith("STAND-IN invalid step")  # a local of a method, found by ast
     assert prompts.tools[0]["function"]["name"] == "query_agents"
@@ -56,18 +62,18 @@ def test_prompts_load_from_the_checkout_without_executing_it(tmp_path):
 
 
 def test_missing_checkout_names_the_file_and_what_to_clone(tmp_path, monkeypatch, qwen3_5_tokenizer):
-    monkeypatch.delenv(protocol.REPO_ENV, raising=False)
+    monkeypatch.delenv(release.REPO_ENV, raising=False)
     with pytest.raises(FileNotFoundError, match=r"git clone https://github.com/cuhk-parser/PARSER.*protocol_release.repo"):
-        protocol.load_release_prompts(None)
+        release.load_release_prompts(None)
     with pytest.raises(FileNotFoundError, match=r"train/scripts/prompt\.py not found.*git clone https://github.com/cuhk-parser/PARSER"):
-        protocol.load_release_prompts(str(tmp_path / "empty"))
+        release.load_release_prompts(str(tmp_path / "empty"))
     repo = write_release_standin(tmp_path / "PARSER")
     (repo / "train/scripts/parser_agent_loop.py").unlink()
     with pytest.raises(FileNotFoundError, match=r"parser_agent_loop\.py not found"):
-        protocol.load_release_prompts(str(repo))
+        release.load_release_prompts(str(repo))
     with pytest.raises(FileNotFoundError, match="prompt.py not found"):
-        EpisodeEngine(None, None, ScriptedSubagents(), EpisodeConfig(protocol="release", protocol_release={"repo": str(tmp_path / "no")})).query_agents(
-            chunk_document("Document 1:\nx", qwen3_5_tokenizer, 64, protocol="release"), "d")
+        EpisodeEngine(None, None, ScriptedSubagents(), release_config(str(tmp_path / "no"))).query_agents(
+            release_chunks("Document 1:\nx", qwen3_5_tokenizer, 64), "d")
 
 
 def test_a_changed_user_turn_or_missing_constant_is_refused(tmp_path):
@@ -75,10 +81,10 @@ def test_a_changed_user_turn_or_missing_constant_is_refused(tmp_path):
     path = repo / "train/scripts/prompt.py"
     path.write_text(path.read_text().replace("## Question", "# Question"))
     with pytest.raises(ValueError, match="LEAD_AGENT_USER_PROMPT"):
-        protocol.load_release_prompts(str(repo))
+        release.load_release_prompts(str(repo))
     path.write_text("X = 1\n")
     with pytest.raises(ValueError, match="no literal assignment to LEAD_AGENT_USER_PROMPT"):
-        protocol.load_release_prompts(str(repo))
+        release.load_release_prompts(str(repo))
 
 
 def test_the_project_carries_no_release_prose():
@@ -99,7 +105,7 @@ def _release_normalize(text: str) -> str:
     return " ".join(re.sub(r"[^\w\s]", "", text).split())
 
 
-@pytest.mark.parametrize("text,release,ours", [
+@pytest.mark.parametrize("text,theirs,ours", [
     ("The Eiffel Tower.", "eiffel tower", "eiffel tower"),
     ("a.b", "b", "ab"),                        # articles go before punctuation
     ("¿Qué pasó?", "qué pasó", "¿qué pasó"),      # Unicode punctuation
@@ -107,8 +113,8 @@ def _release_normalize(text: str) -> str:
     ("An–the", "", "–"),
     ("", "", ""),
 ])
-def test_release_normaliser_differs_where_the_issue_says(text, release, ours):
-    assert normalize_answer(text, protocol="release") == release == _release_normalize(text)
+def test_release_normaliser_differs_where_the_issue_says(text, theirs, ours):
+    assert release_normalize(text) == theirs == _release_normalize(text)
     assert normalize_answer(text) == ours
 
 
@@ -116,16 +122,18 @@ def test_release_normaliser_matches_its_rules_on_generated_strings():
     rng = random.Random(12)
     pieces = ["the", "a", "an", "The", "A.", "x", "Zoë", "_", "-", "–", "¿", "'", ".", ",", "1,000", "é", " ", "  ", "\n", "an'"]
     texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 8))) for _ in range(613)]
-    assert all(normalize_answer(t, protocol="release") == _release_normalize(t) for t in texts)
-    assert sum(normalize_answer(t, protocol="release") != normalize_answer(t) for t in texts) > 100
+    assert all(release_normalize(t) == _release_normalize(t) for t in texts)
+    assert sum(release_normalize(t) != normalize_answer(t) for t in texts) > 100
 
 
 def test_release_exact_match():
-    assert exact_match("a.b", ["B"], protocol="release") == 1.0 and exact_match("a.b", ["B"]) == 0.0
-    assert exact_match("the", ["a"], protocol="release") == 0.0  # the release's "" == "" quirk is not kept: empty golds never score
-    assert exact_match("", ["a"], protocol="release") == 0.0
-    assert exact_match("Paris", ["", "paris"], protocol="release") == 1.0  # falsy golds skipped
-    assert exact_match("Paris", "Paris!", protocol="release") == 1.0
+    em = protocol_for(EpisodeConfig(protocol="release")).exact_match  # the training reward; needs no checkout
+    assert em("a.b", ["B"]) == 1.0 and exact_match("a.b", ["B"]) == 0.0
+    assert protocol_for(EpisodeConfig()).exact_match("a.b", ["B"]) == 0.0
+    assert em("the", ["a"]) == 0.0  # the release's "" == "" quirk is not kept: empty golds never score
+    assert em("", ["a"]) == 0.0
+    assert em("Paris", ["", "paris"]) == 1.0  # falsy golds skipped
+    assert em("Paris", "Paris!") == 1.0
 
 
 # --- row: turn rules ---
@@ -136,19 +144,19 @@ def _xml(query: str, name: str = "query_agents") -> str:
 
 def test_tool_calls_win_over_an_answer_and_thinking_is_searched():
     text = f"Let me look. {_xml('Who directed Zorvan?')}\n</think>\n\n<answer>Miro Tal</answer><|im_end|>"
-    action = parse_lead_output(text, protocol="release")
+    action = parse_release_turn(text)
     assert action.queries == ["Who directed Zorvan?"] and action.answer is None
     ours = parse_lead_output(text, ("query_agents",))
     assert ours.answer == "Miro Tal" and ours.queries == []  # parser: the answer after </think> wins
 
 
 def test_answers_are_the_last_nonempty_block_anywhere_and_markers_are_stripped():
-    assert parse_lead_output("<answer>a</answer> then <answer> b </answer><|im_end|><|endoftext|>", protocol="release").answer == "b"
-    assert parse_lead_output("<answer>in thinking</answer>\n</think>\n\nno tags", protocol="release").answer == "in thinking"
-    empty = parse_lead_output("done\n</think>\n\n<answer>  </answer>", protocol="release")
+    assert parse_release_turn("<answer>a</answer> then <answer> b </answer><|im_end|><|endoftext|>").answer == "b"
+    assert parse_release_turn("<answer>in thinking</answer>\n</think>\n\nno tags").answer == "in thinking"
+    empty = parse_release_turn("done\n</think>\n\n<answer>  </answer>")
     assert empty.answer is None and empty.error  # invalid step
     assert parse_lead_output("done\n</think>\n\n<answer>  </answer>", ("query_agents",)).answer == ""  # parser: ends the episode
-    assert protocol.strip_trailing_markers("x </answer> <|im_end|>\n<|endoftext|>  ") == "x </answer>"
+    assert release.strip_trailing_markers("x </answer> <|im_end|>\n<|endoftext|>  ") == "x </answer>"
 
 
 def test_unusable_calls_are_valid_steps_answered_by_an_error():
@@ -156,7 +164,7 @@ def test_unusable_calls_are_valid_steps_answered_by_an_error():
         '<tool_call>{"name": "query_agents", "arguments": {"query": 7}}</tool_call>' + \
         '<tool_call>[{"function": {"name": "query_agents", "arguments": "{\\"query\\": \\" q3 \\"}"}}]</tool_call>' + \
         "<tool_call>" + _xml("never closed")[len("<tool_call>"):-len("</tool_call>")]
-    action = parse_lead_output(text, protocol="release")
+    action = parse_release_turn(text)
     assert action.error is None and action.answer is None
     assert action.queries == ["q1", "q3"]
     assert [(c.name, c.error) for c in action.calls] == [
@@ -166,12 +174,11 @@ def test_unusable_calls_are_valid_steps_answered_by_an_error():
         ("query_agents", '{"error": "invalid query type <class \'int\'>, expected str"}'),
         ("query_agents", None),
     ]
-    assert parse_lead_output("no call, no answer", protocol="release").error
+    assert parse_release_turn("no call, no answer").error
 
 
 def test_xml_values_with_literal_escapes_and_json_values():
-    action = parse_lead_output('<tool_call><function=query_agents>\\n<parameter=query>\\n"quoted"\\n</parameter>\\n</function></tool_call>',
-                               protocol="release")
+    action = parse_release_turn('<tool_call><function=query_agents>\\n<parameter=query>\\n"quoted"\\n</parameter>\\n</function></tool_call>')
     assert action.queries == ["quoted"]
 
 
@@ -191,8 +198,30 @@ REPLIES = [
 ]
 
 
-def test_observation_is_the_release_json():
-    text, n = gather_replies(REPLIES, protocol="release")
+class FixedReplies:
+    """Chunk readers answering with one fixed reply per chunk; None: the request fails."""
+
+    def __init__(self, replies):
+        self.replies = replies
+
+    async def read(self, query, chunk, doc_id):
+        if self.replies[chunk.index] is None:
+            raise BackendError("scripted failure", retryable=False)
+        return ReaderReply(self.replies[chunk.index])
+
+
+def observe(replies, config, tokenizer) -> tuple[str, int]:
+    """(observation, findings) of one query_agents call over one chunk per reply: the real path
+    (`EpisodeEngine.query_agents` -> `QueryAgents.scatter` -> the protocol's gather)."""
+    chunks = [Chunk(i, f"chunk {i}", (i + 1,), 2) for i in range(len(replies))]
+    engine = EpisodeEngine(None, tokenizer, FixedReplies(replies), config)
+    record = asyncio.run(engine.query_agents(chunks, "d").scatter("q"))
+    assert [c.status == "failed" for c in record.calls] == [r is None for r in replies]
+    return record.observation, sum(1 + len(f.merged_agents) for f in record.findings)
+
+
+def test_observation_is_the_release_json(release_repo, qwen3_5_tokenizer):
+    text, n = observe(REPLIES, release_config(release_repo), qwen3_5_tokenizer)
     expected = {
         "agent_2": {"evidence": "Zoë wrote “Lumen”.", "answer": "Zoë"},
         "agent_3": {"evidence": "six times seven", "answer": "42"},
@@ -203,15 +232,15 @@ def test_observation_is_the_release_json():
     assert text.startswith('{\n  "agent_2": {\n    "evidence": "Zoë wrote “Lumen”.",\n    "answer": "Zoë"\n  },')
 
 
-def test_no_findings_is_the_fixed_message():
-    assert gather_replies([None, "Unknown", " unknown.", "ok"], protocol="release") == (
-        "No agents found relevant information for this query.", 0)
-    assert gather_replies(['{"answer": "Unknown person"}'], protocol="release")[1] == 0  # case-sensitive, anywhere
-    assert gather_replies(['{"evidence": "UNKNOWN", "answer": "x"}'], protocol="release")[1] == 1
+def test_no_findings_is_the_fixed_message(release_repo, qwen3_5_tokenizer):
+    config, tok = release_config(release_repo), qwen3_5_tokenizer
+    assert observe([None, "Unknown", " unknown.", "ok"], config, tok) == ("No agents found relevant information for this query.", 0)
+    assert observe(['{"answer": "Unknown person"}'], config, tok)[1] == 0  # case-sensitive, anywhere
+    assert observe(['{"evidence": "UNKNOWN", "answer": "x"}'], config, tok)[1] == 1
 
 
-def test_parser_protocol_keeps_todays_observation():
-    text, n = gather_replies(REPLIES, query="q")
+def test_parser_protocol_keeps_todays_observation(qwen3_5_tokenizer):
+    text, n = observe(REPLIES, EpisodeConfig(), qwen3_5_tokenizer)
     findings = []
     from parser.trajectory import Finding
     for i, reply in enumerate(REPLIES):
@@ -242,7 +271,7 @@ def test_chunk_headers_and_packing_follow_the_release(qwen3_5_tokenizer):
     paragraphs = [f"Title {i}\nSentence {i} about Document 3: nothing." for i in range(1, 13)]
     paragraphs[4] = "Long\n" + " ".join(f"word{i}" for i in range(400))  # longer than a chunk: kept whole
     document = "Preamble line.\n\n" + render_paragraphs(paragraphs)
-    chunks = chunk_document(document, tok, 64, protocol="release")
+    chunks = protocol_for(EpisodeConfig(protocol="release", chunk_size=64)).chunk(document, tok)
     assert [c.text for c in chunks] == _release_chunks(document, tok, 64)
     assert chunks[0].text.startswith("Paragraph 0: Preamble line.\n\nParagraph 1: Title 1\n")
     (long,) = [c for c in chunks if "word399" in c.text]
@@ -344,11 +373,11 @@ def release_episode(release_repo, qwen3_5_tokenizer):
     tok = qwen3_5_tokenizer
     paragraphs = [f"Filler {i}\nNothing about films here, only weather number {i}." for i in range(1, 7)]
     paragraphs[1] = "Zorvan\nZorvan is a film directed by Miro Tal."
-    chunks = chunk_document(render_paragraphs(paragraphs), tok, 30, protocol="release")
-    config = EpisodeConfig(protocol="release", protocol_release={"repo": release_repo})
+    config = release_config(release_repo, chunk_size=30)
+    chunks = protocol_for(config).chunk(render_paragraphs(paragraphs), tok)
     lead = ScriptedLead(tok, SCRIPT)
     trajectory = asyncio.run(EpisodeEngine(lead, tok, ScriptedSubagents(), config).run(QUESTION, chunks, doc_id="d0"))
-    return trajectory, chunks, tok, protocol.load_release_prompts(release_repo)
+    return trajectory, chunks, tok, release.load_release_prompts(release_repo)
 
 
 def test_scripted_episode_builds_the_release_stream(release_episode):
@@ -368,7 +397,7 @@ def test_scripted_episode_builds_the_release_stream(release_episode):
     # the release's mask rule: invalid turns train only in a failed episode
     for reward, invalid in ((1.0, 0), (0.0, 1)):
         trajectory_mask = list(trajectory.response_mask)
-        trajectory.mask_invalid_turns(trainable=reward < protocol.INVALID_MASK_REWARD)
+        protocol_for(release_config("unused")).mask_invalid_turns(trajectory, reward)
         assert trajectory.response_mask == [invalid if m == -1 else m for m in mask]
         trajectory.response_mask = trajectory_mask
     assert [t.action_error is None for t in trajectory.turns] == [True, False, False, False, True]
@@ -376,8 +405,8 @@ def test_scripted_episode_builds_the_release_stream(release_episode):
 
 def test_release_answer_is_the_last_answer_of_the_whole_completion(release_repo, qwen3_5_tokenizer):
     tok = qwen3_5_tokenizer
-    chunks = chunk_document("Document 1:\nZorvan is a film directed by Miro Tal.", tok, 64, protocol="release")
-    config = EpisodeConfig(protocol="release", protocol_release={"repo": release_repo}, max_turns=2)
+    chunks = release_chunks("Document 1:\nZorvan is a film directed by Miro Tal.", tok, 64)
+    config = release_config(release_repo, max_turns=2)
     trajectory = asyncio.run(EpisodeEngine(ScriptedLead(tok, SCRIPT), tok, ScriptedSubagents(), config).run(QUESTION, chunks))
     assert trajectory.stop_reason == "max_turns" and trajectory.answer == "Someone"  # from turn 1's thinking
 
@@ -386,7 +415,7 @@ def test_release_turns_use_the_full_budget_until_the_response_is_spent(release_r
     """The release gives every turn max_new_tokens while the response is under its length (and cuts
     the trajectory afterwards); the parser protocol shrinks the last turn's budget to what is left."""
     tok = qwen3_5_tokenizer
-    chunks = chunk_document("Document 1:\nZorvan.", tok, 64, protocol="release")
+    chunks = release_chunks("Document 1:\nZorvan.", tok, 64)
 
     def run(protocol_name, max_turns, max_response_tokens):
         config = EpisodeConfig(protocol=protocol_name, protocol_release={"repo": release_repo}, max_tokens_per_turn=50,
@@ -411,9 +440,9 @@ def _recording(turn, budgets):
 
 def test_subagent_reads_the_release_prompt_on_the_real_template(release_repo, qwen3_5_tokenizer):
     tok = qwen3_5_tokenizer
-    (chunk,) = chunk_document("Document 1:\nZorvan is a film.", tok, 64, protocol="release")
-    reader = SubagentReader(backend=None, tokenizer=tok, protocol="release", release_repo=release_repo)
-    content = protocol.load_release_prompts(release_repo).subagent.format(chunk_content=chunk.text, question="Who?")
+    (chunk,) = release_chunks("Document 1:\nZorvan is a film.", tok, 64)
+    reader = SubagentReader(backend=None, tokenizer=tok, protocol=protocol_for(release_config(release_repo)))
+    content = release.load_release_prompts(release_repo).subagent.format(chunk_content=chunk.text, question="Who?")
     assert reader.prompt("Who?", chunk) == tok.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                                    add_generation_prompt=True, enable_thinking=False)
 
@@ -479,7 +508,7 @@ def test_parser_release_eval_preset_composes(release_repo, monkeypatch):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    monkeypatch.setenv(protocol.REPO_ENV, release_repo)
+    monkeypatch.setenv(release.REPO_ENV, release_repo)
     with initialize_config_dir(config_dir=str(ROOT / "configs/eval"), version_base=None):
         cfg = compose(config_name="default", overrides=[f"hydra.searchpath=[file://{ROOT / 'configs'}]", "method=parser_release"])
     episode = EpisodeConfig(**OmegaConf.to_container(cfg.method.episode, resolve=True))
@@ -546,7 +575,7 @@ def test_verl_worker_trains_released_rows_with_the_release_mask(release_repo, ti
         assert reward == (1.0 if script is right else 0.0)
         sizes = [len(tiny_tokenizer.encode(text, add_special_tokens=False)) + 1 for text, _ in script]
         trained = int(out.batch["response_mask"][i].sum().item())
-        assert trained == sizes[0] + sizes[2] + (sizes[1] if reward < protocol.INVALID_MASK_REWARD else 0)
+        assert trained == sizes[0] + sizes[2] + (sizes[1] if reward < release.INVALID_MASK_REWARD else 0)
         assert f"## Question\n\n{question}" in tiny_tokenizer.decode(out.batch["prompts"][i].tolist())
 
 
@@ -554,7 +583,7 @@ def test_release_protocol_is_refused_for_other_tool_sets(release_repo):
     class Search:
         names = ("search",)
 
-    engine = EpisodeEngine(None, None, None, EpisodeConfig(protocol="release", protocol_release={"repo": release_repo}))
+    engine = EpisodeEngine(None, None, None, release_config(release_repo))
     with pytest.raises(ValueError, match="query_agents protocol"):
         asyncio.run(engine.run_tools("q", Search()))
     with pytest.raises(ValueError, match="protocol must be one of parser, release"):

@@ -7,6 +7,12 @@ training config's `parser.episode`). Eval goes through `parser.methods.parser.Pa
 training through verl's AgentLoopWorker and `parser.verl.agent_loop.ParserAgentLoop`. The lead
 must see the same token stream every turn, the trained mask must be the eval lead's generated
 spans, and both must end with the same answer.
+
+Under both protocols (this project's and the authors' release's, whose prose comes from the
+stand-in checkout `parser.testing.release_standin`), `build_method(...).run` and the verl agent
+loop must give the subagents the same chunk texts — the release's `Paragraph N:` chunks under
+`release`, which eval once replaced by this project's `Document N:` chunks — and the lead the
+same first prompt, token for token.
 """
 from __future__ import annotations
 
@@ -22,9 +28,13 @@ from verl_fakes import ANSWER, NEEDLE, SCRIPT, ScriptedServerManager, dataset_ro
 from parser.backends.base import Completion  # noqa: E402
 from parser.backends.http import HttpBackend  # noqa: E402
 from parser.backends.models import Models  # noqa: E402
+from parser.methods import build_method  # noqa: E402
 from parser.methods.base import Sample  # noqa: E402
 from parser.methods.parser import ParSerMethod  # noqa: E402
+from parser.protocol import protocol_for  # noqa: E402
+from parser.readers.subagent import render_chat  # noqa: E402
 from parser.testing.loopback import start_loopback  # noqa: E402
+from parser.testing.release_standin import write_release_standin  # noqa: E402
 from parser.verl.agent_loop import episode_config  # noqa: E402
 from parser.verl.reward import ANSWER_KEY  # noqa: E402
 
@@ -99,3 +109,75 @@ def test_same_answer_turns_and_subagent_requests(both_paths):
     assert result.answer == out.non_tensor_batch[ANSWER_KEY][0] == ANSWER
     assert result.steps == out.non_tensor_batch["parser_stats"][0]["turns"] == 2
     assert train_records == eval_records and train_records  # same (chunk, prompt prefix) requests
+
+
+# --- both protocols: the same inputs reach the subagents and the lead -----------------------
+
+def _subagent_prompts(records):
+    return sorted((r.routing_key, r.prompt) for r in records)
+
+
+def _chunk_texts(prompts, protocol, tokenizer, query):
+    """The chunk each subagent prompt carries, cut out by the protocol's own frame around it."""
+    marker = "\u2063chunk\u2063"
+    before, after = render_chat(tokenizer, [{"role": "user", "content": protocol.subagent_prompt(marker, query)}],
+                                enable_thinking=False).split(marker)
+    texts = []
+    for _, prompt in prompts:
+        assert prompt.startswith(before) and prompt.endswith(after)
+        texts.append(prompt[len(before): len(prompt) - len(after)])
+    return texts
+
+
+@pytest.fixture(scope="module", params=["parser", "release"])
+def protocol_paths(request, tiny_qwen3_5_model, tiny_tokenizer, tmp_path_factory):
+    """One row through verl's worker and through `build_method(...).run`, under one protocol."""
+    name = request.param
+    model_dir = save_tiny_model(tiny_qwen3_5_model, tiny_tokenizer, str(tmp_path_factory.mktemp(f"lead-{name}")))
+    repo = str(write_release_standin(tmp_path_factory.mktemp("PARSER")))
+    overrides = [f"parser.episode.protocol={name}", f"parser.episode.protocol_release.repo={repo}"]
+    row = dataset_row(0)
+    with start_loopback("subagent-w1", needle=NEEDLE, needle_answer=ANSWER, keep_prompts=True) as loopback:
+        config = train_config(loopback.url, model_dir, overrides)
+        manager = ScriptedServerManager(tiny_qwen3_5_model, tiny_tokenizer)
+        out = run_verl_worker(config, manager, [row])
+        train = _subagent_prompts(loopback.worker.records)
+
+        loopback.worker.records.clear()
+        lead = ScriptedLead(tiny_tokenizer)
+        episode = episode_config(OmegaConf.to_container(config.parser.episode), 10**9)
+        episode.max_response_tokens = None  # eval has no response budget
+        models = Models(lead=lead, lead_tokenizer=tiny_tokenizer, subagent=HttpBackend(loopback.url),
+                        subagent_tokenizer=tiny_tokenizer)
+        method = build_method("parser_release" if name == "release" else "parser", models, episode=episode)
+        sample = Sample(id=row["extra_info"]["id"], question=row["extra_info"]["question"],
+                        answers=row["extra_info"]["answers"], context=row["extra_info"]["context"])
+        result = asyncio.run(method.run(sample))
+        asyncio.run(models.subagent.aclose())
+        evaluation = _subagent_prompts(loopback.worker.records)
+    return name, protocol_for(episode), out, manager, lead, result, train, evaluation, row
+
+
+def test_eval_and_training_give_subagents_the_same_chunks_and_prompts(protocol_paths, tiny_tokenizer):
+    name, protocol, out, manager, lead, result, train, evaluation, row = protocol_paths
+    query = row["extra_info"]["question"]
+    assert train and train == evaluation  # every (chunk routing key, whole subagent prompt), identical
+    train_chunks = _chunk_texts(train, protocol, tiny_tokenizer, query)
+    eval_chunks = _chunk_texts(evaluation, protocol, tiny_tokenizer, query)
+    assert train_chunks == eval_chunks == [c.text for c in protocol.chunk(row["extra_info"]["context"], tiny_tokenizer)]
+    header = "Paragraph 1: " if name == "release" else "Document 1:\n"
+    assert train_chunks[0].startswith(header) and len(train_chunks) > 1
+    print(f"\n[{name}] {len(train_chunks)} chunks, identical in eval and training; chunk 0 starts {train_chunks[0][:40]!r}")
+
+
+def test_eval_and_training_give_the_lead_the_same_first_prompt(protocol_paths, tiny_tokenizer):
+    name, protocol, out, manager, lead, result, *_ = protocol_paths
+    first = manager.requests[0].prompt_ids
+    assert first == lead.prompts[0]
+    valid = out.batch["attention_mask"][0, : out.batch["prompts"].shape[1]].bool()
+    assert out.batch["prompts"][0][valid].tolist() == first
+    shown = tiny_tokenizer.decode(first)  # the protocol's own system and user turn (the template trims them)
+    assert protocol.lead_system().strip() in shown and protocol.lead_user(result.record["question"]).strip() in shown
+    assert ("STAND-IN lead system prompt" in shown) == ("## Question" in shown) == (name == "release")
+    assert result.answer == out.non_tensor_batch[ANSWER_KEY][0] == ANSWER
+    print(f"[{name}] first lead prompt: {len(first)} token ids, identical in eval and training")

@@ -7,7 +7,8 @@ by the one episode engine (`parser.episode`). Reference settings (`configs/episo
 thinking on, temperature 0, 8,192 new tokens a turn, at most 48 turns, parallel tool calls, cut
 turns get a continuation prompt, a reply without tool calls is the answer, older tool results are
 compacted past 240,000 characters (the last 12 kept), and a tool-free finalize turn if turns run
-out. Compaction and finalize are eval-only engine options (they re-render history; no token view).
+out. These turn rules are the DCI tool set's (`parser.tools.TurnRules`, the preset's
+`turn_rules:`); compaction and finalize are eval-only (they re-render history; no token view).
 
     python -m eval.run method=dci
 """
@@ -18,11 +19,12 @@ import time
 from typing import Any, Mapping
 
 from parser import prompts
-from parser.config import episode_preset
+from parser.config import baseline_episode
 from parser.dci import Sandbox, SandboxTools, materialize_corpus
 from parser.episode import EpisodeEngine
 from parser.backends.models import Models
 from parser.methods.base import MethodResult, Sample
+from parser.tools import TurnRules
 
 class DCIAgentMethod:
     name = "dci"
@@ -33,13 +35,15 @@ class DCIAgentMethod:
         self.models = models
         self.layout, self.command_timeout_s, self.workdir = layout, command_timeout_s, workdir
         self.prompt_version = prompt_version
-        self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, config=episode_preset("dci", **(episode or {})))
+        config, rules = baseline_episode("dci", episode)
+        self.rules = TurnRules.from_section(rules, "dci: episode.turn_rules")
+        self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, config=config)
 
     async def run(self, sample: Sample) -> MethodResult:
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="dci-corpus-", dir=self.workdir) as directory:
             sandbox = Sandbox(materialize_corpus(sample.context, directory, layout=self.layout), timeout_s=self.command_timeout_s)
-            tools = SandboxTools(sandbox, "dci", self.prompt_version)
+            tools = SandboxTools(sandbox, "dci", self.prompt_version, self.rules)
             trajectory = await self.engine.run_tools(sample.question, tools, doc_id=sample.id)
         return MethodResult(
             answer=trajectory.answer, steps=trajectory.num_turns, wall_s=time.perf_counter() - started,

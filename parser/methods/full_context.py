@@ -24,6 +24,7 @@ from typing import Any
 
 from parser.actions import split_thinking
 from parser.backends.base import SamplingParams
+from parser.chat_format import CHATML
 from parser import prompts
 from parser.backends.models import Models
 from parser.methods.base import MethodResult, Sample
@@ -96,13 +97,13 @@ class FullContextMethod:
             return MethodResult(None, 0, time.perf_counter() - started, record={"error": str(error), "stop_reason": "context_overflow"})
         messages = [{"role": "user", "content": prompts.BASELINES.render("full_context_user", self.prompt_version, context=context, question=sample.question)}]
         first = await self.models.lead.generate(self._render(messages), self.turn1, request_id=sample.id)
-        thinking, reply = split_thinking(first.text.removesuffix("<|im_end|>"))
+        thinking, reply = split_thinking(CHATML.strip_end(first.text))
         messages += [
-            {"role": "assistant", "content": first.text.removesuffix("<|im_end|>")},
+            {"role": "assistant", "content": CHATML.strip_end(first.text)},
             {"role": "user", "content": prompts.BASELINES.render("full_context_followup", self.prompt_version)},
         ]
         second = await self.models.lead.generate(self._render(messages), self.turn2, request_id=sample.id)
-        _, answer = split_thinking(second.text.removesuffix("<|im_end|>"))
+        _, answer = split_thinking(CHATML.strip_end(second.text))
         tokens = sum(len(c.token_ids) or self._count(c.text) for c in (first, second))
         return MethodResult(
             answer=answer.strip() or None,

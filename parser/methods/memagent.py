@@ -22,6 +22,7 @@ from typing import Any
 
 from parser.actions import split_thinking
 from parser.backends.base import SamplingParams
+from parser.chat_format import CHATML
 from parser import prompts
 from parser.chunking import chunk_document
 from parser.backends.models import Models
@@ -155,7 +156,7 @@ class MemAgentMethod:
 
     async def _call(self, content: str, sampling: SamplingParams, sample_id: str) -> tuple[str, int]:
         completion = await self.models.lead.generate(self._render(content), sampling, request_id=sample_id)
-        text = completion.text.removesuffix("<|im_end|>")
+        text = CHATML.strip_end(completion.text)
         return text, len(completion.token_ids) or len(self.tokenizer.encode(text, add_special_tokens=False))
 
     # -- the hooks ReMemR1 overrides -------------------------------------------------------

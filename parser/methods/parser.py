@@ -2,22 +2,26 @@
 
 Eval, the latency bench and the demo reach ParSer only through this method, and the verl
 agent loop runs the same `EpisodeEngine`, so there is a single code path from data to answer.
-The chunk reader comes from the `reader` config section (`parser.readers.reader_for_episode`), so the
-paper's Table 5 variants are config files, not code:
+The protocol object (`parser.protocol`) is chosen once from the episode config and handed to the
+chunking, the reader and the engine, exactly as the verl agent loop does, so `method=parser_release`
+feeds the released checkpoint the release's own inputs. The chunk reader comes from the `reader`
+config section (`parser.readers.reader_for_episode`), so the paper's Table 5 variants are config
+files, not code:
 
     python -m eval.run method=parser            # configs/method/parser.yaml: the default subagents
     python -m eval.run method=parser_thinking   # reader: {type: thinking}
     python -m eval.run method=parser_dci        # reader: {type: dci}
+    python -m eval.run method=parser_release    # episode.protocol: release
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from parser.chunking import chunk_document
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
 from parser.backends.models import Models
 from parser.methods.base import MethodResult, Sample
+from parser.protocol import protocol_for
 from parser.readers import reader_for_episode
 
 
@@ -29,15 +33,16 @@ class ParSerMethod:
         """`reader`: a config section (`{type: subagent|thinking|dci, ...}`; the method builds the
         reader and closes it on `aclose`) or a ready `ChunkReader` (the caller closes it)."""
         self.config = episode if isinstance(episode, EpisodeConfig) else EpisodeConfig(**(episode or {}))
+        self.protocol = protocol_for(self.config)
         self.models = models
         self.owns_reader = reader is None or isinstance(reader, Mapping)
         if self.owns_reader:
-            reader = reader_for_episode(reader, models, self.config)
+            reader = reader_for_episode(reader, models, self.config, self.protocol)
         self.reader = reader
-        self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, self.reader, self.config)
+        self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, self.reader, self.config, self.protocol)
 
     async def run(self, sample: Sample) -> MethodResult:
-        chunks = chunk_document(sample.context, self.models.subagent_tokenizer, self.config.chunk_size)
+        chunks = self.protocol.chunk(sample.context, self.models.subagent_tokenizer)
         try:
             trajectory = await self.engine.run(sample.question, chunks, doc_id=sample.id)
         finally:

@@ -4,8 +4,9 @@ The document is cut into fixed-size chunks (1,024 tokens, the same paragraph-pac
 ParSer's chunking), embedded once per sample; each call returns the top 3 chunks by cosine
 similarity of L2-normalised embeddings, as a JSON observation (query; rank, score, index and
 text per chunk). The agent runs in the one episode engine (`parser.episode`) with the `RetrievalTools` tool
-set: ReAct loop, temperature 0, 2,048 new tokens a turn, at most 16 turns
-(`configs/episode/rag.yaml`). The embedder comes from the models config or this method's
+set: ReAct loop, temperature 0, 2,048 new tokens a turn, at most 16 turns, a continuation prompt
+after a cut turn and a tool-free finalize turn when the turns run out (`configs/episode/rag.yaml`;
+the last two are the tool set's `TurnRules`). The embedder comes from the models config or this method's
 `embedder` section (`parser.backends.embedder`).
 
     python -m eval.run method=rag
@@ -20,12 +21,12 @@ import orjson
 
 from parser import prompts
 from parser.chunking import chunk_document
-from parser.config import episode_preset
+from parser.config import baseline_episode
 from parser.episode import EpisodeEngine
 from parser.backends.embedder import build_embedder
 from parser.backends.models import Models
 from parser.methods.base import MethodResult, Sample
-from parser.tools import FunctionTools
+from parser.tools import FunctionTools, TurnRules
 
 class Retriever:
     """Top-k cosine similarity over one document's chunks (embeddings are normalised)."""
@@ -44,8 +45,8 @@ class Retriever:
 class RetrievalTools(FunctionTools):
     """`retrieve_documents(query)`: the top-k chunks as a JSON observation (query; rank, score, index, text)."""
 
-    def __init__(self, retriever: Retriever, version: str = prompts.DEFAULT_VERSION):
-        self.retriever, self.version = retriever, version
+    def __init__(self, retriever: Retriever, version: str = prompts.DEFAULT_VERSION, rules: TurnRules = TurnRules()):
+        self.retriever, self.version, self.rules = retriever, version, rules
         self.functions = {"retrieve_documents": self.retrieve_documents}
         self.tool_schemas = prompts.baseline_tools("retrieve_documents", version=version)
 
@@ -77,12 +78,14 @@ class AgenticRAGMethod:
             models.embedder = build_embedder(embedder)
         self.models = models
         self.chunk_size, self.top_k, self.prompt_version = chunk_size, top_k, prompt_version
-        self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, config=episode_preset("rag", **(episode or {})))
+        config, rules = baseline_episode("rag", episode)
+        self.rules = TurnRules.from_section(rules, "rag: episode.turn_rules")
+        self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, config=config)
 
     async def run(self, sample: Sample) -> MethodResult:
         started = time.perf_counter()
         chunks = [c.text for c in chunk_document(sample.context, self.models.lead_tokenizer, self.chunk_size)]
-        tools = RetrievalTools(Retriever(self.models.embedder, chunks, self.top_k), self.prompt_version)
+        tools = RetrievalTools(Retriever(self.models.embedder, chunks, self.top_k), self.prompt_version, self.rules)
         index_s = time.perf_counter() - started
         trajectory = await self.engine.run_tools(sample.question, tools, doc_id=sample.id)
         trajectory.num_chunks = len(chunks)

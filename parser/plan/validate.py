@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 from parser.backends.base import Completion
 from parser.backends.http import HttpBackend
 from parser.backends.pool import WorkerPool
+from parser.chat_format import CHATML
 from parser.chunking import chunk_document
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
@@ -61,7 +62,7 @@ class ScriptedLead:
     def __init__(self, tokenizer: Any, rounds: int):
         self.tokenizer, self.rounds = tokenizer, rounds
         self.turns: dict[str, int] = {}
-        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.end = CHATML.end_of_turn_id(tokenizer)
 
     async def generate(self, prompt, sampling, *, routing_key=None, request_id=None) -> Completion:
         turn = self.turns.get(request_id, 0)

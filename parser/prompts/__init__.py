@@ -29,8 +29,8 @@ FIELDS = {
     "observation": {"query", "num_findings", "num_agents", "findings"},
     "observation_empty": {"query", "num_agents"},
     "omitted": {"count"},
-    # engine turns that only eval-time options use (`EpisodeConfig.continue_cut_turns`,
-    # `finalize_turn`, `compact_after_chars`); every tool set shares them
+    # engine turns that only the baselines' turn rules use (`parser.tools.TurnRules`:
+    # continue_cut_turns, finalize_turn, compact_after_chars); every tool set shares them
     "continue": set(),
     "finalize": set(),
     "compacted": set(),

@@ -21,17 +21,17 @@ __all__ = ["DCIReader", "SubagentReader", "ThinkingReader", "build_reader", "rea
 READER_TYPES = ("subagent", "thinking", "dci")
 
 
-def reader_for_episode(cfg: Mapping[str, Any] | None, models: Any, episode: Any) -> Any:
+def reader_for_episode(cfg: Mapping[str, Any] | None, models: Any, episode: Any, protocol: Any) -> Any:
     """`build_reader`, with the episode config's subagent settings (temperature, reply budget,
-    prompt version, protocol, JSON constraint) as the default subagent's defaults. Eval (`ParSerMethod`) and training (the
-    verl agent loop) both build their reader here, so the two cannot drift."""
+    prompt version, JSON constraint) and the episode's protocol object (whose subagent prompt)
+    as the default subagent's defaults. Eval (`ParSerMethod`) and training (the verl agent loop)
+    both build their reader here, so the two cannot drift."""
     cfg = dict(cfg or {})
-    if episode.protocol == "release" and cfg.get("type", "subagent") != "subagent":
-        raise ValueError(f"reader type {cfg['type']!r} has no release protocol: the release has only the subagent reader")
+    protocol.check_reader(cfg.get("type", "subagent"))
     if cfg.get("type", "subagent") == "subagent":
         cfg = {"temperature": episode.subagent_temperature, "max_new_tokens": episode.subagent_max_tokens,
-               "prompt_version": episode.prompt_version, "protocol": episode.protocol,
-               "release_repo": episode.protocol_release.get("repo"), "json_constrained": episode.constrain_subagents, **cfg}
+               "prompt_version": episode.prompt_version, "protocol": protocol,
+               "json_constrained": episode.constrain_subagents, **cfg}
     return build_reader(cfg, models)
 
 

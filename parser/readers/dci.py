@@ -21,16 +21,18 @@ from typing import Any, Mapping
 from parser import prompts
 from parser.backends.base import Backend
 from parser.chunking import Chunk
-from parser.config import episode_preset
+from parser.config import baseline_episode
 from parser.dci import Sandbox, SandboxTools, materialize_corpus
 from parser.episode import EpisodeEngine
-from parser.tools import ReaderReply
+from parser.tools import ReaderReply, TurnRules
 
 class DCIReader:
     def __init__(self, backend: Backend, tokenizer: Any, *, command_timeout_s: float = 30.0, workdir: str | None = None,
                  episode: Mapping[str, Any] | None = None, prompt_version: str = prompts.DEFAULT_VERSION):
         self.command_timeout_s, self.prompt_version = command_timeout_s, prompt_version
-        self.engine = EpisodeEngine(backend, tokenizer, config=episode_preset("dci_reader", **(episode or {})))
+        config, rules = baseline_episode("dci_reader", episode)
+        self.rules = TurnRules.from_section(rules, "dci reader: episode.turn_rules")
+        self.engine = EpisodeEngine(backend, tokenizer, config=config)
         self.root = Path(tempfile.mkdtemp(prefix="dci-chunks-", dir=workdir))
         self._sandboxes: dict[tuple[str, int], Sandbox] = {}
 
@@ -43,7 +45,7 @@ class DCIReader:
         return self._sandboxes[key]
 
     async def read(self, query: str, chunk: Chunk, doc_id: str) -> ReaderReply:
-        tools = SandboxTools(self.sandbox(chunk, doc_id), "dci_subagent", self.prompt_version)
+        tools = SandboxTools(self.sandbox(chunk, doc_id), "dci_subagent", self.prompt_version, self.rules)
         key = f"{doc_id}:{chunk.index}"
         trajectory = await self.engine.run_tools(query, tools, doc_id=key, routing_key=key)
         return ReaderReply(trajectory.answer or "", prompt_tokens=sum(t.prompt_tokens for t in trajectory.turns),

@@ -7,10 +7,11 @@ reuses it; `routing_key` = "doc_id:chunk_index" lets the gateway pin the chunk t
 Alternative readers (a thinking subagent, a DCI agent; paper Table 5) implement the same
 `parser.tools.ChunkReader` protocol and plug into the same episode engine.
 
-With `protocol="release"` the subagent reads the release's own prompt (loaded from a checkout,
-`parser.protocol`). The release also sends SGLang stop strings ("unknown", ...) and drops a reply
-that hits one; here the reply is generated in full and `parser.gather` drops it for containing one
-— the same verdict, and no backend has to report which stop string matched.
+The user message is the episode protocol's (`parser.protocol`): this project's template, or
+under `release` the release's own prompt (loaded from a checkout). The release also sends SGLang
+stop strings ("unknown", ...) and drops a reply that hits one; here the reply is generated in
+full and `parser.gather` drops it for containing one — the same verdict, and no backend has to
+report which stop string matched.
 """
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ import functools
 from typing import Any
 
 from parser import prompts
-from parser.protocol import check_protocol, load_release_prompts
 from parser.backends.base import Backend, SamplingParams
 from parser.chunking import Chunk
+from parser.config import EpisodeConfig
+from parser.protocol import Protocol, protocol_for
 from parser.tools import ReaderReply
 
 
@@ -42,29 +44,24 @@ class SubagentReader:
         thinking: bool = False,
         json_constrained: bool = False,
         prompt_version: str = prompts.DEFAULT_VERSION,
-        protocol: str = "parser",
-        release_repo: str | None = None,
+        protocol: Protocol | None = None,
     ):
         """`json_constrained`: ask the server to decode the reply under the finding's JSON
-        schema (`prompts/<version>/subagent_schema.json`); SGLang needs a grammar backend."""
+        schema (`prompts/<version>/subagent_schema.json`); SGLang needs a grammar backend.
+        `protocol`: the episode's (whose prompt); None is this project's at `prompt_version`."""
         self.backend = backend
         self.tokenizer = tokenizer
         schema = prompts.LEAD.path(prompt_version, "subagent_schema.json").read_text(encoding="utf-8") if json_constrained else None
         self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, json_schema=schema)
         self.thinking = thinking
-        self.prompt_version = prompt_version
-        self.release = load_release_prompts(release_repo) if check_protocol(protocol) == "release" else None
+        self.protocol = protocol or protocol_for(EpisodeConfig(prompt_version=prompt_version))
         # A scatter round renders T prompts that differ from last round's only in the query, so
         # each chunk's template frame is rendered once and reused (a render is ~0.25 ms: 0.4 s of
         # client CPU per query at T = 1,750).
         self._frame = functools.lru_cache(maxsize=16_384)(self._render_frame)
 
     def messages(self, query: str, chunk_text: str) -> list[dict[str, str]]:
-        if self.release is not None:
-            content = self.release.subagent_prompt(chunk_text, query)
-        else:
-            content = prompts.render("subagent", self.prompt_version, chunk=chunk_text, query=query)
-        return [{"role": "user", "content": content}]
+        return [{"role": "user", "content": self.protocol.subagent_prompt(chunk_text, query)}]
 
     def _render(self, query: str, chunk_text: str) -> str:
         return render_chat(self.tokenizer, self.messages(query, chunk_text), enable_thinking=self.thinking)

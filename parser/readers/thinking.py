@@ -13,6 +13,7 @@ from typing import Any
 from parser import prompts
 from parser.actions import split_thinking
 from parser.backends.base import Backend
+from parser.chat_format import CHATML
 from parser.chunking import Chunk
 from parser.readers.subagent import SubagentReader
 from parser.tools import ReaderReply
@@ -29,7 +30,7 @@ class ThinkingReader:
         if "</think>" not in reply.text:  # still thinking at the limit: nothing usable
             reply.text = ""
         else:
-            reply.text = split_thinking(reply.text)[1].removesuffix("<|im_end|>").strip()
+            reply.text = CHATML.strip_end(split_thinking(reply.text)[1]).strip()
         return reply
 
     def forget(self, doc_id: str) -> None:

@@ -119,24 +119,23 @@ class Episode:
 async def record(rows: Sequence[dict[str, Any]], settings: dict[str, Any], tokenizer: Any, response_length: int,
                  hops_of: Sequence[int | None]) -> list[Episode]:
     """Run one demonstration per row through the real episode engine (readers over HTTP)."""
-    from parser.chunking import chunk_document
     from parser.episode import EpisodeEngine
     from parser.verl.agent_loop import _WorkerState, close_worker_state
     from parser.verl.reward import score_answer
-    from parser.verl.server_manager import ServerManagerBackend, lead_stop_token_ids
+    from parser.verl.server_manager import ServerManagerBackend
 
     state = _WorkerState(settings, response_length)
     plans = {f"demo-{i}": Plan.from_row(row, hops) for i, (row, hops) in enumerate(zip(rows, hops_of))}
     lead = ServerManagerBackend(Demonstrator(tokenizer, plans), {"temperature": 1.0},
-                                stop_token_ids=lead_stop_token_ids(tokenizer))
-    engine = EpisodeEngine(lead=lead, lead_tokenizer=tokenizer, reader=state.reader, config=state.config)
+                                stop_token_ids=state.protocol.chat.stop_token_ids(tokenizer))
+    engine = EpisodeEngine(lead, tokenizer, state.reader, state.config, state.protocol)
 
     async def one(i: int, row: dict[str, Any]) -> Episode:
-        chunks = chunk_document(row["context"], state.subagent_tokenizer, state.config.chunk_size, state.config.protocol)
+        chunks = state.protocol.chunk(row["context"], state.subagent_tokenizer)
         trajectory = await engine.run(row["question"], chunks, doc_id=str(row["id"]), request_id=f"demo-{i}")
         ids = list(trajectory.prompt_ids) + list(trajectory.response_ids)
         return Episode(ids=ids, mask=[0] * len(trajectory.prompt_ids) + list(trajectory.response_mask),
-                       prompt_len=len(trajectory.prompt_ids), reward=score_answer(trajectory.answer, row["answers"]),
+                       prompt_len=len(trajectory.prompt_ids), reward=score_answer(trajectory.answer, row["answers"], state.protocol),
                        turns=trajectory.num_turns, row_id=str(row["id"]), hops=plans[f"demo-{i}"].hops)
 
     try:

@@ -48,6 +48,7 @@ class RequestRecord:
     prefix_hash: str
     prompt_len: int  # characters for text prompts, tokens for token-id prompts
     time: float
+    prompt: Any = None  # the whole prompt, with `keep_prompts` (parity tests compare them)
 
 
 def prefix_hash(prompt: Any, marker: str = PREFIX_MARKER, prefix_chars: int = 2048) -> str:
@@ -74,7 +75,7 @@ class LoopbackWorker:
                  fail_first: int = 0, fail_every: int = 0, fail_mode: str = "500",
                  needle: str | None = None, needle_answer: str | None = None, reader: str | None = None,
                  routing_header: str = ROUTING_HEADER, request_id_header: str = "X-Request-Id",
-                 prefix_marker: str = PREFIX_MARKER, keep_records: bool = True):
+                 prefix_marker: str = PREFIX_MARKER, keep_records: bool = True, keep_prompts: bool = False):
         if fail_mode not in ("drop", "garbage") and not fail_mode.isdigit():
             raise ValueError(f"fail_mode={fail_mode!r}: expected an HTTP status like '500', 'drop' or 'garbage'")
         self.worker_id = worker_id
@@ -91,6 +92,7 @@ class LoopbackWorker:
         self.request_id_header = request_id_header
         self.prefix_marker = prefix_marker
         self.keep_records = keep_records
+        self.keep_prompts = keep_prompts
         self.records: list[RequestRecord] = []
         self.count = 0
         self.inflight = 0
@@ -143,7 +145,7 @@ class LoopbackWorker:
                 routing_key=request.headers.get(self.routing_header),
                 request_id=request.headers.get(self.request_id_header),
                 prefix_hash=prefix_hash(prompt, self.prefix_marker),
-                prompt_len=len(prompt), time=time.time(),
+                prompt_len=len(prompt), time=time.time(), prompt=prompt if self.keep_prompts else None,
             ))
         if self.delay_s:
             self.inflight += 1

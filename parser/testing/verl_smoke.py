@@ -75,18 +75,17 @@ class _ScriptedLead:
 
 async def record_episodes(settings: dict[str, Any], tokenizer: Any, response_length: int) -> list[tuple[list[int], list[int]]]:
     """(token ids, loss mask) of the right and the wrong episode, run by the real episode engine."""
-    from parser.chunking import chunk_document
     from parser.episode import EpisodeEngine
     from parser.verl.agent_loop import _WorkerState, close_worker_state
     from parser.verl.server_manager import ServerManagerBackend
 
     state = _WorkerState(settings, response_length)
-    chunks = chunk_document(document(), state.subagent_tokenizer, state.config.chunk_size)
+    chunks = state.protocol.chunk(document(), state.subagent_tokenizer)
     sequences = []
     try:
         for answer in (ANSWER, WRONG):
             lead = ServerManagerBackend(_ScriptedLead(tokenizer, answer), {"temperature": 1.0})
-            engine = EpisodeEngine(lead=lead, lead_tokenizer=tokenizer, reader=state.reader, config=state.config)
+            engine = EpisodeEngine(lead, tokenizer, state.reader, state.config, state.protocol)
             trajectory = await engine.run(QUESTION, chunks, doc_id="zorvan", request_id=f"record-{answer}")
             if trajectory.answer != answer:
                 raise RuntimeError(f"recording the smoke episode failed: answer {trajectory.answer!r} "

@@ -26,9 +26,11 @@ Dataset row (`data_prep.verl_parquet`): `prompt` = chat messages holding only th
 gold answers. The authors' released parquet (a top-level `context`, the question in `prompt[0]`)
 loads as it is (`parser.verl.rows`). Unknown columns are accepted and ignored.
 
-With `parser.episode.protocol: release` (configs/train/parser_4b_release.yaml) the reward is the
-release's training EM and its invalid-turn mask rule applies: an invalid turn's tokens train
-only in an episode rewarded below 0.2 (`parser.protocol.INVALID_MASK_REWARD`).
+The protocol object (`parser.protocol`) is chosen once per worker from `parser.episode.protocol`
+and handed to the chunking, the reader, the engine, the reward and the mask, exactly as eval's
+`parser.methods.parser.ParSerMethod` does. With `release` (configs/train/parser_4b_release.yaml)
+the reward is the release's training EM and its invalid-turn mask rule applies: an invalid
+turn's tokens train only in an episode rewarded below 0.2 (`parser.release.INVALID_MASK_REWARD`).
 """
 from __future__ import annotations
 
@@ -41,17 +43,16 @@ from omegaconf import DictConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from parser.backends import build_backend
-from parser.chunking import chunk_document
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
 from parser.backends.models import Models
-from parser.protocol import INVALID_MASK_REWARD
+from parser.protocol import protocol_for
 from parser.readers import reader_for_episode
 from parser.trajectory import Trajectory
 from parser.verl.metrics import trajectory_metrics
 from parser.verl.rows import EpisodeInputs, episode_inputs  # noqa: F401  (EpisodeInputs: the row's reading)
 from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, episode_reward
-from parser.verl.server_manager import ServerManagerBackend, lead_stop_token_ids
+from parser.verl.server_manager import ServerManagerBackend
 
 AGENT_NAME = "parser_agent"  # configs/train/agent_loop.yaml `name`; the dataset's agent_name
 
@@ -66,9 +67,6 @@ def episode_config(settings: Mapping[str, Any], response_length: int) -> Episode
     if settings.pop("max_response_tokens", None) not in (None, response_length):
         raise ValueError("parser.episode.max_response_tokens must stay null: it is actor_rollout_ref.rollout.response_length")
     config = EpisodeConfig(**settings, max_response_tokens=response_length)
-    if config.eval_only_options():
-        raise ValueError(f"parser.episode: {', '.join(config.eval_only_options())} re-render the agent's history "
-                         "(eval-only): the trajectory would have no token view to train on; unset them for training")
     if config.constrain_lead:
         raise ValueError("parser.episode.constrain_lead masks the lead's sampling distribution, which the actor does "
                          "not recompute under the mask; it is for untrained eval/demo leads, unset it for training")
@@ -77,17 +75,19 @@ def episode_config(settings: Mapping[str, Any], response_length: int) -> Episode
 
 class _WorkerState:
     """Per rollout-worker objects shared by every trajectory it runs (verl instantiates a new
-    agent loop per trajectory): the gateway session, the subagent reader, and one engine per
-    (event loop, sampling policy) so `EpisodeConfig.max_concurrency` bounds the whole worker."""
+    agent loop per trajectory): the episode's protocol object, the gateway session, the subagent
+    reader, and one engine per (event loop, sampling policy) so `EpisodeConfig.max_concurrency`
+    bounds the whole worker."""
 
     def __init__(self, settings: Mapping[str, Any], response_length: int):
         self.config = episode_config(settings.get("episode", {}), response_length)
+        self.protocol = protocol_for(self.config)
         if not settings.get("gateway_url"):
             raise ValueError("parser.gateway_url is not set: the subagents' gateway (sglang-router) URL")
         # the gateway client and the subagent tokenizer (chunks are counted in its tokens)
         self.backend, self.subagent_tokenizer = build_backend(settings["subagent"])
         subagents = Models(lead=None, lead_tokenizer=None, subagent=self.backend, subagent_tokenizer=self.subagent_tokenizer)
-        self.reader = reader_for_episode(settings.get("reader"), subagents, self.config)
+        self.reader = reader_for_episode(settings.get("reader"), subagents, self.config, self.protocol)
         if "reward" not in settings:
             raise ValueError("parser.reward is not set: the episode reward's name (parser.verl.reward.REWARDS); "
                              "compose from configs/train/parser_base.yaml")
@@ -95,10 +95,11 @@ class _WorkerState:
         self.engines: dict[tuple[int, tuple], EpisodeEngine] = {}
 
     def engine(self, server_manager: Any, lead_tokenizer: Any, sampling_params: Mapping[str, Any]) -> EpisodeEngine:
-        lead = ServerManagerBackend(server_manager, sampling_params, stop_token_ids=lead_stop_token_ids(lead_tokenizer))
+        stop_ids = self.protocol.chat.stop_token_ids(lead_tokenizer)
+        lead = ServerManagerBackend(server_manager, sampling_params, stop_token_ids=stop_ids)
         key = (id(asyncio.get_running_loop()), id(server_manager), tuple(sorted(lead.policy.items())))
         if key not in self.engines:
-            self.engines[key] = EpisodeEngine(lead=lead, lead_tokenizer=lead_tokenizer, reader=self.reader, config=self.config)
+            self.engines[key] = EpisodeEngine(lead, lead_tokenizer, self.reader, self.config, self.protocol)
         return self.engines[key]
 
 
@@ -120,10 +121,10 @@ def _worker_state(settings: Mapping[str, Any], response_length: int) -> _WorkerS
 
 
 def to_agent_loop_output(trajectory: Trajectory, reward: float, response_length: int, with_logprobs: bool,
-                         protocol: str = "parser", weight_versions: Mapping[str, Any] | None = None) -> AgentLoopOutput:
+                         protocol_key: str, weight_versions: Mapping[str, Any] | None = None) -> AgentLoopOutput:
     """The engine's token view, cut to `response_length`, as verl's AgentLoopOutput.
     `weight_versions` (min/max_global_steps from the server manager) ride in `extra_fields`,
-    where verl's trainer reads them."""
+    where verl's trainer reads them, and `protocol_key` (`Protocol.key`) for the reward function."""
     n = min(len(trajectory.response_ids), response_length)
     lead_s = sum(t.lead_latency_s for t in trajectory.turns)
     scatter_s = sum(t.scatter_latency_s for t in trajectory.turns)
@@ -140,7 +141,7 @@ def to_agent_loop_output(trajectory: Trajectory, reward: float, response_length:
         metrics=AgentLoopMetrics(generate_sequences=lead_s, tool_calls=scatter_s),
         extra_fields={
             ANSWER_KEY: trajectory.answer,
-            PROTOCOL_KEY: protocol,
+            PROTOCOL_KEY: protocol_key,
             "parser_stats": stats,
             "reward_extra_info": {"acc": reward},
             "turn_scores": [],
@@ -167,9 +168,7 @@ class ParserAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         inputs = episode_inputs(kwargs)
         state = self.state
-        chunks = await self.loop.run_in_executor(
-            None, chunk_document, inputs.document, state.subagent_tokenizer, state.config.chunk_size, state.config.protocol
-        )
+        chunks = await self.loop.run_in_executor(None, state.protocol.chunk, inputs.document, state.subagent_tokenizer)
         engine = state.engine(self.server_manager, self.tokenizer, sampling_params)
         request_id = uuid4().hex
         try:
@@ -184,10 +183,9 @@ class ParserAgentLoop(AgentLoopBase):
                 f"lead prompt has {len(trajectory.prompt_ids)} tokens > actor_rollout_ref.rollout.prompt_length="
                 f"{self.prompt_length} (data.max_prompt_length); raise it — a cut system prompt is not trainable"
             )
-        reward = state.reward(trajectory, inputs.golds, protocol=state.config.protocol)
-        if state.config.protocol == "release":
-            trajectory.mask_invalid_turns(trainable=reward < INVALID_MASK_REWARD)
+        reward = state.reward(trajectory, inputs.golds, state.protocol)
+        state.protocol.mask_invalid_turns(trajectory, reward)
         return to_agent_loop_output(
             trajectory, reward, self.response_length, with_logprobs=bool(sampling_params.get("logprobs")),
-            protocol=state.config.protocol, weight_versions=weight_versions,
+            protocol_key=state.protocol.key, weight_versions=weight_versions,
         )

@@ -9,16 +9,21 @@ Two doors, one definition (`parser.reward.exact_match`):
   must never count as the lead's answer — so the answer is read from `extra_info`, where the
   agent loop's `extra_fields` land (verl's naive reward manager merges them in).
 
+Which EM is the protocol's (`parser.protocol`): the agent loop hands its protocol object to
+`score_answer`; across verl's process boundary the protocol travels as its key in `extra_info`,
+and `compute_score` turns it back into the object with `parser.protocol.protocol_for`.
+
 No verl import: this module is loaded by verl's reward workers and by plain tests alike.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from parser.reward import exact_match
+from parser.config import EpisodeConfig
+from parser.protocol import Protocol, protocol_for
 
 ANSWER_KEY = "parser_answer"  # extra_fields key the agent loop writes the extracted answer to
-PROTOCOL_KEY = "parser_protocol"  # ... and the episode protocol, which picks the normaliser
+PROTOCOL_KEY = "parser_protocol"  # ... and the episode's `Protocol.key`, whose EM is the reward
 
 
 def gold_answers(ground_truth: Any) -> list[str]:
@@ -34,18 +39,18 @@ def gold_answers(ground_truth: Any) -> list[str]:
     return [str(ground_truth)]
 
 
-def score_answer(answer: str | None, ground_truth: Any, protocol: str = "parser") -> float:
-    """1.0 if the lead's extracted answer exactly matches a gold answer, else 0.0 (no answer: 0);
-    `protocol="release"`: the release's training normaliser (`parser.reward`)."""
+def score_answer(answer: str | None, ground_truth: Any, protocol: Protocol) -> float:
+    """1.0 if the lead's extracted answer exactly matches a gold answer under the protocol's EM,
+    else 0.0 (no answer: 0)."""
     golds = gold_answers(ground_truth)
     if not golds:
         raise ValueError("reward: no gold answers (reward_model.ground_truth is empty)")
-    return exact_match(answer, golds, protocol=protocol)
+    return protocol.exact_match(answer, golds)
 
 
-def exact_match_reward(trajectory: Any, ground_truth: Any, protocol: str = "parser") -> float:
+def exact_match_reward(trajectory: Any, ground_truth: Any, protocol: Protocol) -> float:
     """The paper's episode reward: exact match of the trajectory's final answer."""
-    return score_answer(trajectory.answer, ground_truth, protocol=protocol)
+    return score_answer(trajectory.answer, ground_truth, protocol)
 
 
 # `parser.reward` in a training config names one of these: (trajectory, ground truth, protocol) -> reward.
@@ -73,5 +78,7 @@ def compute_score(
             "The response text includes observation tokens, so it cannot be scored; run the rollout with "
             "agent_name=parser_agent (parser.verl.agent_loop.ParserAgentLoop), which records the answer."
         )
-    score = score_answer(extra_info[ANSWER_KEY], ground_truth, protocol=extra_info.get(PROTOCOL_KEY, "parser"))
+    key = extra_info.get(PROTOCOL_KEY)
+    protocol = protocol_for(EpisodeConfig(protocol=key) if key else EpisodeConfig())
+    score = score_answer(extra_info[ANSWER_KEY], ground_truth, protocol)
     return {"score": score, "acc": score}

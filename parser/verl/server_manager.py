@@ -17,8 +17,8 @@ Who decides what:
   the replica that already holds its KV prefix. The engine passes the id the agent loop gave
   `EpisodeEngine.run(..., request_id=)` on every turn; the adapter refuses a call without one.
 
-- stop tokens: every lead generation stops at `<|im_end|>` and `<|endoftext|>`
-  (`stop_token_ids`, from the lead tokenizer). SGLang started by verl skips its tokenizer
+- stop tokens: every lead generation stops at the chat format's `<|im_end|>` and `<|endoftext|>`
+  (`stop_token_ids`: `parser.chat_format.ChatFormat.stop_token_ids` of the lead tokenizer). SGLang started by verl skips its tokenizer
   (`skip_tokenizer_init`) and then did not stop at Qwen3.5's end of turn on its own; the
   authors' release sends the same two ids with every lead request.
 - weight versions: verl's trainer reads each trajectory's `min_global_steps` /
@@ -39,19 +39,8 @@ from parser.backends.base import BackendError, Completion, Prompt, SamplingParam
 
 # verl's sampling keys that the adapter passes through untouched.
 POLICY_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "logprobs")
-# The lead's end-of-turn tokens (Qwen3 / Qwen3.5 chat format): every lead generation stops there.
-LEAD_STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 # verl's per-trajectory weight-version fields (see module docstring).
 VERSION_KEYS = ("min_global_steps", "max_global_steps")
-
-
-def lead_stop_token_ids(tokenizer: Any) -> list[int]:
-    """Ids of LEAD_STOP_TOKENS in the lead tokenizer; a tokenizer without them is refused."""
-    vocab = tokenizer.get_vocab()
-    missing = [t for t in LEAD_STOP_TOKENS if t not in vocab]
-    if missing:
-        raise ValueError(f"lead tokenizer has no {missing}: the lead would not stop at its end of turn")
-    return [int(vocab[t]) for t in LEAD_STOP_TOKENS]
 
 
 def _merge_versions(held: dict[str, int | None], extra: Mapping[str, Any]) -> None:

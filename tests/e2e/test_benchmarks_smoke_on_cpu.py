@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCHES = sorted(p.name for p in (ROOT / "scripts").glob("bench_*.py"))
 # what each bench's output must contain: the same-run comparison it exists to print
 EXPECT = {
+    "bench_backend.py": "batched/serial at T=",
     "bench_chunking.py": "ratio",
     "bench_data.py": "speed-up:",
     "bench_latency.py": "s/sample",

@@ -25,6 +25,7 @@ from parser.backends.http import HttpBackend
 from parser.backends.transformers import TransformersBackend
 from parser.chunking import chunk_document
 from parser.episode import EpisodeConfig, EpisodeEngine
+from parser.protocol import protocol_for
 from parser.readers import SubagentReader
 from parser.tools import QueryAgents
 
@@ -92,7 +93,7 @@ def test_scatter_round_of_64_chunks_answers_every_call_and_reuses_prefixes(vllm,
     assert len(chunks) >= 64
     backend = HttpBackend(vllm.url, api="chat", server="vllm", chat_template_kwargs={})  # messages: vLLM renders
     reader = SubagentReader(backend, tokenizer, temperature=0.0, max_new_tokens=48, json_constrained=True)
-    tool = QueryAgents(reader, chunks, "varnholm", EpisodeConfig(), asyncio.Semaphore(512),
+    tool = QueryAgents(reader, chunks, "varnholm", EpisodeConfig(), protocol_for(EpisodeConfig()), asyncio.Semaphore(512),
                        lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
 
     async def two_rounds():

@@ -1,0 +1,67 @@
+"""The chat format: the control tokens of the chat template the project's models speak, in one place.
+
+Why a module: the end of an assistant turn, the tokens every lead generation stops at, the
+markers the release strips from a decoded turn, and the strings a tokenizer turns into control
+tokens are facts of one chat format (ChatML: Qwen2.5 / Qwen3 / Qwen3.5, SmolLM2). Written as a
+literal at each site, one site drifts the day a model with another format arrives. Untrusted
+text (documents, tool output, model replies shown back) must never become control tokens:
+`control_tokens(tokenizer)` is the set a guard checks against.
+
+    CHATML.end_of_turn_id(tokenizer)   # <|im_end|>'s id; a tokenizer without it is refused
+    CHATML.stop_token_ids(tokenizer)   # what every lead generation stops at
+    CHATML.strip_end(text)             # one generation's text without its end-of-turn marker
+    CHATML.control_tokens(tokenizer)   # every string this tokenizer encodes as one control token
+
+This module imports nothing from the package.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatFormat:
+    name: str
+    turn_start: str  # opens a message: "<|im_start|>{role}\n"
+    end_of_turn: str  # closes a message; the chat template's assistant turns end here
+    end_of_text: str  # the tokenizer's end-of-document token, also a stop token for generations
+
+    @property
+    def stop_tokens(self) -> tuple[str, ...]:
+        """The tokens a generation ends on (end of turn first)."""
+        return (self.end_of_turn, self.end_of_text)
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """The format's own control tokens."""
+        return (self.turn_start, self.end_of_turn, self.end_of_text)
+
+    def token_id(self, tokenizer: Any, token: str) -> int:
+        """The id of one of the format's tokens; refused if the tokenizer does not have it as one token."""
+        found = tokenizer.convert_tokens_to_ids(token)
+        if found is None or (found == getattr(tokenizer, "unk_token_id", None) and token != getattr(tokenizer, "unk_token", None)):
+            raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', type(tokenizer).__name__)!r} has no "
+                             f"{token} token: it does not speak the {self.name} chat format")
+        return int(found)
+
+    def end_of_turn_id(self, tokenizer: Any) -> int:
+        return self.token_id(tokenizer, self.end_of_turn)
+
+    def stop_token_ids(self, tokenizer: Any) -> list[int]:
+        return [self.token_id(tokenizer, t) for t in self.stop_tokens]
+
+    def strip_end(self, text: str) -> str:
+        """A generation's text without the end-of-turn marker it stopped on (a backend may keep it)."""
+        return text.removesuffix(self.end_of_turn)
+
+    def control_tokens(self, tokenizer: Any) -> frozenset[str]:
+        """The format's tokens and every token the tokenizer marks special: each of these strings,
+        found in raw text, is encoded as one control token rather than as text."""
+        special = set(getattr(tokenizer, "all_special_tokens", ()))
+        decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        special.update(t.content for t in decoder.values() if getattr(t, "special", False))
+        return frozenset(special | set(self.tokens))
+
+
+CHATML = ChatFormat("ChatML", turn_start="<|im_start|>", end_of_turn="<|im_end|>", end_of_text="<|endoftext|>")
