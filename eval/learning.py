@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import collections
 import json
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
 from eval.metrics import PRIMARY
+from eval.metrics import mean as _mean
+from eval.metrics import run_averaged as _run_averaged
 
 WITHOUT, WITH = "w/o RL", "w/ RL"
 # The curve's panels: (verl metric logged by parser.verl.sampler, title).
@@ -33,17 +34,6 @@ CURVE = (("parser/reward/mean", "reward (exact match)"), ("parser/turns/mean", "
 # the last 5 steps' mean reward 0.2 above the first 5's.
 MIN_SUB_EM_GAIN = 15.0
 MIN_REWARD_GAIN = 0.2
-
-
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else math.nan
-
-
-def _run_averaged(rows: Sequence[dict[str, Any]], field: str) -> float:
-    by_run: dict[int, list[float]] = collections.defaultdict(list)
-    for r in rows:
-        by_run[int(r["run"])].append(float(r[field]))
-    return _mean([_mean(v) for v in by_run.values()])
 
 
 def _method(row: dict[str, Any]) -> str:

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from eval import learning, paper_numbers
-from eval.metrics import BY_NAME, PRIMARY
+from eval.metrics import BY_NAME, PRIMARY, run_averaged
+from eval.metrics import mean as _mean
 from eval.store import RESULTS, TIMINGS, read_jsonl
 
 DATASET_TITLES = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2WikiMultiHopQA", "synthetic": "Synthetic world"}
@@ -61,18 +62,6 @@ def load(run_dirs: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict[str,
         rows += list(read_jsonl(d / RESULTS))
         timings += list(read_jsonl(d / TIMINGS))
     return rows, timings
-
-
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else math.nan
-
-
-def run_averaged(rows: Sequence[dict[str, Any]], field: str) -> float:
-    """Mean over samples within each run, then over runs (the paper's "average of 3 runs")."""
-    by_run: dict[int, list[float]] = collections.defaultdict(list)
-    for r in rows:
-        by_run[int(r["run"])].append(float(r[field]))
-    return _mean([_mean(v) for v in by_run.values()])
 
 
 # ----------------------------------------------------------------------------- accuracy

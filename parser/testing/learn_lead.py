@@ -39,7 +39,6 @@ import dataclasses
 import hashlib
 import random
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -245,7 +244,7 @@ def build(data: str | Path, out: str | Path, gateway_url: str, overrides: Sequen
     from data_prep.files import read_records
 
     from parser.testing import byte_bpe_tokenizer
-    from parser.testing.assets import cache_dir
+    from parser.testing.assets import cached_directory
 
     settings, response_length = _settings(gateway_url, overrides)
     cfg = settings.pop("warm_start")
@@ -264,22 +263,13 @@ def build(data: str | Path, out: str | Path, gateway_url: str, overrides: Sequen
     train = {k: cfg[k] for k in ("model", "steps", "batch_size", "lr", "seed")}
     key = hashlib.sha256(repr(([e.ids for e in episodes], weights, train, tokenizer.get_vocab() and
                                sorted(tokenizer.get_vocab().items()))).encode()).hexdigest()[:16]
-    cached = cache_dir() / "cpu_learn_lead" / key
-    out = Path(out)
-    if not (cache and cached.is_dir()):
-        model, losses = warm_start(tokenizer, episodes, weights, **train)
-        staging = Path(f"{cached}.tmp-{random.getrandbits(32):08x}") if cache else out
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        if cache:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                staging.rename(cached)
-            except OSError:  # another process published it first
-                shutil.rmtree(staging)
-    if cache:
-        shutil.rmtree(out, ignore_errors=True)
-        shutil.copytree(cached, out)
+
+    def fit(directory: Path) -> None:
+        model, _ = warm_start(tokenizer, episodes, weights, **train)
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    out = cached_directory("cpu_learn_lead", key, Path(out), fit, cache=cache)
     return {"lead": str(out), "demonstrations": len(episodes), "prompt_tokens": episodes[0].prompt_len,
             "episode_tokens": max(len(e.ids) for e in episodes), "cache_key": key}
 
