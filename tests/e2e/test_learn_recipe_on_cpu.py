@@ -24,6 +24,9 @@ pytest.importorskip("ray")
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1500
 
+# each module's first test builds the runs (trainer launches): the suite's 600 s default is too short
+pytestmark = pytest.mark.timeout(2400)
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
