@@ -29,7 +29,7 @@ export WANDB_DIR=${WANDB_DIR:-$LEARN_DIR}   # wandb runs offline unless you are 
 DATA=() WARM=() TRAIN=() EVAL=() JUDGE=(--require-learning)
 if (( SMOKE )); then
     DATA=(num_train=8 num_warmup=16 num_heldout=4 'heldout_lengths=[20]')
-    WARM=(parser.warm_start.steps=20)
+    WARM=(parser.warm_start.steps=20 parser.warm_start.copy_steps=20)
     TRAIN=(trainer.total_training_steps=2 trainer.save_freq=1 data.train_batch_size=2
            actor_rollout_ref.actor.ppo_mini_batch_size=2 trainer.v1.sampler.sampler_kwargs.max_filtered_groups_per_step=0)
     EVAL=(runs=1 'dataset.lengths=[20]')
