@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -34,11 +35,18 @@ def run(tmp_path_factory):
     env = {**os.environ, "LEARN_DIR": str(out), "PYTHON": sys.executable, "RAY_DEDUP_LOGS": "0",
            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env.pop("VERL_LOGGING_LEVEL", None)
-    proc = subprocess.run([str(REPO / "recipes" / "train_cpu_learn.sh"), "--smoke"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+    # its own process group: past the deadline the trainer and readers it started go with it
+    proc = subprocess.Popen([str(REPO / "recipes" / "train_cpu_learn.sh"), "--smoke"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"the smoke recipe ran past {TIMEOUT_S} s:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    assert proc.returncode == 0, f"{stdout[-6000:]}\n{stderr[-6000:]}"
     print("\n" + (out / "timings.txt").read_text())
-    return out, proc.stdout
+    return out, stdout
 
 
 def test_summary_has_exactly_the_issue_keys(run):
