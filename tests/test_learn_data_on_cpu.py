@@ -125,3 +125,32 @@ def test_learn_sets_hold_out_questions_and_entities(learn_data):
         if len(chain) == 2:
             assert chain[1][0] == chain[0][2]
     assert (out / "val.parquet").is_file() and (out / "train.parquet.card.json").is_file()
+
+
+def test_lexicon_worlds_share_words_but_no_name():
+    """`lexicon=N`: every name is made of whole words from one seeded list, the same for every
+    world, so two worlds share words but (after learn_sets' filter) no held-out name is trained."""
+    from data_prep.synthetic_world import World, lexicon_words
+
+    words = set(lexicon_words(128))
+    assert lexicon_words(128) == lexicon_words(128) and len(words) == 128
+    one, two = World(300, seed=1, lexicon=128), World(300, seed=2, lexicon=128)
+    for world in (one, two):
+        for entity in world.people + world.cities:
+            parts = [w for w in entity.name.split() if w != "Vale" and not w.isdigit()]  # "X Vale", "X 2"
+            assert set(parts) <= words, entity.name
+    assert {e.name for e in one.people} != {e.name for e in two.people}
+
+
+def test_learn_sets_add_warmup_worlds_without_leaking_heldout_names(tmp_path):
+    world = {"num_paragraphs": 600, "own_paragraphs": 6}
+    written = learn_sets(out_dir=str(tmp_path), train_world={"seed": 1, **world}, heldout_world={"seed": 2, **world},
+                         types=TYPES, num_train=8, num_warmup=8, num_heldout=8, train_length=12,
+                         heldout_lengths=(12,), lexicon=128, warmup_worlds=(5, 6))
+    warmup = read_records(written["warmup"])
+    heldout = read_records(written["heldout_12"])
+    assert len(warmup) == 24  # 8 from the training world, 8 from each extra world
+    trained = "\n".join(r["context"] for r in warmup)
+    for row in heldout:
+        for subject, _, value in row["meta"]["evidences"]:
+            assert f"\n{subject}\n" not in trained, subject

@@ -48,7 +48,7 @@ def test_full_chains_reach_the_gold_and_premature_ones_answer_the_intermediate(r
             if len(chain) == 2:  # the second query names what the first finding returned
                 assert f"<parameter=query>\n{learn_lead.QUERY_TEMPLATES[chain[1][1]].format(chain[0][2])}" in text
         else:  # stopped after the first hop: answers the intermediate entity
-            assert episode.reward == 0.0 and f"<answer>{chain[0][2]}</answer>" in text
+            assert episode.reward == 0.0 and f"<answer> {chain[0][2]}</answer>" in text
         lead = [t for t, m in zip(episode.ids, episode.mask) if m]
         assert "Query:" not in tiny_tokenizer.decode(lead)  # observations are never lead tokens
 
@@ -61,3 +61,15 @@ def test_copy_curriculum_lowers_the_copy_loss(tiny_tokenizer):
     losses = learn_lead.copy_curriculum(net, tiny_tokenizer, names, steps=60, batch_size=8, lr=3e-3, seed=0,
                                         log_every=0)
     assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:10]) / 10
+
+
+def test_fitted_tokenizer_keeps_every_lexicon_word_one_token():
+    """With the name lexicon in its fitting text, the lead's BPE holds each word as one token after
+    a space, so a name of an unseen world is two or three known tokens to copy."""
+    from data_prep.synthetic_world import lexicon_words
+    from parser.testing import byte_bpe_tokenizer
+
+    words = lexicon_words(256)
+    tokenizer = learn_lead.fit_tokenizer([], byte_bpe_tokenizer(), ["Document 1\nSome prose about a city."], 1024,
+                                         words=words)
+    assert all(len(tokenizer.encode(" " + w, add_special_tokens=False)) == 1 for w in words)

@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import dataclasses
 import hashlib
+import json
 import random
 import re
 import time
@@ -48,7 +49,7 @@ from parser.testing.world_reader import QUERY_TEMPLATES
 # The demonstrator's turns (thinking mode: the generation prompt has opened <think>).
 QUERY_TURN = ("I need the {relation}.\n</think>\n\n<tool_call>\n<function=query_agents>\n<parameter=query>\n"
               "{query}\n</parameter>\n</function>\n</tool_call>")
-ANSWER_TURN = "I have the answer.\n</think>\n\n<answer>{answer}</answer>"
+ANSWER_TURN = "I have the answer.\n</think>\n\n<answer> {answer}</answer>"
 _FINDING = re.compile(r"\] answer: (.*?) \| evidence")
 _TOOL_RESPONSE = "<tool_response>"
 
@@ -161,13 +162,15 @@ def demonstrations(rows: Sequence[dict[str, Any]], follow_up: float) -> tuple[li
 
 
 def fit_tokenizer(episodes: Sequence[Episode], tokenizer: Any, paragraphs: Sequence[str], vocab_size: int,
-                  episode_weight: int = 10) -> Any:
+                  words: Sequence[str] = (), episode_weight: int = 10, word_weight: int = 50) -> Any:
     """A BPE tokenizer fitted to the demonstrations' text (counted `episode_weight` times, so the
-    prompt and the tool-call format get whole-word merges) and the training world's paragraphs."""
+    prompt and the tool-call format get whole-word merges), the training world's paragraphs, and
+    the name lexicon's `words` (counted `word_weight` times, so each is one token after a space)."""
     from parser.testing.tiny import bpe_tokenizer
 
     texts = [tokenizer.decode(e.ids, skip_special_tokens=False) for e in episodes]
-    return bpe_tokenizer(texts * episode_weight + list(paragraphs), vocab_size)
+    lexicon = [" " + " ".join(words)] * word_weight if words else []
+    return bpe_tokenizer(texts * episode_weight + list(paragraphs) + lexicon, vocab_size)
 
 
 def _common_prefix(sequences: Sequence[list[int]]) -> int:
@@ -278,6 +281,15 @@ def _settings(gateway_url: str, overrides: Sequence[str] = ()) -> tuple[dict[str
     return OmegaConf.to_container(config.parser, resolve=True), int(config.data.max_response_length)
 
 
+def _lexicon(data: str | Path) -> list[str]:
+    """The name lexicon the data was built with (its card's `lexicon`), or none."""
+    from data_prep.synthetic_world import lexicon_words
+
+    card = Path(data) / "warmup.json.card.json"
+    size = json.loads(card.read_text())["config"].get("lexicon") if card.is_file() else None
+    return lexicon_words(int(size)) if size else []
+
+
 def build(data: str | Path, out: str | Path, gateway_url: str, overrides: Sequence[str] = (), cache: bool = True) -> dict[str, Any]:
     """Record the demonstrations of `data/warmup.json`, fit the tokenizer and the lead, write
     them to `out` (a Hugging Face model directory, tokenizer included)."""
@@ -293,7 +305,7 @@ def build(data: str | Path, out: str | Path, gateway_url: str, overrides: Sequen
     paragraphs = list(dict.fromkeys(p for row in rows for p in row["context"].split("\n\n")))
     # the tokenizer is fitted to the text of a first recording, then every episode is recorded with it
     probe = asyncio.run(record(demo_rows[:64], settings, byte_bpe_tokenizer(), response_length, hops[:64]))
-    tokenizer = fit_tokenizer(probe, byte_bpe_tokenizer(), paragraphs, int(cfg["vocab_size"]))
+    tokenizer = fit_tokenizer(probe, byte_bpe_tokenizer(), paragraphs, int(cfg["vocab_size"]), words=_lexicon(data))
     episodes = asyncio.run(record(demo_rows, settings, tokenizer, response_length, hops))
     full = [e for e, h in zip(episodes, hops) if h is None]
     solved = sum(e.reward for e in full) / len(full)
