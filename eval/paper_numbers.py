@@ -1,8 +1,8 @@
 """The paper's published numbers, transcribed as data so the report can print them beside ours.
 
 Sources (transcribed by hand, 2-decimal Sub_EM %, average of 3 runs):
-- HotpotQA block of Table 1: the ParSer project page (`/work/shared/paper/project-page-en.txt`,
-  "HOTPOTQA · IN-DISTRIBUTION"); the paper markdown carries only Table 1's caption.
+- HotpotQA block of Table 1: the ParSer project page (its English text, section
+  "HOTPOTQA · IN-DISTRIBUTION"); the paper's text carries only Table 1's caption.
   Its MemAgent / ReMemR1 / ParSer rows equal the "w/ RL" rows of Table 7(a).
 - 2WikiMultiHopQA: Table 7(b) of the paper (Appendix B.1); only the RL-trained agent rows
   are published in text form, so Full-context cells for 2Wiki are absent here.

@@ -3,8 +3,9 @@
 A score without its code version, config, package versions, seeds and hardware cannot be
 compared with anything. `write_manifest` stores them next to the results; each resumed session
 adds one entry to `sessions` (start, end, samples written) instead of overwriting the first.
+`inputs` is the fingerprint of what the rows are computed from (`eval.inputs`).
 
-    write_manifest(run_dir, config_dict, seeds={"base": 0})
+    write_manifest(run_dir, config_dict, seeds={"base": 0}, inputs=eval.inputs.fingerprint(...))
 """
 from __future__ import annotations
 
@@ -69,12 +70,20 @@ def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def write_manifest(run_dir: str | Path, config: dict[str, Any], seeds: dict[str, Any]) -> dict[str, Any]:
+def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_manifest(run_dir: str | Path, config: dict[str, Any], seeds: dict[str, Any],
+                   inputs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Create or extend `manifest.json`; returns the session entry (fill `ended`/`written` later
     with `close_session`). A changed config on resume is recorded, not silently merged."""
     path = Path(run_dir) / MANIFEST
-    manifest = json.loads(path.read_text()) if path.exists() else {"created": now(), "sessions": []}
+    manifest = read_manifest(run_dir) or {"created": now(), "sessions": []}
     manifest.setdefault("config", config)
+    if inputs is not None:
+        manifest["inputs"] = inputs
     session = {
         "started": now(),
         "git": git_state(),

@@ -10,8 +10,13 @@ Reads every `results.jsonl` / `timings.jsonl` under the given paths (run directo
   runs and resumed sessions) and mean sequential steps, per concurrency (Table 2, Figure 3),
   with baseline/ParSer speedups.
 - `tokens.{md,csv}`: mean output tokens per sample, lead and subagents (Table 6).
-- `controlled.{md,csv}`: Sub_EM per condition for the controlled sets (Figure 2).
-- `figures/*.png`: accuracy vs length, each controlled analysis, speedup and steps vs length.
+- `controlled.{md,csv}`: Sub_EM per condition for the controlled sets (Figure 2), with each
+  method's spread (max − min over the set's conditions), and `sensitivity.{md,csv}`: the spreads
+  alone, one row per method, one column per analysis (position, order, distance).
+- `reading.{md,csv}`: for the sequential readers, at which step of their pass the evidence was
+  read, and how many chunks apart (model-free: what the chunk order does).
+- `figures/*.png`: accuracy vs length, each controlled analysis, all of them side by side
+  (`controlled_sensitivity.png`, the paper's Figure 2 layout), speedup and steps vs length.
 - `viewer/*.html`: the trajectory viewer of every run directory (`eval.viewer`).
 - `rl.md`: Table 7's layout (w/o RL / w/ RL sub-rows) when rows carry a `variant`; with
   `--train-log`, `figures/training_curve.png` and (`--summary`) the learning run's
@@ -229,19 +234,78 @@ def token_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             for (d, b, m, L), g in sorted(groups.items())]
 
 
+ANALYSES = {"position": "evidence position (window start, percentile)", "order": "evidence order",
+            "distance": "evidence distance (paragraphs between)"}
+
+
+def analysis_of(dataset: str, rows: Sequence[dict[str, Any]]) -> str:
+    """Which factor a controlled set varies: the rows' `meta.control` (data_prep.controlled), else the name's suffix."""
+    for r in rows:
+        control = ((r.get("meta") or {}).get("meta") or {}).get("control")
+        if control:
+            return str(control)
+    return next((a for a in ANALYSES if dataset.endswith(a)), dataset)
+
+
 def controlled_table(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """dataset -> {conditions (ordered), lines: [(backbone, row, {condition: Sub_EM %})]}."""
+    """dataset -> {analysis, conditions (ordered), lines: {(backbone, row): {condition: Sub_EM %}},
+    spread: {(backbone, row): max − min over the conditions it has}}."""
     groups: dict[tuple, list[dict[str, Any]]] = collections.defaultdict(list)
     order: dict[str, dict[str, int]] = collections.defaultdict(dict)
+    by_dataset: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     for r in rows:
         if r.get("condition") is not None:
             groups[(r["dataset"], r["backbone"], r["row"], r["condition"])].append(r)
             order[r["dataset"]][r["condition"]] = int(r.get("condition_index") or 0)
+            by_dataset[r["dataset"]].append(r)
     out: dict[str, dict[str, Any]] = {}
     for (d, b, m, cond), members in groups.items():
-        table = out.setdefault(d, {"conditions": sorted(order[d], key=order[d].get), "lines": {}})
+        table = out.setdefault(d, {"analysis": analysis_of(d, by_dataset[d]), "conditions": sorted(order[d], key=order[d].get),
+                                   "lines": {}})
         table["lines"].setdefault((b, m), {})[cond] = (100 if BY_NAME[PRIMARY].percent else 1) * run_averaged(members, PRIMARY)
-    return out
+    for table in out.values():
+        table["spread"] = {line: max_delta_avg(list(values.values()))[0] for line, values in table["lines"].items()}
+    rank = list(ANALYSES)  # the paper's panel order: position, order, distance
+    return dict(sorted(out.items(), key=lambda kv: (rank.index(kv[1]["analysis"]) if kv[1]["analysis"] in rank else len(rank), kv[0])))
+
+
+def sensitivity_rows(controlled: dict[str, dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Header and body: one row per (backbone, method), the spread per controlled set (lower: less sensitive)."""
+    datasets = list(controlled)
+    lines = list(dict.fromkeys(line for d in datasets for line in controlled[d]["spread"]))
+    header = ["Backbone", "Method", *(f"{controlled[d]['analysis']} ({d})" for d in datasets)]
+    return header, [[b, m, *(_fmt(controlled[d]["spread"].get((b, m))) for d in datasets)] for b, m in lines]
+
+
+def evidence_reading(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """When a sequential reader read the evidence, per (dataset, backbone, row, condition).
+
+    From each row's reading order and the paragraphs in each chunk (`parser.methods.sequential`)
+    and its gold paragraphs: `first` / `last` = the reading step of the first / last gold chunk as
+    a fraction of the pass (0 = read first, 1 = read last), `gap` = chunks read from the first
+    gold chunk to the last, `in_order` = the fraction of samples whose gold chunks were read in
+    the reasoning order (`evidence_order`; a chunk holding two of them reads both at once).
+    Model-free: it is what the order does, whatever the model answers."""
+    groups: dict[tuple, list[tuple[float, float, int, float]]] = collections.defaultdict(list)
+    chunks: dict[tuple, list[int]] = collections.defaultdict(list)
+    for r in rows:
+        record, gold = r.get("record") or {}, (r.get("meta") or {}).get("gold_paragraph_ids")
+        if "reading_order" not in record or "chunk_paragraphs" not in record or not gold:
+            continue
+        step = {chunk: k for k, chunk in enumerate(record["reading_order"])}
+        holder = {pid: c for c, pids in enumerate(record["chunk_paragraphs"]) for pid in pids}
+        steps = sorted(step[holder[g]] for g in gold if g in holder)
+        if not steps:
+            continue
+        last_step = max(len(record["reading_order"]) - 1, 1)
+        chain = [step[holder[g]] for g in (r["meta"].get("evidence_order") or gold) if g in holder]
+        key = (r["dataset"], r["backbone"], r["row"], r.get("condition"))
+        groups[key].append((steps[0] / last_step, steps[-1] / last_step, steps[-1] - steps[0], float(chain == sorted(chain))))
+        chunks[key].append(len(record["reading_order"]))
+    return [{"dataset": d, "backbone": b, "row": m, "condition": c, "samples": len(v), "chunks": _mean(chunks[(d, b, m, c)]),
+             "first": _mean([x[0] for x in v]), "last": _mean([x[1] for x in v]), "gap": _mean([x[2] for x in v]),
+             "in_order": _mean([x[3] for x in v])}
+            for (d, b, m, c), v in groups.items()]
 
 
 # ----------------------------------------------------------------------------- figures
@@ -276,21 +340,35 @@ def plot_accuracy(tables: dict[str, dict[str, Any]], fig_dir: Path) -> list[Path
     return paths
 
 
+def _controlled_panel(ax: Any, dataset: str, table: dict[str, Any]) -> None:
+    conds = table["conditions"]
+    for (backbone, label), values in table["lines"].items():
+        spread = table["spread"][(backbone, label)]
+        ax.plot(range(len(conds)), [values.get(c, math.nan) for c in conds], "-o", label=f"{label} · {backbone} (Δ {_fmt(spread)})")
+    ax.set_xticks(range(len(conds)), conds, rotation=30, fontsize=8)
+    ax.set_xlabel(ANALYSES.get(table["analysis"], table["analysis"]), fontsize=8)
+    ax.set_ylabel("Sub_EM (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"{table['analysis'].capitalize()} · {dataset}", fontsize=9)
+    ax.legend(fontsize=6)
+
+
 def plot_controlled(controlled: dict[str, dict[str, Any]], fig_dir: Path) -> list[Path]:
+    """One figure per controlled set and, with several, all side by side (Δ = the spread)."""
     plt = _plt()
     paths = []
     for dataset, table in controlled.items():
         fig, ax = plt.subplots(figsize=(6.4, 4))
-        conds = table["conditions"]
-        for (backbone, label), values in table["lines"].items():
-            ax.plot(range(len(conds)), [values.get(c, math.nan) for c in conds], "-o", label=f"{label} · {backbone}")
-        ax.set_xticks(range(len(conds)), conds, rotation=30, fontsize=8)
-        ax.set_ylabel("Sub_EM (%)")
-        ax.set_ylim(0, 100)
-        ax.set_title(f"Controlled analysis · {dataset}")
-        ax.legend(fontsize=7)
+        _controlled_panel(ax, dataset, table)
         fig.tight_layout()
         paths.append(_save(fig, fig_dir / f"controlled_{dataset}.png"))
+    if len(controlled) > 1:
+        fig, axes = plt.subplots(1, len(controlled), figsize=(5.2 * len(controlled), 4.2), squeeze=False)
+        for ax, (dataset, table) in zip(axes[0], controlled.items()):
+            _controlled_panel(ax, dataset, table)
+        fig.suptitle("Accuracy under controlled evidence: position, order, distance")
+        fig.tight_layout()
+        paths.append(_save(fig, fig_dir / "controlled_sensitivity.png"))
     return paths
 
 
@@ -406,13 +484,30 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
     if controlled:
         c_md, c_csv = [], []
         for dataset, table in controlled.items():
-            header = ["Backbone", "Method", *table["conditions"]]
-            body = [[b, m, *(_fmt(v.get(c)) for c in table["conditions"])] for (b, m), v in table["lines"].items()]
-            c_md.append(f"## Controlled · {dataset}\n\n" + table_to_markdown(header, body))
+            header = ["Backbone", "Method", *table["conditions"], "Spread (max − min)"]
+            body = [[b, m, *(_fmt(v.get(c)) for c in table["conditions"]), _fmt(table["spread"][(b, m)])]
+                    for (b, m), v in table["lines"].items()]
+            c_md.append(f"## Controlled · {table['analysis']} · {dataset}\n\n" + table_to_markdown(header, body))
             c_csv.append(table_to_csv(header, body, extra=[dataset]))
+        s_header, s_body = sensitivity_rows(controlled)
+        c_md.append("## Sensitivity: spread of Sub_EM (max − min over conditions, points; lower = steadier)\n\n"
+                    + table_to_markdown(s_header, s_body))
         (out / "controlled.md").write_text("\n".join(c_md))
         (out / "controlled.csv").write_text(_join_csv(c_csv))
+        (out / "sensitivity.md").write_text(c_md[-1])
+        (out / "sensitivity.csv").write_text(table_to_csv(s_header, s_body))
         sections += c_md
+    reading = sorted(evidence_reading(rows), key=lambda e: (e["dataset"], e["backbone"], e["row"], str(e["condition"])))
+    if reading:
+        r_header = ["Dataset", "Backbone", "Method", "Condition", "chunks", "first evidence read at", "last evidence read at",
+                    "chunks from first to last evidence", "read in reasoning order", "samples"]
+        r_body = [[e["dataset"], e["backbone"], e["row"], str(e["condition"]), f"{e['chunks']:.1f}", f"{e['first']:.2f}",
+                   f"{e['last']:.2f}", f"{e['gap']:.2f}", f"{e['in_order']:.2f}", str(e["samples"])] for e in reading]
+        r_md = ("## When the sequential readers read the evidence (fraction of the pass: 0 = first chunk read, 1 = last)\n\n"
+                + table_to_markdown(r_header, r_body))
+        (out / "reading.md").write_text(r_md)
+        (out / "reading.csv").write_text(table_to_csv(r_header, r_body))
+        sections.append(r_md)
 
     rl = learning.rl_tables(rows)
     if rl:
@@ -435,8 +530,8 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
             pages.append(write_viewer(d, out / "viewer" / f"{_slug(d)}.html"))
         sections.append("## Trajectory viewer\n\n" + "\n".join(f"- `{p}`" for p in pages) + "\n")
     (out / "report.md").write_text("\n".join(sections))
-    return {"run_dirs": run_dirs, "tables": tables, "latency": latency, "speedups": speed, "tokens": tokens,
-            "controlled": controlled, "figures": figures, "viewer": pages, "report": out / "report.md",
+    return {"run_dirs": run_dirs, "tables": tables, "reading": reading, "latency": latency, "speedups": speed,
+            "tokens": tokens, "controlled": controlled, "figures": figures, "viewer": pages, "report": out / "report.md",
             "rl": rl, "rows": rows, "train_steps": steps}
 
 

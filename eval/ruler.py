@@ -235,9 +235,15 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     @hydra.main(config_path="../configs/eval", config_name="ruler", version_base="1.3")
     def run(cfg: Any) -> None:
-        sys.exit(asyncio.run(evaluate_ruler(cfg)))
+        try:
+            sys.exit(asyncio.run(evaluate_ruler(cfg)))
+        except (RunDirLocked, InputsChanged) as error:
+            print(f"eval.ruler: error: {error}", file=sys.stderr)
+            sys.exit(2)
 
-    from eval.run import with_search_path  # shared presets: configs/backend, configs/episode, configs/method
+    from eval.inputs import InputsChanged
+    from eval.run import with_search_path
+    from eval.store import RunDirLocked  # shared presets: configs/backend, configs/episode, configs/method
 
     sys.argv = [sys.argv[0], *with_search_path(argv)]
     run()

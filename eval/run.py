@@ -3,8 +3,13 @@
 Features
 - Any registered method (ParSer, full-context, MemAgent, ReMemR1, agentic RAG, DCI) by name
   from `method.name`; models come from the `models` section (`parser.backends.build_models`).
-- One JSONL row per finished sample, fsync'd, keyed by (dataset, length, run, sample id): kill
-  it and re-run the same command; it skips what is done and never writes a key twice.
+- One JSONL row per finished sample, fsync'd, keyed by (dataset, length, condition, run, sample
+  id): kill it and re-run the same command; it runs every expected key not in the store, never
+  writes a key twice, and counts only this run's keys as done.
+- Resume is checked against the inputs: the manifest fingerprints the dataset (file bytes, or
+  the synthetic world's rows), the method config and the seed; if rows exist that were computed
+  on other inputs (a dataset file replaced or edited, a method key changed), the run stops with
+  exit 2 and names what changed (`eval.inputs`) instead of reporting the old rows as its own.
 - The run directory (`out_dir`) records git hash, resolved config, package versions, seeds,
   hardware and per-session timings (`manifest.json`), and per-subset wall time
   (`timings.jsonl`) for amortized latency.
@@ -12,8 +17,9 @@ Features
   run one after another, as the paper times them. Progress bars show running Sub_EM and ETA.
 - `warmup` untimed, unrecorded samples first (copies of the first ones under new ids), so
   one-off costs (lazy init, first-call kernels) do not land in the first subset's latency.
-- A sample whose method raises is logged to `errors.jsonl` and not written, so a re-run
-  retries it; the command then exits 1.
+- A sample whose method raises, or that got no fair run (`MethodResult.failed`: ParSer with
+  every subagent call failed, `parser.retry`), is logged to `errors.jsonl` (with its trace) and
+  not written, so a re-run retries it; the command then exits 1.
 - One process per `out_dir`: a second `eval.run` on a directory in use exits 2 with a message
   naming the holder (`eval.store.lock_run_dir`).
 
@@ -40,8 +46,9 @@ from tqdm import tqdm
 
 from eval import provenance
 from eval.datasets import Subset, load_subsets
+from eval.inputs import InputsChanged, check_unchanged, fingerprint
 from eval.metrics import PRIMARY, completion_text, score
-from eval.store import ResultsStore, RunDirLocked, lock_run_dir
+from eval.store import Key, ResultsStore, RunDirLocked, lock_run_dir, row_key
 from parser.methods import Method, MethodResult, Sample, build_method
 
 
@@ -100,12 +107,21 @@ def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, c
     return row
 
 
+def sample_key(subset: Subset, run: int, sample: Sample) -> Key:
+    return (subset.dataset, subset.length, subset.condition, run, sample.id)
+
+
+def expected_keys(subsets: list[Subset], runs: int) -> set[Key]:
+    """Every key this run must have in the store to be done."""
+    return {sample_key(subset, run, s) for run in range(runs) for subset in subsets for s in subset.samples}
+
+
 async def run_subset(method: Method, subset: Subset, run: int, store: ResultsStore, cfg: DictConfig) -> tuple[int, int]:
     """Run the unfinished samples of one subset; returns (written, failed)."""
     done = store.done_keys()
-    pending = [s for s in subset.samples if (subset.dataset, subset.length, run, s.id) not in done]
-    finished = [r for r in store.rows() if (r["dataset"], r["length"], r["run"]) == (subset.dataset, subset.length, run)
-                and r.get("condition") == subset.condition]
+    pending = [s for s in subset.samples if sample_key(subset, run, s) not in done]
+    mine = {sample_key(subset, run, s) for s in subset.samples}
+    finished = [r for r in store.rows() if row_key(r) in mine]
     if not pending:
         return 0, 0
     seed_everything(int(cfg.seed) + run)
@@ -116,17 +132,24 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
     written = failed = 0
     session = f"{os.getpid()}@{time.time():.3f}"  # this process's pass over this subset
 
+    def log_failure(sample: Sample, error: str, **detail: Any) -> None:
+        nonlocal failed
+        failed += 1
+        store.log_error({"dataset": subset.dataset, "length": subset.length, "condition": subset.condition, "run": run,
+                         "sample_id": sample.id, "error": error, **detail, "time": provenance.now()})
+        bar.write(f"[eval] {subset.label} run {run} sample {sample.id}: {error} (logged, will retry on re-run)")
+
     async def one(sample: Sample) -> None:
-        nonlocal written, failed
+        nonlocal written
         async with semaphore:
             try:
                 result = await method.run(sample)
             except Exception as err:  # a broken sample must not stop the table; it is retried on re-run
-                failed += 1
-                store.log_error({"dataset": subset.dataset, "length": subset.length, "run": run, "sample_id": sample.id,
-                                 "error": repr(err), "traceback": traceback.format_exc(), "time": provenance.now()})
-                bar.write(f"[eval] {subset.label} run {run} sample {sample.id}: {err!r} (logged, will retry on re-run)")
+                log_failure(sample, repr(err), traceback=traceback.format_exc())
                 return
+        if result.failed:  # no fair run (e.g. the subagents' gateway was down): not a wrong answer
+            log_failure(sample, result.failed, record=result.record)
+            return
         row = result_row(subset, run, sample, result, cfg, bool(cfg.save_records), session)
         if store.append(row):
             written += 1
@@ -156,11 +179,12 @@ async def warm_up(method: Method, subsets: list[Subset], n: int) -> None:
         print(f"[eval] warm-up {copy.id}: {time.perf_counter() - t:.1f} s (not recorded)")
 
 
-def build_eval_method(cfg: DictConfig) -> Method:
-    """The models and the method a config names (the method owns and closes its models)."""
+def build_eval_method(cfg: DictConfig, models: Any = None) -> Method:
+    """The method a config names, on `models` (several methods may share them: the order study)
+    or on models built from `cfg.models`. The method closes its models on `aclose`."""
     from parser.backends.models import build_models
 
-    models = build_models(OmegaConf.to_container(cfg.models, resolve=True))
+    models = models or build_models(OmegaConf.to_container(cfg.models, resolve=True))
     method_cfg = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k not in ("name", "label")}
     return build_method(cfg.method.name, models, **method_cfg)
 
@@ -168,7 +192,8 @@ def build_eval_method(cfg: DictConfig) -> Method:
 async def evaluate(cfg: DictConfig, method: Method | None = None) -> int:
     """Run (or resume) one eval. Pass `method` to reuse built models across several evals
     (RULER's tasks); the caller then closes it. Otherwise it is built from `cfg` and closed here.
-    Raises `RunDirLocked` if another process is evaluating into `cfg.out_dir`."""
+    Raises `RunDirLocked` if another process is evaluating into `cfg.out_dir`, and
+    `InputsChanged` (before anything is written) if its rows were computed on other inputs."""
     with lock_run_dir(cfg.out_dir):
         return await _evaluate(cfg, method)
 
@@ -176,11 +201,14 @@ async def evaluate(cfg: DictConfig, method: Method | None = None) -> int:
 async def _evaluate(cfg: DictConfig, method: Method | None) -> int:
     subsets = load_subsets(cfg.dataset, limit=cfg.limit)
     store = ResultsStore(cfg.out_dir)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    manifest = provenance.read_manifest(cfg.out_dir) or {}
+    inputs = check_unchanged(cfg.out_dir, manifest.get("inputs"), fingerprint(config, subsets), store.rows())
     seeds = {"base": int(cfg.seed), "per_run": [int(cfg.seed) + r for r in range(int(cfg.runs))]}
-    provenance.write_manifest(cfg.out_dir, OmegaConf.to_container(cfg, resolve=True), seeds)
-    expected = int(cfg.runs) * sum(len(s.samples) for s in subsets)
-    already = len(store.done_keys())
-    if already >= expected:
+    provenance.write_manifest(cfg.out_dir, config, seeds, inputs)
+    keys = expected_keys(subsets, int(cfg.runs))
+    expected = len(keys)
+    if keys <= store.done_keys():
         print(f"[eval] {cfg.out_dir}: all {expected} samples already done")
         provenance.close_session(cfg.out_dir, written=0, failed=0, expected=expected)
         return 0
@@ -200,7 +228,7 @@ async def _evaluate(cfg: DictConfig, method: Method | None) -> int:
             await method.aclose()
         provenance.close_session(cfg.out_dir, written=written, failed=failed, expected=expected,
                                  wall_s=round(time.perf_counter() - start, 2))
-    total = len(store.done_keys())
+    total = len(keys & store.done_keys())
     print(f"[eval] {cfg.out_dir}: {total}/{expected} samples done ({written} this session, {failed} failed)")
     return 1 if failed or total < expected else 0
 
@@ -214,7 +242,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 def _main(cfg: DictConfig) -> None:
     try:
         sys.exit(asyncio.run(evaluate(cfg)))
-    except RunDirLocked as error:
+    except (RunDirLocked, InputsChanged) as error:
         print(f"eval.run: error: {error}", file=sys.stderr)
         sys.exit(2)
 

@@ -3,8 +3,9 @@
 A long evaluation (8 lengths x 128 questions x 3 runs, hours at 896K tokens) will be
 interrupted. Every finished sample is appended as one line and fsync'd before the next one is
 counted, so a crash loses at most the samples in flight. A row is keyed by
-(dataset, length, run, sample id); re-running the same command reads the keys back and skips
-them, so samples are never duplicated or lost. A line torn by a kill mid-write is dropped on
+(dataset, length, condition, run, sample id); re-running the same command reads the keys back
+and skips them, so samples are never duplicated or lost (`eval.inputs` checks that the rows
+were computed on the same inputs). A line torn by a kill mid-write is dropped on
 load (and the file truncated back to the last complete line) instead of poisoning the file.
 
 Per-subset wall times live in a second file (`timings.jsonl`), one line per (subset, session),
@@ -19,7 +20,7 @@ One process owns a run directory at a time: `lock_run_dir` holds an exclusive `f
     with lock_run_dir(run_dir):
         store = ResultsStore(run_dir)
         done = store.done_keys()
-        store.append(row)        # row carries dataset/length/run/sample_id
+        store.append(row)        # row carries dataset/length/condition/run/sample_id
 """
 from __future__ import annotations
 
@@ -35,9 +36,9 @@ from typing import Any, Iterator
 RESULTS = "results.jsonl"
 TIMINGS = "timings.jsonl"
 ERRORS = "errors.jsonl"
-KEY_FIELDS = ("dataset", "length", "run", "sample_id")
+KEY_FIELDS = ("dataset", "length", "condition", "run", "sample_id")
 
-Key = tuple[str, int, int, str]
+Key = tuple[str, int, "str | None", int, str]
 LOCK = ".eval.lock"
 
 
@@ -70,9 +71,12 @@ def lock_run_dir(run_dir: str | Path) -> Iterator[None]:
 
 
 def row_key(row: dict[str, Any]) -> Key:
-    """The identity of a result row; `length` and `run` are ints, the id a string."""
+    """The identity of a result row; `length` and `run` are ints, the id a string, the
+    condition a string or None (a length subset)."""
     try:
-        return (str(row["dataset"]), int(row["length"]), int(row["run"]), str(row["sample_id"]))
+        condition = row["condition"]
+        return (str(row["dataset"]), int(row["length"]), None if condition is None else str(condition), int(row["run"]),
+                str(row["sample_id"]))
     except KeyError as err:
         raise KeyError(f"result row lacks key field {err}; a row needs {KEY_FIELDS}") from None
 

@@ -55,7 +55,7 @@ def render_trajectory(record: dict[str, Any]) -> str:
                      f'<span class="tag">{esc(turn.get("lead_tokens", 0))} lead tokens</span>'
                      f'<span class="tag">{esc(round(float(turn.get("lead_latency_s", 0)), 2))} s lead</span>'
                      f'<span class="tag">{esc(round(float(turn.get("scatter_latency_s", 0)), 2))} s scatter</span>'
-                     + (f'<span class="tag warn">cut at token limit</span>' if turn.get("finish_reason") == "length" else "")
+                     + ('<span class="tag warn">cut at token limit</span>' if turn.get("finish_reason") == "length" else "")
                      + "</div>")
         if turn.get("thinking"):
             parts.append(f'<div class="think">{esc(turn["thinking"])}</div>')

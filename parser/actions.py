@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from parser import release
 from parser.lenient_json import loads_lenient, loads_strict
@@ -88,7 +88,7 @@ def _answers(text: str) -> list[str]:
 
 
 def _named_blocks(text: str, tag: str, *, need_close: bool) -> Iterator[tuple[str, str]]:
-    """(name, body) of each `<tag=name>body</tag>` in order, as the regex
+    r"""(name, body) of each `<tag=name>body</tag>` in order, as the regex
     `<tag=([^>\n]+)>(.*?)</tag>` (or `(?:</tag>|\Z)` without `need_close`) finds them."""
     opener, closer = f"<{tag}=", f"</{tag}>"
     pos, gt = 0, -1
@@ -293,9 +293,10 @@ def parse_release_turn(text: str) -> LeadAction:
 # (about 25 tokens of wrapper plus at most 80 of query; ~20 for a real question).
 MAX_QUERY_CHARS = 80
 MAX_ANSWER_CHARS = 80
+STRIPPED = " \t\r\f\v"  # what the parser strips from a query's ends (newlines are never in one)
 
 
-def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = False) -> str:
+def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = False, exclude: Sequence[str] = ()) -> str:
     """The language "exactly one tool call, or one <answer>, per turn" as a regular expression
     (the lead constraint, `EpisodeConfig.constrain_lead`; for untrained small leads).
 
@@ -303,9 +304,9 @@ def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = Fal
     (`query_agents(query)`). `dialect` is the chat template's call format ("json": Hermes, "xml":
     Qwen3.5's). `thinking`: the generation prompt opened `<think>`, so a thinking block closed by
     `</think>` comes first. Queries and answers are bounded (MAX_QUERY_CHARS, MAX_ANSWER_CHARS).
+    `exclude`: queries the call may not repeat verbatim (`EpisodeConfig.distinct_queries`).
     Every string this matches parses to one call or one answer here.
     """
-    value = f"{{1,{MAX_QUERY_CHARS}}}"  # bounded: a call always fits a small turn budget
     calls = []
     for tool in tools:
         function = tool.get("function", tool)
@@ -314,11 +315,70 @@ def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = Fal
             raise ValueError(f"lead constraint: tool {function.get('name')!r} must take exactly one string argument")
         name, arg = re.escape(function["name"]), re.escape(next(iter(params)))
         if dialect == "xml":
-            calls.append(f"<tool_call>\\n<function={name}>\\n<parameter={arg}>\\n[^<\\n]{value}\\n</parameter>\\n</function>\\n</tool_call>")
+            value = string_except(exclude, "<\n", MAX_QUERY_CHARS)
+            calls.append(f"<tool_call>\\n<function={name}>\\n<parameter={arg}>\\n{value}\\n</parameter>\\n</function>\\n</tool_call>")
         elif dialect == "json":
-            calls.append(f'<tool_call>\\{{"name": "{name}", "arguments": \\{{"{arg}": "[^"\\\\\\n<]{value}"\\}}\\}}</tool_call>')
+            value = string_except(exclude, '"\\\n<', MAX_QUERY_CHARS)
+            calls.append(f'<tool_call>\\{{"name": "{name}", "arguments": \\{{"{arg}": "{value}"\\}}\\}}</tool_call>')
         else:
             raise ValueError(f"lead constraint: unknown tool-call dialect {dialect!r} (json or xml)")
     head = "([^<]|<[^/])*</think>\\n\\n" if thinking else ""
     answer = f"<answer>[^<\\n]{{1,{MAX_ANSWER_CHARS}}}</answer>"
     return head + "(" + "|".join([*calls, answer]) + ")"
+
+
+def string_except(forbidden: Sequence[str], excluded: str, max_len: int, strip: str = STRIPPED) -> str:
+    """A regular expression for the strings of 1..`max_len` characters not in `excluded`, that
+    neither start nor end with a `strip` character (the parser strips them, so a padded repeat
+    would still be a repeat), none of them equal to a string of `forbidden`.
+
+    A trie of the forbidden strings: at each node a string may stop (unless the node ends a
+    forbidden string, or its last character is one `strip` names), follow a child, or leave the
+    trie with any other character and continue freely. Linear in the forbidden strings' length."""
+    inner, edge = _negated(excluded), _negated(excluded + strip)
+    trie: dict[str | None, Any] = {}
+    for text in forbidden:
+        if text and len(text) <= max_len and not set(text) & set(excluded) and text == text.strip(strip):
+            node = trie
+            for char in text:
+                node = node.setdefault(char, {})
+            node[None] = {}  # a forbidden string ends here
+
+    def tail(left: int, required: bool) -> str:
+        """1..`left` more characters ending on an edge character (or none, if not required)."""
+        if left <= 0:
+            return ""
+        body = (f"{inner}{{0,{left - 1}}}" if left > 1 else "") + edge
+        return body if required else f"({body})?"
+
+    def at(node: dict[str | None, Any], depth: int, last: str | None) -> str | None:
+        """The rest of a string at this trie node; None where no string can go on from it."""
+        children = sorted(c for c in node if c is not None)
+        branches = [_literal(c) + rest for c in children if (rest := at(node[c], depth + 1, c)) is not None]
+        left = max_len - depth - 1
+        if depth < max_len:
+            branches.append(_negated(excluded + strip + "".join(children)) + tail(left, required=False))
+            inside = [c for c in strip if c not in children]
+            if depth > 0 and left > 0 and inside:  # a space inside the string, then more of it
+                branches.append("[" + "".join(map(_class_char, inside)) + "]" + tail(left, required=True))
+        may_stop = depth > 0 and None not in node and last not in strip
+        if not branches:
+            return "" if may_stop else None
+        group = "(" + "|".join(branches) + ")"
+        return group + "?" if may_stop else group
+
+    return at(trie, 0, None)
+
+
+def _literal(char: str) -> str:
+    return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char, "\\" + char if char in "\\.^$*+?()[]{}|/-" else char)
+
+
+def _class_char(char: str) -> str:
+    return {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\f": "\\f", "\v": "\\v"}.get(
+        char, "\\" + char if char in "\\]^-[" else char)
+
+
+def _negated(chars: str) -> str:
+    """A character class of everything but `chars`."""
+    return "[^" + "".join(_class_char(c) for c in sorted(set(chars))) + "]"

@@ -56,12 +56,11 @@ class ChatFormat:
         return text.removesuffix(self.end_of_turn)
 
     def control_tokens(self, tokenizer: Any) -> frozenset[str]:
-        """The format's tokens and every token the tokenizer marks special: each of these strings,
-        found in raw text, is encoded as one control token rather than as text."""
-        special = set(getattr(tokenizer, "all_special_tokens", ()))
-        decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-        special.update(t.content for t in decoder.values() if getattr(t, "special", False))
-        return frozenset(special | set(self.tokens))
+        """Every string this tokenizer turns into one reserved token when it meets it in raw text:
+        the format's tokens, the tokenizer's special tokens, and its other added tokens (Qwen's
+        `<think>`, `<tool_call>`, which the lead's parser and the template read as markup)."""
+        added = {t.content for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()}
+        return frozenset(added | set(getattr(tokenizer, "all_special_tokens", ())) | set(self.tokens))
 
 
 CHATML = ChatFormat("ChatML", turn_start="<|im_start|>", end_of_turn="<|im_end|>", end_of_text="<|endoftext|>")

@@ -51,6 +51,7 @@ class EpisodeConfig:
     # constrained decoding (parser.episode's docstring); off in the paper's settings
     constrain_subagents: bool = False  # subagent replies under the finding's JSON schema
     constrain_lead: bool = False  # one tool call or one <answer> per lead turn (not for training)
+    distinct_queries: bool = False  # with constrain_lead: the constraint refuses a query the lead asked before, verbatim
     protocol: str = "parser"  # "release": the authors' release, row by row (parser.protocol, docs/fidelity.md)
     protocol_release: dict[str, Any] = dataclasses.field(default_factory=lambda: {"repo": None})  # repo: its checkout
 
@@ -58,11 +59,14 @@ class EpisodeConfig:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}")
         self.protocol_release = dict(self.protocol_release or {})
+        if self.distinct_queries and not self.constrain_lead:
+            raise ValueError("distinct_queries is part of the lead constraint: set constrain_lead too")
 
     def constraints(self) -> list[str]:
         """The constrained-decoding options that are on (recorded in trajectories and manifests)."""
         return [name for name, on in (("subagents: json_schema", self.constrain_subagents),
-                                      ("lead: one action per turn", self.constrain_lead)) if on]
+                                      ("lead: one action per turn", self.constrain_lead),
+                                      ("lead: no query asked twice", self.distinct_queries)) if on]
 
 
 def _preset_values(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:

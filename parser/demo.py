@@ -62,23 +62,36 @@ def cpu_episode(episode: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_result(sample: Sample, result: MethodResult, score: float) -> None:
+    """One line per round, read as the method: the lead's query -> how many of the T chunks'
+    subagents answered -> what they answered; then the lead's answer."""
     record = result.record
+    chunks = record["num_chunks"]
     print(f"\n=== {sample.id}: {sample.question}")
-    print(f"    gold: {sample.answers}   chunks: {record['num_chunks']}")
+    print(f"    gold: {sample.answers}   the document: {chunks} chunks, each read by its own subagent")
     for turn in record["turns"]:
-        print(f"  turn {turn['index'] + 1}: {turn['lead_tokens']} lead tokens, {turn['lead_latency_s']:.1f}s")
+        lead = f"turn {turn['index'] + 1} (lead {turn['lead_latency_s']:.1f} s)"
         if turn["action_error"]:
-            print(f"    invalid action: {turn['action_error']}")
+            print(f"  {lead}: invalid action ({turn['action_error']})")
         for query in turn["queries"]:
-            failures = sum(c["status"] == "failed" for c in query["calls"])
-            print(f"    query: {query['query']!r} -> {len(query['findings'])} findings, {failures} failed calls")
-            for finding in query["findings"][:5]:
-                agents = ", ".join([finding["agent"], *finding["merged_agents"]])
-                print(f"      [{agents}] {finding['answer'][:80]!r}  evidence: {finding['evidence'][:100]!r}")
-            if len(query["findings"]) > 5:
-                print(f"      ... {len(query['findings']) - 5} more findings")
-    print(f"  answer: {result.answer!r}   Sub_EM: {score:.0f}   stop: {record['stop_reason']}   "
-          f"latency: {result.wall_s:.1f}s   sequential steps: {result.steps}")
+            print(f"  {lead}: {query['query']!r} -> {round_summary(query, chunks)}")
+        if turn["answer"] is not None:
+            print(f"  {lead}: answer {turn['answer']!r}")
+    reading = sum(t["scatter_latency_s"] for t in record["turns"])
+    print(f"  answer: {result.answer!r}   Sub_EM: {score:.0f}   stop: {record['stop_reason']}   latency: {result.wall_s:.1f} s "
+          f"(reading {reading:.1f} s)   sequential steps: {result.steps}")
+    if result.failed:  # eval would count this sample as failed, not score it
+        print(f"  FAILED: {result.failed}")
+
+
+def round_summary(query: dict[str, Any], chunks: int, shown: int = 4) -> str:
+    """"k of T chunks answered in S s: 'A' (agent_2, agent_5), 'B' (agent_9), ..." for one scatter round."""
+    findings = query["findings"]
+    answered = sum(1 + len(f["merged_agents"]) for f in findings)
+    failed = sum(c["status"] == "failed" for c in query["calls"])
+    answers = ", ".join(f"{f['answer'][:40]!r} ({', '.join([f['agent'], *f['merged_agents']][:3])})" for f in findings[:shown])
+    more = f", +{len(findings) - shown} more" if len(findings) > shown else ""
+    failures = f", {failed} failed" if failed else ""
+    return f"{answered} of {chunks} chunks answered in {query['latency_s']:.1f} s{failures}" + (f": {answers}{more}" if answers else "")
 
 
 async def run_demo(cfg: DictConfig, log_dir: Path) -> list[dict[str, Any]]:

@@ -29,13 +29,16 @@ Honest token view: the lead's generated ids are the ids the backend reports. A b
 returns only text (an OpenAI server without `return_token_ids`) has its text re-tokenised, which
 need not give the ids the model sampled; the trajectory then says so (`token_view_valid=False`,
 `token_view_note`) and training refuses it. Lead generations are retried like subagent reads
-(`parser.retry`).
+(`parser.retry`), under their backend's own deadline (`request_timeout_s` is the subagent
+read's); one that fails for good raises `CallFailed` out of the episode.
 
 Constrained decoding (off in every paper config; both recorded in `Trajectory.constraints`):
 `constrain_subagents` decodes subagent replies under the finding's JSON schema (answer before
 evidence, so a reply cut at its budget still carries the answer); `constrain_lead` allows one
 tool call or one `<answer>` per lead turn (`parser.actions.action_regex`), which is how an
-untrained small lead (the CPU demo's SmolLM2-135M) reaches the tool at all. It changes the
+untrained small lead (the CPU demo's SmolLM2-135M) reaches the tool at all; `distinct_queries`
+adds to it that a query asked before may not be asked again verbatim (a greedy 135M lead
+otherwise sends its first query every turn, and each repeat costs a whole scatter round). It changes the
 lead's sampling distribution, so training refuses it.
 
 The protocol object (`parser.protocol`, from `EpisodeConfig.protocol`: this project's or the
@@ -47,18 +50,19 @@ protocol's mask rule, applied once the reward is known (`Protocol.mask_invalid_t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from typing import Any
 
 from parser import prompts
-from parser.actions import LeadAction, action_regex, split_thinking
+from parser.actions import LeadAction, ToolCall, action_regex, split_thinking
 from parser.backends.base import Backend, Completion, SamplingParams
 from parser.chat_format import ChatFormat
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig
 from parser.protocol import Protocol, protocol_for
-from parser.retry import retrying
+from parser.retry import RetryPolicy
 from parser.tools import ChunkReader, QueryAgents, Toolset
 from parser.trajectory import Trajectory, Turn
 
@@ -87,13 +91,21 @@ class LeadContext:
         self.end_of_turn_id = chat.end_of_turn_id(tokenizer)
         self.rerendered = False  # an eval-only option rewrote history: prompts come from `messages`
         self.token_view_note: str | None = None  # why the token view is approximate, if it is
+        self.asked: list[str] = []  # the queries sent so far (the lead constraint's exclusions)
         self.action_regex = self._action_regex() if config.constrain_lead else None
 
     def _action_regex(self) -> str:
         """The lead constraint in this chat template's tool-call dialect."""
         rendered = self._render(self.messages, add_generation_prompt=True)
-        dialect = "xml" if "<function=" in rendered else "json"
-        return action_regex(self.tools, dialect, thinking=rendered.rstrip().endswith("<think>"))
+        self._dialect = "xml" if "<function=" in rendered else "json"
+        self._thinking = rendered.rstrip().endswith("<think>")
+        return action_regex(self.tools, self._dialect, thinking=self._thinking)
+
+    def note_queries(self, queries: list[str]) -> None:
+        """Remember the turn's queries; under `distinct_queries` the constraint now refuses them."""
+        self.asked += queries
+        if self.config.distinct_queries:
+            self.action_regex = action_regex(self.tools, self._dialect, thinking=self._thinking, exclude=self.asked)
 
     def _template_ignores_tools(self) -> bool:
         """True for chat templates without tool support: the tool schemas must go in as text."""
@@ -183,6 +195,7 @@ class EpisodeEngine:
         self.config = config or EpisodeConfig()
         self.protocol = protocol or protocol_for(self.config)
         self._slots = asyncio.Semaphore(self.config.max_concurrency)
+        self._lead_retry = dataclasses.replace(RetryPolicy.of(self.config), timeout_s=None)
 
     def _count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
@@ -201,65 +214,78 @@ class EpisodeEngine:
 
     async def run_tools(self, question: str, toolset: Toolset, *, doc_id: str = "doc", request_id: str | None = None,
                         routing_key: str | None = None) -> Trajectory:
-        """One episode with any tool set. `request_id` keeps the episode on one server (default
-        `doc_id`); `routing_key`, if given, is sent with every generation (gateway pinning)."""
+        """One episode with any tool set: paper Algorithm 1, its line numbers on the right.
+        `request_id` keeps the episode on one server (default `doc_id`); `routing_key`, if given,
+        is sent with every generation (gateway pinning)."""
         cfg, protocol = self.config, self.protocol
         protocol.check_toolset(toolset.names)
-        rules = toolset.rules
         started = time.perf_counter()
-        context = LeadContext(self.tokenizer, toolset, question, cfg, protocol.chat)
+        context = LeadContext(self.tokenizer, toolset, question, cfg, protocol.chat)  # l. 3: H <- [system, user(q)]
         trajectory = Trajectory(question=question, doc_id=doc_id, num_chunks=0, prompt_ids=context.prompt_ids,
                                 constraints=cfg.constraints())
         ids = {"request_id": request_id or doc_id, **({"routing_key": routing_key} if routing_key is not None else {})}
-        for turn_index in range(cfg.max_turns):
+        for turn_index in range(cfg.max_turns):  # l. 4: for t = 1 to K
             budget = protocol.turn_budget(len(context.response_ids))
             if budget <= 0:
                 trajectory.stop_reason = "response_length"
                 break
-            step = await self._turn(context, context.prompt(), turn_index, budget, toolset.names, ids)
+            step = await self._turn(context, context.prompt(), turn_index, budget, toolset.names, ids)  # l. 5
             if step is None:
                 trajectory.stop_reason = "empty_generation"
                 break
             turn, action, content = step
             trajectory.turns.append(turn)
-            if action.answer is not None:
+            if action.answer is not None:  # ll. 6-8: an answer ends the episode
                 trajectory.answer, trajectory.stop_reason = action.answer, "answer"
                 break
-            cut = turn.finish_reason == "length"
-            if action.calls:
-                tools_started = time.perf_counter()
-                result = await toolset.execute(action.calls)
-                turn.queries, turn.tool_calls = result.queries, result.calls
-                turn.scatter_latency_s = time.perf_counter() - tools_started
-                observation = result.messages
-            elif (answer := rules.reply_answer(content, cut)) is not None:
-                turn.action_error = None
-                trajectory.answer, trajectory.stop_reason = answer, "plain_reply"
-                break
-            elif (message := rules.continuation(cut, cfg.prompt_version)) is not None:
-                observation = [{"role": "user", "content": message}]
-            else:
-                error = action.error or "no tool call and no <answer> block"
-                closed_here = context.response_mask[-1] == 0  # the engine closed a cut turn
-                start = len(context.response_ids) - turn.lead_tokens - closed_here
-                trajectory.invalid_turn_spans.append((start, start + turn.lead_tokens))
-                observation = [{"role": "user", "content": toolset.invalid_action(error)}]
+            if action.calls:  # ll. 9-16: scatter every query to every chunk, gather, append
+                observation = await self._execute(toolset, action.calls, turn)
+                context.note_queries(action.queries)
+            else:  # ll. 17-18: the invalid-action hint (unless the tool set's rules say otherwise)
+                observation = self._without_call(toolset, context, trajectory, turn, action, content)
+                if observation is None:
+                    break
             context.append_observation(observation)
-            if action.calls and rules.compact(context.messages, cfg.prompt_version):
+            if action.calls and toolset.rules.compact(context.messages, cfg.prompt_version):
                 context.history_rewritten()
                 trajectory.token_view_valid = False
-        final = rules.finalize_prompt(cfg.prompt_version)
+        final = toolset.rules.finalize_prompt(cfg.prompt_version)
         if trajectory.stop_reason == "max_turns" and final is not None and protocol.turn_budget(len(context.response_ids)) > 0:
             await self._finalize(context, trajectory, final, ids)
         if context.token_view_note:
             trajectory.token_view_valid, trajectory.token_view_note = False, context.token_view_note
-        trajectory.answer = protocol.final_answer(trajectory)
+        trajectory.answer = protocol.final_answer(trajectory)  # l. 21
         trajectory.messages = context.messages
         trajectory.response_ids = context.response_ids
         trajectory.response_mask = context.response_mask
         trajectory.response_logprobs = context.response_logprobs
         trajectory.wall_s = time.perf_counter() - started
         return trajectory
+
+    async def _execute(self, toolset: Toolset, calls: list[ToolCall], turn: Turn) -> list[dict[str, Any]]:
+        """The turn's tool calls, concurrently; their records go on the turn."""
+        started = time.perf_counter()
+        result = await toolset.execute(calls)
+        turn.queries, turn.tool_calls = result.queries, result.calls
+        turn.scatter_latency_s = time.perf_counter() - started
+        return result.messages
+
+    def _without_call(self, toolset: Toolset, context: LeadContext, trajectory: Trajectory, turn: Turn,
+                      action: LeadAction, content: str) -> list[dict[str, Any]] | None:
+        """The observation after a turn with neither a usable call nor an answer: the tool set's
+        continuation prompt after a cut turn, else the invalid-action hint (the turn is recorded
+        for the protocol's mask rule); None when the tool set's rules take the reply as the answer."""
+        rules, cut = toolset.rules, turn.finish_reason == "length"
+        if (answer := rules.reply_answer(content, cut)) is not None:
+            turn.action_error = None
+            trajectory.answer, trajectory.stop_reason = answer, "plain_reply"
+            return None
+        if (message := rules.continuation(cut, self.config.prompt_version)) is not None:
+            return [{"role": "user", "content": message}]
+        closed_here = context.response_mask[-1] == 0  # the engine closed a cut turn
+        start = len(context.response_ids) - turn.lead_tokens - closed_here
+        trajectory.invalid_turn_spans.append((start, start + turn.lead_tokens))
+        return [{"role": "user", "content": toolset.invalid_action(action.error or "no tool call and no <answer> block")}]
 
     async def _turn(self, context: LeadContext, prompt: list[int], index: int, budget: int, tool_names: tuple[str, ...],
                     ids: dict[str, str]) -> tuple[Turn, LeadAction, str] | None:
@@ -271,11 +297,7 @@ class EpisodeEngine:
             return_logprobs=True, regex=context.action_regex if tool_names else None,
         )
         lead_started = time.perf_counter()
-        attempts = 0
-        async for attempt in retrying(cfg.max_attempts, cfg.retry_backoff_s):
-            with attempt:
-                attempts += 1
-                completion = await self.lead.generate(prompt, sampling, **ids)
+        completion, attempts = await self._lead_retry.call(lambda: self.lead.generate(prompt, sampling, **ids))
         lead_latency = time.perf_counter() - lead_started
         if self.protocol.ends_on_empty_generation and not completion.token_ids and not completion.text:
             return None

@@ -44,7 +44,7 @@ _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
 
 
 def _fenced(body: str) -> str | None:
-    """The inside of the first ```` ```json … ``` ```` fence, as the regex
+    r"""The inside of the first ```` ```json … ``` ```` fence, as the regex
     ```` ```(?:json)?\s*(.*?)``` ```` finds it (whose `\s*` backtracking is quadratic on a long
     unclosed fence of whitespace)."""
     start = body.find("```")
@@ -153,8 +153,16 @@ def gather(query: str, replies: Replies, *, count_tokens: Callable[[str], int], 
     return Gathered(observation, findings, kept, omitted)
 
 
-_RELEASE_FENCE = re.compile(r"```json\s*(.*?)\s*```", re.DOTALL)
-_RELEASE_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
+def _release_body(text: str) -> str:
+    """The part of a reply the release parses: what `re.search(r"```json\\s*(.*?)\\s*```")` then
+    `re.search(r"\\{.*\\}")` (DOTALL) find, else the whole text — found with `str.find`, since both
+    regexes backtrack quadratically (an unclosed fence of spaces, or many `{` and no `}`)."""
+    fence = text.find("```json")
+    close = text.find("```", fence + 7) if fence >= 0 else -1
+    if close >= 0:
+        return text[fence + 7: close].strip()
+    start, end = text.find("{"), text.rfind("}")
+    return text[start: end + 1] if 0 <= start < end else text
 
 
 def parse_release_reply(text: str | None) -> dict[str, Any] | None:
@@ -162,9 +170,7 @@ def parse_release_reply(text: str | None) -> dict[str, Any] | None:
     for a failure, an abstention (a stop string anywhere) or an empty finding."""
     if not isinstance(text, str) or any(stop in text for stop in release.STOP_STRINGS):
         return None
-    fenced = _RELEASE_FENCE.search(text)
-    body = fenced.group(1) if fenced else (m.group(0) if (m := _RELEASE_OBJECT.search(text)) else text)
-    parsed, _ = loads_lenient(body)  # json-repair as the release, but bounded: garbage never stalls a round
+    parsed, _ = loads_lenient(_release_body(text))  # json-repair as the release, but bounded: garbage never stalls a round
     if isinstance(parsed, dict):
         kept = {key: parsed.get(key) for key in release.FINDING_KEYS if parsed.get(key)}
     elif len(text.strip()) > release.RAW_MIN_CHARS:

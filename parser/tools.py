@@ -16,9 +16,10 @@ DCI agent/subagent share one loop:
 
 `QueryAgents` is ParSer's one tool, the scatter–gather of paper Algorithm 1: each query goes to
 every chunk's reader concurrently (queries of one turn too), with a per-request timeout and
-retries with backoff for retryable errors; what still fails is recorded as a failed call and
-treated as an abstention — it never kills the episode. Replies are gathered into one bounded
-observation per query (`parser.gather`). The lead never sees a chunk.
+retries with backoff (`parser.retry`: timeouts and retryable `BackendError`s); a timeout or a
+`BackendError` that is final is recorded as a failed call and treated as an abstention — it
+never kills the episode. Any other exception from a reader is a bug and propagates. Replies are
+gathered into one bounded observation per query (`parser.gather`). The lead never sees a chunk.
 
 Whose prompts, tool schema, hint and observation `QueryAgents` uses is its protocol object's
 (`parser.protocol`: this project's, or the authors' release's); a call the release rejects
@@ -42,7 +43,7 @@ from parser import protocol as protocols
 from parser.actions import TOOL_NAME, ToolCall
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig
-from parser.retry import retrying
+from parser.retry import CallFailed, RetryPolicy
 from parser.trajectory import QueryRecord, SubagentCall
 
 
@@ -144,7 +145,8 @@ class ChunkReader(Protocol):
     """What answers one query about one chunk (`parser.readers`: the paper's frozen subagent, a
     thinking subagent, a DCI subagent). `QueryAgents` is its consumer, so the protocol lives here.
 
-    A reader may raise `BackendError`; `QueryAgents` retries it and records what still fails.
+    A reader may raise `BackendError` (or time out); `QueryAgents` retries it and records what
+    still fails (`parser.retry`). Any other exception is a bug in the reader and ends the episode.
     `forget(doc_id)` drops one document's state once its episode is over (the DCI reader's
     per-chunk corpora); `close()` releases what the reader holds. Stateless readers do nothing.
     """
@@ -173,6 +175,7 @@ class QueryAgents:
             raise ValueError(f"episode {doc_id!r} has no chunks to read")
         self.reader, self.chunks, self.doc_id = reader, chunks, doc_id
         self.config, self.protocol, self.slots, self.count_tokens = config, protocol, slots, count_tokens
+        self.retry = RetryPolicy.of(config)
         self.tool_schemas = protocol.lead_tools()  # read now: a missing release checkout fails before any call
 
     def schemas(self) -> list[dict[str, Any]]:
@@ -212,19 +215,13 @@ class QueryAgents:
                            time.perf_counter() - started)
 
     async def _read(self, query: str, chunk: Chunk) -> tuple[SubagentCall, str]:
-        """One (query, chunk) request with timeout and retries; failures become a record."""
-        cfg = self.config
+        """One (query, chunk) request with timeout and retries; a final failure becomes a record."""
         started = time.perf_counter()
-        attempts = 0
         try:
-            async for attempt in retrying(cfg.max_attempts, cfg.retry_backoff_s):
-                with attempt:
-                    attempts += 1
-                    async with self.slots:
-                        reply = await asyncio.wait_for(self.reader.read(query, chunk, self.doc_id), cfg.request_timeout_s)
-        except Exception as error:  # noqa: BLE001 - any reader failure is recorded, never raised
-            message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-            return SubagentCall(chunk.index, "failed", attempts=attempts, latency_s=time.perf_counter() - started, error=message), ""
+            reply, attempts = await self.retry.call(lambda: self.reader.read(query, chunk, self.doc_id), self.slots)
+        except CallFailed as failure:
+            return SubagentCall(chunk.index, "failed", attempts=failure.attempts, latency_s=time.perf_counter() - started,
+                                error=failure.reason), ""
         call = SubagentCall(
             chunk.index, "pending", reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens, attempts, time.perf_counter() - started
         )

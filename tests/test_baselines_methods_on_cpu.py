@@ -20,7 +20,8 @@ import pytest
 from parser.backends.base import Completion
 from parser.dci import SandboxTools
 from parser.methods.full_context import ContextOverflow
-from parser.methods.memagent import TfidfRecall, extract_answer, last_boxed
+from parser.methods.memagent import TfidfRecall
+from parser.methods.sequential import extract_answer, last_boxed
 from parser.dci import Sandbox
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
@@ -138,6 +139,50 @@ def test_rememr1_recalls_the_most_similar_past_memory(samples, tiny_tokenizer):
     assert f"<recalled_memory>\n<thinking>t</thinking>{notes[0]}\n</recalled_memory>" in model.prompts[recall_turn + 1]
     assert "No memory was recalled." in model.prompts[1]
     assert result.answer == "1905" and result.record["updates"][recall_turn]["recalled"] is True
+
+
+def test_coa_hands_each_unit_to_the_next_worker_in_the_chosen_order(samples, tiny_tokenizer):
+    from parser.methods.coa import NO_UNIT
+    from parser.ordering import order_by_scores
+    from parser.scorers import BM25Scorer
+
+    sample = samples[(36, 0)]
+    model = ScriptedModel(lambda p, i: f"unit {i}" if "<part>" in p else "from the notes: \\boxed{Criamorburg}")
+    method = build_method("coa", models_for(model, tiny_tokenizer), chunk_size=700, order="chow_liu", scorer={"type": "bm25"})
+    result = run(method.run(sample))
+    chunks = method.chunks(sample.context)
+    order = order_by_scores("chow_liu", *BM25Scorer().scores(sample.question, chunks))
+    assert result.record["reading_order"] == order != list(range(len(chunks))) and sorted(order) == list(range(len(chunks)))
+    assert result.steps == len(chunks) + 1 == len(model.prompts)  # workers, then the manager
+    assert NO_UNIT in model.prompts[0] and f"Question: {sample.question}" in model.prompts[0]
+    for k, index in enumerate(order):
+        assert f"<part>\n{chunks[index]}\n</part>" in model.prompts[k]
+        if k:
+            assert f"<notes>\nunit {k - 1}\n</notes>" in model.prompts[k]
+    manager = model.prompts[-1]
+    assert "<part>" not in manager and f"<notes>\nunit {len(chunks) - 1}\n</notes>" in manager
+    assert result.answer == "Criamorburg" and result.record["final_unit"] == f"unit {len(chunks) - 1}"
+    assert [u["chunk"] for u in result.record["updates"]] == order
+
+
+def test_memagent_reads_in_the_configured_order_and_document_order_needs_no_scorer(samples, tiny_tokenizer):
+    from parser.ordering import order_by_scores
+    from parser.scorers import BM25Scorer
+
+    sample = samples[(36, 1)]
+    model = ScriptedModel(lambda p, i: f"memory {i}" if "<section>" in p else "\\boxed{x}")
+    dense = build_method("memagent", models_for(model, tiny_tokenizer), chunk_size=700, order="dense", scorer={"type": "bm25"})
+    result = run(dense.run(sample))
+    chunks = dense.chunks(sample.context)
+    order = order_by_scores("dense", *BM25Scorer().scores(sample.question, chunks))
+    assert [u["chunk"] for u in result.record["updates"]] == order and result.steps == len(chunks) + 1
+    assert all(chunks[index] in model.prompts[k] for k, index in enumerate(order))
+    document = build_method("memagent", models_for(model, tiny_tokenizer), scorer={"type": "no such scorer"})
+    assert document.scorer is None  # today's behaviour: nothing is embedded or scored
+    with pytest.raises(ValueError, match="'embedder' or 'bm25'"):
+        build_method("memagent", models_for(model, tiny_tokenizer), order="chow_liu", scorer={"type": "no such scorer"})
+    with pytest.raises(ValueError, match="unknown chunk order 'reverse'"):
+        build_method("rememr1", models_for(model, tiny_tokenizer), order="reverse")
 
 
 def test_answer_extraction_and_tfidf(tiny_tokenizer):

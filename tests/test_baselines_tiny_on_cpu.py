@@ -1,5 +1,6 @@
 """Every baseline end to end on the synthetic world with a tiny random-weight Qwen3.5 in process,
-and the critical-path claim: MemAgent's steps grow with the chunks, ParSer's do not.
+and the critical-path claim: the sequential readers' steps (MemAgent, Chain-of-Agents in any
+order) grow with the chunks, ParSer's do not.
 
     .venv/bin/pytest tests/test_baselines_tiny_on_cpu.py -q
 
@@ -38,6 +39,8 @@ METHODS = {
     "full_context": ("full_context", {"max_new_tokens": 12, "followup_max_new_tokens": 8, "max_context_tokens": 100_000}),
     "memagent": ("memagent", {"chunk_size": 1500, "max_memory_tokens": 12, "max_answer_tokens": 8}),
     "rememr1": ("rememr1", {"chunk_size": 1500, "max_memory_tokens": 12, "max_answer_tokens": 8}),
+    "coa_cl": ("coa", {"chunk_size": 1500, "max_summary_tokens": 12, "max_answer_tokens": 8, "order": "chow_liu",
+                       "scorer": {"type": "embedder", "embedder": {"model": "minilm"}}}),
     "rag": ("rag", {"chunk_size": 1024, "embedder": {"model": "minilm"}, "episode": {"max_turns": 2, **SHORT}}),
     "dci": ("dci", {"episode": {"max_turns": 2, **SHORT}}),
     "parser_thinking": ("parser", {"episode": PARSER_EPISODE, "reader": {"type": "thinking", "max_new_tokens": 12}}),
@@ -57,15 +60,24 @@ def test_each_method_runs_end_to_end_with_a_tiny_model(label, samples, models):
     json.dumps(result.to_dict())  # the eval row is plain JSON
 
 
-def test_memagent_steps_grow_with_chunks_parser_steps_do_not(samples, models):
-    memagent = build_method("memagent", models, chunk_size=400, max_memory_tokens=8, max_answer_tokens=8)
+SEQUENTIAL = {
+    "memagent": {"max_memory_tokens": 8},
+    "coa": {"max_summary_tokens": 8},
+    "coa_cl": {"max_summary_tokens": 8, "order": "chow_liu", "scorer": {"type": "bm25"}},
+}
+
+
+@pytest.mark.parametrize("label", sorted(SEQUENTIAL))
+def test_sequential_steps_grow_with_chunks_parser_steps_do_not(label, samples, models):
+    sequential = build_method(label.removesuffix("_cl"), models, chunk_size=400, max_answer_tokens=8, **SEQUENTIAL[label])
     episode = {"max_turns": 3, "max_tokens_per_turn": 12, "subagent_max_tokens": 8, "chunk_size": 400}
     parser = build_method("parser", models, episode=episode)
     rows = {}
     for length, sample in samples.items():
-        mem = asyncio.run(memagent.run(sample))
+        seq = asyncio.run(sequential.run(sample))
         par = asyncio.run(parser.run(sample))
-        rows[length] = (mem.record["num_chunks"], mem.steps, par.record["num_chunks"], par.steps)
+        assert sorted(seq.record["reading_order"]) == list(range(seq.record["num_chunks"]))  # every chunk once
+        rows[length] = (seq.record["num_chunks"], seq.steps, par.record["num_chunks"], par.steps)
     (c_short, m_short, pc_short, p_short), (c_long, m_long, pc_long, p_long) = rows[10], rows[40]
     assert c_long >= 3 * c_short and pc_long >= 3 * pc_short  # 4x the paragraphs, ~4x the chunks
     assert m_short == c_short + 1 and m_long == c_long + 1  # one sequential step per chunk, plus the answer

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _COMMAND = re.compile(r"(?:\.venv/bin/)?python3? +(-m +[\w.]+|scripts/\w+\.py)([^`\n]*)")
 # Entry points that are Hydra apps (`--cfg job` composes and stops); every other entry point of
 # the project parses its arguments with argparse. A new entry point must be listed in one of the two.
-HYDRA = {"eval.run", "eval.ruler", "data_prep.build", "data_prep.ruler", "parser.demo", "parser.verl.train",
+HYDRA = {"eval.run", "eval.ruler", "eval.order_study", "data_prep.build", "data_prep.ruler", "parser.demo", "parser.verl.train",
          "parser.plan", "scripts/serve_subagents.py"}
 ARGPARSE = {"eval.report", "eval.viewer", "eval.ruler report", "parser.serve", "parser.testing.assets",
             "scripts/gateway_report.py", "scripts/bench_chunking.py", "scripts/bench_data.py", "scripts/bench_latency.py",

@@ -122,3 +122,29 @@ def test_turn_rules_belong_to_the_tool_sets_not_to_verls_episode():
             episode_config(option, 512)
     with pytest.raises(ValueError, match=r"dci: episode.turn_rules: unknown turn rule\(s\) \['finalise_turn'\]"):
         TurnRules.from_section({"finalise_turn": True}, "dci: episode.turn_rules")
+
+
+def test_distinct_queries_stop_a_greedy_lead_from_sending_its_query_again(tiny_qwen3_5_model, tiny_tokenizer):
+    """The tiny greedy lead under the lead constraint sends one query every turn (as SmolLM2 did
+    in the demo); with distinct_queries no query is sent twice, and the trajectory says so."""
+    from parser.backends.transformers import TransformersBackend
+    from parser.chunking import Chunk
+    from parser.readers import SubagentReader
+
+    chunks = [Chunk(0, "Zorvan is a film directed by Miro Tal.", (1,), 9), Chunk(1, "Miro Tal was born in 1950.", (2,), 8)]
+
+    def queries(distinct: bool):
+        cfg = EpisodeConfig(max_turns=3, max_tokens_per_turn=128, lead_temperature=0.0, lead_thinking=False,
+                            subagent_max_tokens=8, subagent_temperature=0.0, constrain_lead=True, distinct_queries=distinct)
+        backend = TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer)
+        reader = SubagentReader(backend, tiny_tokenizer, max_new_tokens=8, temperature=0.0)
+        trajectory = asyncio.run(EpisodeEngine(backend, tiny_tokenizer, reader, cfg).run("Who directed Zorvan?", chunks))
+        return [q.query for turn in trajectory.turns for q in turn.queries], trajectory.constraints
+
+    asked, constraints = queries(distinct=False)
+    assert len(asked) > len(set(asked)), asked  # the repeat this option exists for
+    asked, constraints = queries(distinct=True)
+    assert len(asked) >= 2 and len(asked) == len(set(asked)), asked
+    assert "lead: no query asked twice" in constraints
+    with pytest.raises(ValueError, match="constrain_lead"):
+        EpisodeConfig(distinct_queries=True)

@@ -27,12 +27,12 @@ def _row(dataset="synthetic", length=50, run=0, sid="q0", row="ParSer", sub=1.0,
 def test_store_skips_done_keys_and_survives_a_torn_line(tmp_path):
     store = ResultsStore(tmp_path)
     assert store.append(_row(sid="a"))
-    assert not store.append(_row(sid="a"))  # same (dataset, length, run, id): never twice
+    assert not store.append(_row(sid="a"))  # same (dataset, length, condition, run, id): never twice
     assert store.append(_row(sid="a", run=1))
     with open(tmp_path / RESULTS, "a") as f:  # a kill mid-write leaves half a line
         f.write('{"dataset": "synthetic", "length": 50, "ru')
     reopened = ResultsStore(tmp_path)
-    assert reopened.done_keys() == {("synthetic", 50, 0, "a"), ("synthetic", 50, 1, "a")}
+    assert reopened.done_keys() == {("synthetic", 50, None, 0, "a"), ("synthetic", 50, None, 1, "a")}
     assert reopened.append(_row(sid="b"))
     assert [r["sample_id"] for r in read_jsonl(tmp_path / RESULTS)] == ["a", "a", "b"]  # file is clean again
 
@@ -93,6 +93,44 @@ def test_report_puts_paper_rows_beside_ours(tmp_path):
     lines = {label: values for _, label, values, *_ in out["tables"]["hotpotqa"]["lines"]}
     assert lines["ParSer (paper)"] == {50: 85.68}
     assert "85.68" in (tmp_path / "report" / "accuracy.csv").read_text()
+
+
+def test_controlled_tables_give_each_methods_spread_and_one_figure_for_all_sets(tmp_path):
+    """Order study rows: accuracy per condition, spread = max − min of those, sets in the paper's panel order."""
+    cells = {  # (dataset, control, method folder, row) -> {condition: [sub_em per sample]}
+        ("synthetic_distance", "distance", "coa", "CoA (document)"): {"d0": [1, 1], "d20": [1, 0]},
+        ("synthetic_position", "position", "coa", "CoA (document)"): {"st00": [1, 1], "st50": [0, 0], "st90": [1, 0]},
+        ("synthetic_position", "position", "parser", "ParSer"): {"st00": [1, 0], "st50": [1, 0], "st90": [1, 0]},
+    }
+    for (dataset, control, folder, row), conditions in cells.items():
+        store = ResultsStore(tmp_path / dataset / folder)
+        for index, (condition, subs) in enumerate(conditions.items()):
+            for k, sub in enumerate(subs):
+                store.append(_row(dataset=dataset, sid=f"q{k}_{condition}", row=row, sub=float(sub), condition=condition,
+                                  condition_index=index, meta={"meta": {"control": control}}))
+    out = build_report([tmp_path], tmp_path / "report", viewer=False)
+    assert list(out["controlled"]) == ["synthetic_position", "synthetic_distance"]  # position, order, distance
+    position = out["controlled"]["synthetic_position"]
+    assert position["lines"][("tiny", "CoA (document)")] == {"st00": 100.0, "st50": 0.0, "st90": 50.0}
+    assert position["spread"] == {("tiny", "CoA (document)"): 100.0, ("tiny", "ParSer"): 0.0}
+    assert out["controlled"]["synthetic_distance"]["spread"] == {("tiny", "CoA (document)"): 50.0}
+    sensitivity = (tmp_path / "report" / "sensitivity.md").read_text()
+    assert "| tiny | CoA (document) | 100.00 | 50.00 |" in sensitivity and "| tiny | ParSer | 0.00 | – |" in sensitivity
+    assert "| Backbone | Method | st00 | st50 | st90 | Spread (max − min) |" in (tmp_path / "report" / "controlled.md").read_text()
+    assert {p.name for p in out["figures"]} >= {"controlled_synthetic_position.png", "controlled_sensitivity.png"}
+
+
+def test_evidence_reading_says_when_each_order_read_the_gold_chunks():
+    from eval.report import evidence_reading
+
+    # five chunks; gold paragraphs 3 and 9 sit in chunks 1 and 4; the reasoning needs 3 before 9
+    record = {"chunk_paragraphs": [[1, 2], [3, 4], [5, 6], [7, 8], [9]]}
+    meta = {"gold_paragraph_ids": [3, 9], "evidence_order": [3, 9]}
+    rows = [_row(row="CoA (document)", condition="d0", meta=meta, record={**record, "reading_order": [0, 1, 2, 3, 4]}),
+            _row(row="CoA (CL-order)", condition="d0", meta=meta, record={**record, "reading_order": [4, 1, 0, 2, 3]}),
+            _row(row="ParSer", condition="d0", meta=meta, record={"turns": []})]
+    got = {e["row"]: (e["first"], e["last"], e["gap"], e["in_order"], e["chunks"]) for e in evidence_reading(rows)}
+    assert got == {"CoA (document)": (0.25, 1.0, 3, 1.0, 5), "CoA (CL-order)": (0.0, 0.25, 1, 0.0, 5)}  # ParSer: no order
 
 
 def test_viewer_escapes_model_text():

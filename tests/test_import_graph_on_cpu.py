@@ -103,3 +103,40 @@ def test_method_components_never_import_a_baseline():
     core = [m for m in graph if m.startswith(("parser.readers", "parser.verl", "parser.episode", "parser.tools"))]
     baselines = {"parser.methods.memagent", "parser.methods.full_context", "parser.methods.rag", "parser.methods.dci_agent"}
     assert {m: sorted(graph[m] & baselines) for m in core if graph[m] & baselines} == {}
+
+
+# Core dependencies that no module of ours imports, and why each is still one.
+USED_THROUGH_ANOTHER = {
+    "jinja2": "transformers renders every chat template with it but lists it only under an extra",
+    "gguf": "transformers loads the demo's GGUF SmolLM2 with it (parser.testing.assets, gguf_file=)",
+}
+
+
+def _external_imports() -> set[str]:
+    """Top-level names of the non-project modules that parser/, eval/ and data_prep/ import."""
+    names = set()
+    for path in _modules().values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.add(node.module.split(".")[0])
+    return names - set(PACKAGES)
+
+
+def test_every_core_dependency_is_imported_or_says_why():
+    """pandas sat in the core dependencies with nothing importing it."""
+    import importlib.metadata
+    import re
+    import tomllib
+
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    def normal(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    names = [normal(re.match(r"[A-Za-z0-9._-]+", d).group(0)) for d in dependencies]
+    by_module = importlib.metadata.packages_distributions()
+    imported = {normal(dist) for module in _external_imports() for dist in by_module.get(module, [])}
+    unused = [n for n in names if n not in imported and n not in USED_THROUGH_ANOTHER]
+    assert unused == [], f"core dependencies nothing imports: {unused}; drop them or say why in USED_THROUGH_ANOTHER"
+    assert set(USED_THROUGH_ANOTHER) <= set(names)

@@ -21,6 +21,8 @@ OLD_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 OLD_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|\Z)", re.DOTALL)
 OLD_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 OLD_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
+RELEASE_FENCE = re.compile(r"```json\s*(.*?)\s*```", re.DOTALL)  # the release's, restated
+RELEASE_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
 FRAGMENTS = ["<answer>", "</answer>", "<function=", "</function>", "<parameter=", "</parameter>", "<tool_call>",
              "</tool_call>", "</think>", "<think>", "```", "json", ">", "\n", " ", "q", "x", "{", "}", "[", "]", '"',
@@ -87,6 +89,44 @@ def test_repair_is_refused_when_it_would_be_slow():
     assert lenient_json.loads_lenient("{'query': 'ok',}") == ({"query": "ok"}, None)  # cheap repairs still happen
 
 
+CUT_DOCUMENTS = [  # the shapes a reply or a tool call has when a token limit cuts it
+    {"evidence": 'Zorvan (1981) is a film [2] directed by Miro Tal; it won "Best" prize.\nSee: Lumen', "answer": "Miro Tal"},
+    {"answer": "42", "evidence": "six times seven (a number)"},
+    {"name": "query_agents", "arguments": {"query": "Who directed Zorvan?"}},
+    {"name": "read", "arguments": {"file": "doc_00017.txt", "offset": 200}},
+]
+
+
+@pytest.mark.parametrize("document", CUT_DOCUMENTS, ids=lambda d: next(iter(d)))
+def test_a_cut_value_is_closed_as_json_repair_closes_it(document):
+    """Every prefix of the document, as a token limit leaves it: closed in one pass, the same value
+    json-repair builds (which the release uses unbounded), whatever the text's brackets cost it.
+    One form differs: a first key cut right after whitespace, which json-repair makes [] or {}
+    depending on the whitespace before it."""
+    import json_repair
+
+    for text in (orjson.dumps(document).decode(), orjson.dumps(document, option=orjson.OPT_INDENT_2).decode()):
+        for n in range(1, len(text)):
+            prefix = text[:n]
+            if re.fullmatch(r'.*\{\s+"?', prefix, re.DOTALL):
+                continue
+            assert lenient_json.complete_truncated(prefix) is not None
+            assert lenient_json.loads_lenient(prefix)[0] == json_repair.loads(prefix), prefix
+
+
+def test_a_value_that_ends_is_not_completed():
+    for text in ('{"a": 1} and more', '{"a": 1]', "no json here", '"just a string', '{"a": 1}'):
+        assert lenient_json.complete_truncated(text) is None, text
+
+
+@settings(settings.get_profile("parsers"))
+@given(tagged_text)
+def test_the_release_body_is_what_its_regexes_find(text):
+    fenced = RELEASE_FENCE.search(text)
+    expected = fenced.group(1) if fenced else (m.group(0) if (m := RELEASE_OBJECT.search(text)) else text)
+    assert gather._release_body(text) == expected
+
+
 HOSTILE = {
     "unclosed <answer>": (parse_lead_output, "plan</think>", "<answer>x "),
     "<parameter= without '>'": (parse_lead_output, "x</think><tool_call>\n<function=query_agents>\n", "<parameter=q "),
@@ -98,6 +138,11 @@ HOSTILE = {
     "quotes after { reply": (parse_reply, "{{{{{{{{", '"'),
     "unclosed fence of spaces": (parse_reply, "```json", " "),
     "repeated objects reply": (parse_reply, "", '{"a": [1, "b\': {'),
+    "release: escapes in a cut string": (gather.parse_release_reply, '{"evidence": "', "\\n"),
+    "release: brackets in a cut string": (gather.parse_release_reply, '{"evidence": "', "(["),
+    "release: braces, none closed": (gather.parse_release_reply, "", "{"),
+    "release: an unclosed fence of spaces": (gather.parse_release_reply, "```json", " "),
+    "cut string of escapes at the completion budget": (lenient_json.loads_lenient, '{"a": "', "\\n"),
 }
 
 
@@ -105,7 +150,8 @@ HOSTILE = {
 def test_hostile_text_parses_in_linear_time(name):
     """512 KB of each; the quadratic parsers took 4-13 s on 128 KB and minutes on 1 MB."""
     parse, head, unit = HOSTILE[name]
-    text = head + unit * (512 * 1024 // len(unit))
+    size = lenient_json.COMPLETE_BUDGET if "budget" in name else 512 * 1024
+    text = head + unit * ((size - len(head)) // len(unit))
     started = time.perf_counter()
     parse(text + "</tool_call>" if "call" in name else text)
     assert time.perf_counter() - started < 2.0, name

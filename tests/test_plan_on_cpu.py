@@ -190,7 +190,6 @@ def test_calibrate_predict_run_smoke(tiny_qwen3_model, tiny_tokenizer, tmp_path)
     seconds of timing on a shared CPU; `python -m parser.plan validate` is the accuracy check)."""
     from parser.backends.http import HttpBackend
     from parser.backends.transformers import TransformersBackend
-    from parser.chunking import chunk_document
     from parser.config import EpisodeConfig
     from parser.episode import EpisodeEngine
     from parser.plan.calibrate import Calibrator, Probe, fit_rows, write_rates

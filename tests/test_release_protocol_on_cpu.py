@@ -27,7 +27,7 @@ from parser.actions import parse_lead_output, parse_release_turn
 from parser.backends.base import BackendError, Completion
 from parser.chunking import Chunk, chunk_document, release_chunks, render_paragraphs
 from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.gather import parse_reply, render_observation
+from parser.gather import parse_release_reply, parse_reply, render_observation
 from parser.protocol import protocol_for
 from parser.readers.subagent import SubagentReader
 from parser.tools import ReaderReply
@@ -447,6 +447,141 @@ def test_subagent_reads_the_release_prompt_on_the_real_template(release_repo, qw
                                                                    add_generation_prompt=True, enable_thinking=False)
 
 
+# --- the release's loop, where it ends a turn or an episode differently (rows 7, 9 and the token view) ---
+
+class Lead:
+    """Replays (token ids, finish reason) per turn: the lead as verl's server manager returns it."""
+
+    def __init__(self, turns):
+        self.turns, self.prompts = turns, []
+
+    async def generate(self, prompt, sampling, **_):
+        ids, finish = self.turns[len(self.prompts)]
+        self.prompts.append(list(prompt))
+        return Completion(text="", token_ids=list(ids), finish_reason=finish)
+
+
+def _episode(tok, repo, turns, protocol_name, **settings):
+    config = EpisodeConfig(protocol=protocol_name, protocol_release={"repo": repo}, **settings)
+    chunks = protocol_for(config).chunk("Document 1:\nZorvan\nZorvan is a film directed by Miro Tal.\n\nDocument 2:\nB\nRain.", tok)
+    lead = Lead(turns)
+    return asyncio.run(EpisodeEngine(lead, tok, ScriptedSubagents(), config).run(QUESTION, chunks, doc_id="d")), lead
+
+
+def _turn(tok, text, end="<|im_end|>"):
+    return tok.encode(text, add_special_tokens=False) + ([tok.convert_tokens_to_ids(end)] if end else []), "stop" if end else "length"
+
+
+def test_an_answer_that_says_no_answer_found_is_an_invalid_step(release_repo, qwen3_5_tokenizer):
+    """The release's `extract_answer` returns "No answer found" for no answer and its loop tests
+    `!= "No answer found"`: an answer block saying exactly that is no answer, the turn gets the hint."""
+    tok = qwen3_5_tokenizer
+    assert parse_release_turn("I give up.\n</think>\n\n<answer> No answer found </answer>").answer is None
+    assert parse_release_turn("<answer>No answer found here</answer>").answer == "No answer found here"
+    turns = [_turn(tok, "Nothing yet.\n</think>\n\n<answer>No answer found</answer>"),
+             _turn(tok, "Now I know.\n</think>\n\n<answer>Miro Tal</answer>")]
+    released, lead = _episode(tok, release_repo, turns, "release")
+    assert (released.answer, released.num_turns, released.turns[0].action_error is not None) == ("Miro Tal", 2, True)
+    hint = protocol_for(release_config(release_repo)).invalid_hint()
+    assert [m["content"] for m in released.messages if m["role"] == "user"][-1] == hint
+    ours, _ = _episode(tok, release_repo, turns, "parser")
+    assert (ours.answer, ours.num_turns) == ("No answer found", 1)  # this project: an answer ends the episode
+
+
+def test_a_generation_of_no_tokens_ends_the_release_episode(release_repo, qwen3_5_tokenizer):
+    """The release's loop: `if not out_toks: break` — nothing appended, the episode is over."""
+    tok = qwen3_5_tokenizer
+    turns = [_turn(tok, f"Ask.\n</think>\n\n{_xml('Who directed Zorvan?')}"), ([], "stop"),
+             _turn(tok, "</think>\n\n<answer>Miro Tal</answer>")]
+    released, lead = _episode(tok, release_repo, turns, "release")
+    assert (released.stop_reason, released.num_turns, released.answer, len(lead.prompts)) == ("empty_generation", 1, None, 2)
+    stream = released.prompt_ids + released.response_ids
+    assert stream == lead.prompts[1]  # turn 1 and its observation, nothing after
+    ours, lead = _episode(tok, release_repo, turns, "parser")
+    assert (ours.stop_reason, ours.num_turns, ours.answer) == ("answer", 3, "Miro Tal")  # an invalid step, then on
+    assert ours.turns[1].action_error is not None
+
+
+def test_the_answer_turn_is_left_as_generated_under_release(release_repo, qwen3_5_tokenizer):
+    """The release appends nothing after the answer turn (`break`); its other turns, when they do
+    not end on the tokenizer's eos (<|im_end|> for Qwen3.5), get one before the observation. This
+    project closes every turn, so its answer turn ended by <|endoftext|> gets a mask-0 <|im_end|>."""
+    tok = qwen3_5_tokenizer
+    im_end, eot = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+    assert tok.eos_token_id == im_end  # the id the release's `_template_diff_token_append` prepends
+    turns = [_turn(tok, f"Ask.\n</think>\n\n{_xml('Who directed Zorvan?')}", end="<|endoftext|>"),
+             _turn(tok, "</think>\n\n<answer>Miro Tal</answer>", end="<|endoftext|>")]
+    for name, tail_ids, tail_mask in (("release", [eot], [1]), ("parser", [eot, im_end], [1, 0])):
+        trajectory, lead = _episode(tok, release_repo, turns, name)
+        assert trajectory.answer == "Miro Tal"
+        assert trajectory.response_ids[-len(tail_ids):] == tail_ids and trajectory.response_mask[-len(tail_mask):] == tail_mask
+        first = len(lead.prompts[0]) - len(trajectory.prompt_ids) + len(turns[0][0])
+        assert trajectory.response_ids[first - 1: first + 1] == [eot, im_end]  # the tool turn is closed, in both
+
+
+# --- row 6: a reply cut at the subagent's token cap is repaired as the release repairs it ---
+
+def _release_kept(reply: str):
+    """The release's `_parse_response` and `query_all`, restated: its two regexes pick the body,
+    `json_repair.loads` reads it (unbounded), falsy fields go, a failure over 64 characters is
+    passed on as raw_response; a stop string would have stopped (and dropped) the generation."""
+    import json_repair
+
+    if any(stop in reply for stop in release.STOP_STRINGS):
+        return None
+    fence = re.search(r"```json\s*(.*?)\s*```", reply, re.DOTALL)
+    body = fence.group(1) if fence else (m.group(0) if (m := re.search(r"\{.*\}", reply, re.DOTALL)) else reply)
+    try:
+        parsed = json_repair.loads(body)
+        kept = {k: parsed.get(k) for k in ("evidence", "answer") if parsed.get(k)}
+    except Exception:
+        kept = {"raw_response": reply.strip()} if len(reply.strip()) > 64 else {}
+    return kept or None
+
+
+def _cut_replies(tok, count: int, cap: int = 512) -> list[str]:
+    """Replies that quote several paragraphs of the synthetic world, each sentence followed by a
+    citation in brackets as quoted encyclopedia text carries them, longer than `cap` tokens and
+    cut there — what the subagent's `max_tokens` leaves (key order and fences vary)."""
+    from data_prep.synthetic_world import synthetic_rows
+
+    rows = synthetic_rows(16, seed=3, num_paragraphs=300)[0]
+    sentences = [s.strip() for r in rows for paragraph in r["metadata"]["context"]["content"] for s in paragraph]
+    rng, replies = random.Random(5), []
+    while len(replies) < count:
+        quote = " ".join(f"{s[:-1]} ([{rng.randint(1, 40)}])." for s in rng.sample(sentences, rng.randint(8, 30)))
+        finding = {"evidence": quote, "answer": rng.choice(sentences).split(" (")[0]}
+        text = json.dumps(finding, ensure_ascii=False, indent=rng.choice([None, 2]))
+        text = rng.choice(["```json\n{}\n```", "{}", "Found it:\n{}"]).format(text)
+        ids = tok.encode(text, add_special_tokens=False)
+        if len(ids) > cap:
+            replies.append(tok.decode(ids[:cap]))
+    return replies
+
+
+def test_cut_replies_are_repaired_into_fields_as_the_release_does(qwen3_5_tokenizer):
+    from parser.lenient_json import REPAIR_BUDGET
+
+    replies = _cut_replies(qwen3_5_tokenizer, 120)
+    expensive = [r for r in replies if len(r) * (1 + sum(r.count(c) for c in "{[(")) > REPAIR_BUDGET]
+    assert len(expensive) > 30  # past json-repair's budget: these were shown as raw_response
+    kept, theirs = [parse_release_reply(r) for r in replies], [_release_kept(r) for r in replies]
+    assert all(k and "raw_response" not in k for k in kept)
+    # field for field; json-repair's string-end heuristics keep or drop a trailing comma of the cut
+    # string by context (open brackets, commas before it), which only json-repair itself reproduces
+    same = sum(k == t for k, t in zip(kept, theirs))
+    assert same >= 0.95 * len(replies)
+    unfinished = [({f: v.rstrip(",") for f, v in k.items()}, {f: v.rstrip(",") for f, v in t.items()}) for k, t in zip(kept, theirs)]
+    assert all(k == t for k, t in unfinished)
+
+
+def test_an_escaped_surrogate_pair_is_its_character_and_a_lone_one_is_replaced():
+    cut = '```json\n{"evidence": "smiles \\ud83d\\ude00, then \\ud800 alone", "answer": "\\ud83d\\ude00'
+    assert parse_release_reply(cut) == {"evidence": "smiles \U0001F600, then \ufffd alone", "answer": "\U0001F600"}
+    json.dumps(parse_release_reply(cut), ensure_ascii=False).encode()  # encodable: no lone surrogate is left
+    assert parse_reply('{"answer": "\\ud83d\\ude00 \\udc00", "evidence": "e"}') == ("\U0001F600 \ufffd", "e")
+
+
 # --- row: eval Sub_EM ---
 
 @pytest.mark.parametrize("completion,golds,expected", [
@@ -516,6 +651,45 @@ def test_parser_release_eval_preset_composes(release_repo, monkeypatch):
     assert (episode.chunk_size, episode.lead_temperature, episode.max_tokens_per_turn, episode.lead_thinking) == (4096, 0.0, 2048, True)
     assert (episode.subagent_temperature, episode.subagent_max_tokens) == (0.7, 512)
     assert cfg.models.lead.model == "inNexus/parser-qwen35-4b" and cfg.method.name == "parser_release"
+
+
+def test_eval_run_feeds_release_subagents_the_releases_paragraph_chunks(release_repo, monkeypatch):
+    """`python -m eval.run --config-name tiny_cpu method=parser_release`, as eval.run builds it
+    (`build_eval_method`: tiny in-process models, the stand-in checkout): every subagent prompt
+    carries one of the release's `Paragraph N:` chunks, and together they are the whole document
+    as the release chunks it. Only the lead is replaced, by one scripted query then an answer: a
+    random-weight lead rarely calls the tool, and what it says is not under test here."""
+    from hydra import compose, initialize_config_dir
+
+    from eval.datasets import load_subsets
+    from eval.run import build_eval_method
+
+    monkeypatch.setenv(release.REPO_ENV, release_repo)
+    with initialize_config_dir(config_dir=str(ROOT / "configs/eval"), version_base=None):
+        cfg = compose(config_name="tiny_cpu", overrides=[f"hydra.searchpath=[file://{ROOT / 'configs'}]", "method=parser_release",
+                                                          "method.episode.subagent_max_tokens=4", "method.episode.chunk_size=2048"])
+    method = build_eval_method(cfg)
+    tok = method.models.lead_tokenizer
+    method.engine.lead = Lead([_turn(tok, f"</think>\n\n{_xml('Who?')}"), _turn(tok, "</think>\n\n<answer>x</answer>")])
+    seen = []
+    subagent = method.models.subagent
+    generate = subagent.generate
+
+    async def recording(prompt, sampling, **kwargs):
+        seen.append((kwargs["routing_key"], prompt))
+        return await generate(prompt, sampling, **kwargs)
+
+    monkeypatch.setattr(subagent, "generate", recording)
+    (sample,) = load_subsets({**dict(cfg.dataset), "num_questions": 1, "lengths": [50]})[0].samples
+    result = asyncio.run(method.run(sample))
+    asyncio.run(method.aclose())
+    chunks = release_chunks(sample.context, method.models.subagent_tokenizer, 2048)
+    assert result.record["num_chunks"] == len(chunks) > 1
+    assert sorted(key for key, _ in seen) == sorted(f"{sample.id}:{c.index}" for c in chunks)
+    for key, prompt in seen:
+        chunk = chunks[int(key.rsplit(":", 1)[1])]
+        assert chunk.text.startswith(f"Paragraph {chunk.paragraph_ids[0]}: ") and chunk.text in prompt
+        assert "STAND-IN subagent prompt" in prompt and "Document 1:\n" not in prompt
 
 
 def test_release_training_preset_and_loss_aggregations():

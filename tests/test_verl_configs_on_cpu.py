@@ -145,29 +145,21 @@ def test_naive_weight_sync_is_rejected():
 
 
 # ----------------------------------------------------------------------------- schema, CPU, staleness
-def verl_reference(engine: str):
-    """verl's own ppo_trainer composed for one model engine: the schema our YAML must stay inside."""
-    from pathlib import Path
-
-    import verl
-
-    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
-        return compose(config_name="ppo_trainer", overrides=[f"model_engine={engine}"])
-
-
 @pytest.mark.parametrize("name,engine", [*((n, "megatron") for n in SHIPPED), ("train/cpu_smoke", "dp"),
                                          ("train/cpu_learn", "dp")])
 def test_every_key_set_in_our_yaml_exists_in_verls_schema(name, engine):
-    from parser.verl.config_checks import unknown_keys
+    from parser.verl.config_checks import unknown_keys, verl_schema
 
-    assert unknown_keys(compose_config(name, [GATEWAY]), verl_reference(engine)) == []
+    config = compose_config(name, [GATEWAY])
+    assert config.model_engine == engine  # the launch check compares against this engine's schema
+    assert unknown_keys(config, verl_schema(engine)) == []
 
 
 def test_a_typo_in_a_yaml_file_is_caught(tmp_path):
     """Hydra merges an unknown key from a YAML file silently; the schema check does not."""
     import shutil
 
-    from parser.verl.config_checks import unknown_keys
+    from parser.verl.config_checks import unknown_keys, verl_schema
 
     configs = tmp_path / "configs"
     shutil.copytree(CONFIG_DIR, configs)
@@ -176,7 +168,28 @@ def test_a_typo_in_a_yaml_file_is_caught(tmp_path):
     with initialize_config_dir(config_dir=str(configs), version_base=None):
         config = compose(config_name="train/parser_4b", overrides=[GATEWAY])  # composes without complaint
     assert config.actor_rollout_ref.actor.clip_ration == 0.3
-    assert unknown_keys(config, verl_reference("megatron")) == ["actor_rollout_ref.actor.clip_ration"]
+    assert unknown_keys(config, verl_schema("megatron")) == ["actor_rollout_ref.actor.clip_ration"]
+
+
+def test_the_launch_check_refuses_a_typo_in_a_users_own_config(tmp_path):
+    """A user's run config (shaped like train/parser_9b.yaml) with a misspelt key: `parser.verl.train` stops
+    before Ray starts; verl alone would train at the default temperature."""
+    import shutil
+
+    configs = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, configs)
+    (configs / "train" / "my_run.yaml").write_text(
+        "# @package _global_\nhydra:\n  searchpath:\n    - pkg://verl.trainer.config\n"
+        "defaults:\n  - parser_base\n  - _self_\n"
+        "actor_rollout_ref:\n  model:\n    path: Qwen/Qwen3.5-4B\n  rollout:\n    temprature: 0.8\n"
+        "trainer:\n  total_epochs: 2\n")
+    with initialize_config_dir(config_dir=str(configs), version_base=None):
+        config = compose(config_name="train/my_run", overrides=[GATEWAY])
+    with pytest.raises(TrainConfigError, match=r"not in verl's schema \(model_engine=megatron\): "
+                                               r"actor_rollout_ref\.rollout\.temprature;"):
+        prepare(config)
+    fixed = compose_config("train/parser_4b", [GATEWAY, "actor_rollout_ref.rollout.temperature=0.8"])
+    prepare(fixed)  # the right spelling passes
 
 
 @pytest.mark.parametrize("name", ["train/cpu_smoke", "train/cpu_learn"])

@@ -139,11 +139,6 @@ class HttpBackend:
         """True when the server applies the chat template: callers send messages, not text."""
         return self.api == "chat"
 
-    @property
-    def returns_token_ids(self) -> bool:
-        """Whether generated token ids come back (else the engine re-tokenises, approximately)."""
-        return self.api == "sglang" or self.server == "vllm"
-
     async def served_model(self) -> str:
         """The configured model name, else the first one `GET /v1/models` lists (asked once)."""
         if self.model is not None:

@@ -3,7 +3,8 @@
     models = build_models({"lead": {"type": "transformers", "model": "tiny-qwen3.5"},
                            "subagent": {"same_as": "lead"}})
 
-ParSer uses both roles; full-context and MemAgent use only `lead`; agentic RAG adds `embedder`.
+ParSer uses both roles; full-context and MemAgent use only `lead`; agentic RAG and the chunk
+orders of the sequential methods (`parser.scorers`) use `embedder` where the config has one.
 Tokenizers are HF tokenizers with a chat template (the engine renders prompts itself).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ class Models:
     lead_tokenizer: Any
     subagent: Any = None  # Backend (often the gateway)
     subagent_tokenizer: Any = None
-    embedder: Any = None  # callable list[str] -> np.ndarray (L2-normalised rows), for agentic RAG
+    embedder: Any = None  # callable list[str] -> np.ndarray (L2-normalised rows): agentic RAG, chunk orders
 
     closed: bool = dataclasses.field(default=False, init=False, repr=False)
 
@@ -45,7 +46,7 @@ def build_models(cfg: Mapping[str, Any]) -> Models:
         subagent, subagent_tokenizer = build_backend(sub_cfg)
     embedder = None
     if cfg.get("embedder"):
-        from parser.backends.embedder import build_embedder
+        from parser.backends.embedder import LazyEmbedder
 
-        embedder = build_embedder(cfg["embedder"])
+        embedder = LazyEmbedder(cfg["embedder"])  # loaded by the first method that embeds
     return Models(lead, lead_tokenizer, subagent, subagent_tokenizer, embedder)

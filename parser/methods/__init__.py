@@ -3,7 +3,7 @@
 `METHODS` is the explicit name -> class table; a method config (`configs/method/<name>.yaml`)
 names one with `name:` and passes the rest as keyword arguments:
 
-    method = build_method("parser", models, episode={...})   # or "full_context", "memagent", "rag", ...
+    method = build_method("parser", models, episode={...})   # or "full_context", "memagent", "coa", "rag", ...
     result = await method.run(sample)
     python -m eval.run method=memagent                        # the same, from a config
 
@@ -15,6 +15,7 @@ from typing import Any
 
 from parser.backends.models import Models
 from parser.methods.base import Method, MethodResult, Sample
+from parser.methods.coa import ChainOfAgentsMethod
 from parser.methods.dci_agent import DCIAgentMethod
 from parser.methods.full_context import FullContextMethod
 from parser.methods.memagent import MemAgentMethod, ReMemR1Method
@@ -29,6 +30,7 @@ METHODS: dict[str, type] = {
     "full_context": FullContextMethod,
     "memagent": MemAgentMethod,
     "rememr1": ReMemR1Method,
+    "coa": ChainOfAgentsMethod,
     "rag": AgenticRAGMethod,
     "dci": DCIAgentMethod,
 }

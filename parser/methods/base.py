@@ -47,6 +47,9 @@ class MethodResult:
     lead_output_tokens: int = 0
     subagent_output_tokens: int = 0
     record: dict[str, Any] = dataclasses.field(default_factory=dict)  # method-specific trace (e.g. a trajectory)
+    # Set when the sample got no fair run (ParSer: every subagent call failed): eval counts it as
+    # failed, not as a wrong answer, keeps `record` in errors.jsonl and retries it on re-run.
+    failed: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -15,12 +15,15 @@ then raise `max_context_tokens` (configs/method/full_context_yarn.yaml). A promp
 fit is never sent silently cut: `on_overflow` says whether the sample is recorded as unanswered
 with the reason (`skip`), raises (`error`), or keeps the head and tail of the document
 (`truncate_middle`, MemAgent's reference behaviour).
+
+Both calls go through `parser.retry` (the `retry:` section: timeouts and retryable backend
+errors are retried; a call that still fails fails the sample, which eval records and retries).
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from parser.actions import split_thinking
 from parser.backends.base import SamplingParams
@@ -28,9 +31,9 @@ from parser.chat_format import CHATML
 from parser import prompts
 from parser.backends.models import Models
 from parser.methods.base import MethodResult, Sample
+from parser.retry import RetryingBackend, RetryPolicy
 
 log = logging.getLogger(__name__)
-YARN_ROPE_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 262144}
 
 
 class ContextOverflow(ValueError):
@@ -51,10 +54,13 @@ class FullContextMethod:
         max_context_tokens: int = 262_144,
         on_overflow: str = "skip",
         prompt_version: str = prompts.DEFAULT_VERSION,
+        retry: Mapping[str, Any] | None = None,
     ):
+        """`retry`: `parser.retry.RETRY_KEYS` (max_attempts, retry_backoff_s, request_timeout_s)."""
         if on_overflow not in ("skip", "error", "truncate_middle"):
             raise ValueError(f"full_context: on_overflow must be skip, error or truncate_middle, got {on_overflow!r}")
         self.models = models
+        self.lead = RetryingBackend(models.lead, RetryPolicy.from_section(retry))
         self.thinking = thinking
         self.turn1 = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
         self.turn2 = SamplingParams(max_new_tokens=followup_max_new_tokens, temperature=temperature)
@@ -96,13 +102,13 @@ class FullContextMethod:
             log.warning("%s", error)
             return MethodResult(None, 0, time.perf_counter() - started, record={"error": str(error), "stop_reason": "context_overflow"})
         messages = [{"role": "user", "content": prompts.BASELINES.render("full_context_user", self.prompt_version, context=context, question=sample.question)}]
-        first = await self.models.lead.generate(self._render(messages), self.turn1, request_id=sample.id)
+        first = await self.lead.generate(self._render(messages), self.turn1, request_id=sample.id)
         thinking, reply = split_thinking(CHATML.strip_end(first.text))
         messages += [
             {"role": "assistant", "content": CHATML.strip_end(first.text)},
             {"role": "user", "content": prompts.BASELINES.render("full_context_followup", self.prompt_version)},
         ]
-        second = await self.models.lead.generate(self._render(messages), self.turn2, request_id=sample.id)
+        second = await self.lead.generate(self._render(messages), self.turn2, request_id=sample.id)
         _, answer = split_thinking(CHATML.strip_end(second.text))
         tokens = sum(len(c.token_ids) or self._count(c.text) for c in (first, second))
         return MethodResult(

@@ -12,25 +12,22 @@ Prompts and answer extraction follow the authors' evaluation code: chunks are fi
 windows (`chunking: tokens`, 5,000 tokens; a document longer than `max_context_tokens` keeps
 its head and tail halves); the prediction is the last `\\boxed{...}`, else the text after the
 last "the answer is", else the final reply. Run trained checkpoints of these methods by
-pointing the `lead` model config at them.
+pointing the `lead` model config at them. The chunk loop, the reading order (`order:`, default
+`document` as published; `chow_liu` gives "MemAgent (CL-order)"), the answer extraction and the
+retries (every call through `parser.retry`, the `retry:` section; one that still fails fails the
+sample) are `parser.methods.sequential`'s.
 """
 from __future__ import annotations
 
-import re
-import time
 from typing import Any
 
-from parser.actions import split_thinking
-from parser.backends.base import SamplingParams
-from parser.chat_format import CHATML
 from parser import prompts
-from parser.chunking import chunk_document
+from parser.actions import split_thinking
 from parser.backends.models import Models
-from parser.methods.base import MethodResult, Sample
+from parser.methods.sequential import SequentialMethod
 
 NO_MEMORY = "No previous memory"
 NO_RECALLED_MEMORY = "No memory was recalled."
-_ANSWER_IS = re.compile(r"the answer is", re.IGNORECASE)
 
 
 def split_recalls(text: str) -> tuple[str, str | None]:
@@ -48,36 +45,6 @@ def split_recalls(text: str) -> tuple[str, str | None]:
         pos = end + 9
     kept.append(text[pos:])
     return "".join(kept), first
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}`, braces balanced; None if there is none."""
-    start = text.rfind("\\boxed")
-    if start < 0:
-        return None
-    i = text.find("{", start)
-    if i < 0:
-        return None
-    depth, j = 0, i
-    while j < len(text):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i + 1 : j].strip()
-        j += 1
-    return None
-
-
-def extract_answer(text: str) -> tuple[str | None, str]:
-    """(prediction, how): the last `\\boxed{}`, else after the last "the answer is", else the reply."""
-    _, reply = split_thinking(text)
-    boxed = last_boxed(reply)
-    if boxed is not None:
-        return boxed, "boxed"
-    matches = list(_ANSWER_IS.finditer(reply))
-    if matches:
-        tail = reply[matches[-1].end() :].strip().lstrip(":").strip()
-        return (tail.splitlines()[0].strip().rstrip(".") if tail else None), "answer_is"
-    return (reply.strip() or None), "reply"
 
 
 class TfidfRecall:
@@ -109,57 +76,15 @@ class TfidfRecall:
         return memories[best] if scores[best] > 0 else None
 
 
-class MemAgentMethod:
+class MemAgentMethod(SequentialMethod):
     name = "memagent"
     update_template, final_template = "memagent_update", "memagent_final"
 
-    def __init__(
-        self,
-        models: Models,
-        *,
-        chunk_size: int = 5000,
-        chunking: str = "tokens",
-        max_memory_tokens: int = 1024,
-        max_answer_tokens: int = 1024,
-        max_context_tokens: int | None = None,
-        temperature: float = 0.7,
-        top_p: float = 0.95,
-        thinking: bool = False,
-        prompt_version: str = prompts.DEFAULT_VERSION,
-    ):
-        if chunking not in ("tokens", "paragraphs"):
-            raise ValueError(f"{self.name}: chunking must be 'tokens' or 'paragraphs', got {chunking!r}")
-        self.models = models
-        self.tokenizer = models.lead_tokenizer
-        self.chunk_size = chunk_size
-        self.chunking = chunking
-        self.max_context_tokens = max_context_tokens
-        self.update_sampling = SamplingParams(max_new_tokens=max_memory_tokens, temperature=temperature, top_p=top_p)
-        self.final_sampling = SamplingParams(max_new_tokens=max_answer_tokens, temperature=temperature, top_p=top_p)
-        self.thinking = thinking
-        self.prompt_version = prompt_version
+    def __init__(self, models: Models, *, chunk_size: int = 5000, max_memory_tokens: int = 1024, temperature: float = 0.7,
+                 **options: Any):
+        """The reference eval's budgets; `options`: `SequentialMethod`'s (chunking, order, scorer, ...)."""
+        super().__init__(models, chunk_size=chunk_size, max_update_tokens=max_memory_tokens, temperature=temperature, **options)
 
-    # -- pieces --------------------------------------------------------------------------
-    def chunks(self, context: str) -> list[str]:
-        if self.chunking == "paragraphs":
-            return [c.text for c in chunk_document(context, self.tokenizer, self.chunk_size)]
-        ids = self.tokenizer.encode(context.strip(), add_special_tokens=False)
-        if self.max_context_tokens and len(ids) > self.max_context_tokens:
-            half = self.max_context_tokens // 2
-            ids = ids[:half] + ids[len(ids) - half :]
-        return [self.tokenizer.decode(ids[i : i + self.chunk_size]) for i in range(0, len(ids), self.chunk_size)]
-
-    def _render(self, content: str) -> str:
-        return self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True, enable_thinking=self.thinking
-        )
-
-    async def _call(self, content: str, sampling: SamplingParams, sample_id: str) -> tuple[str, int]:
-        completion = await self.models.lead.generate(self._render(content), sampling, request_id=sample_id)
-        text = CHATML.strip_end(completion.text)
-        return text, len(completion.token_ids) or len(self.tokenizer.encode(text, add_special_tokens=False))
-
-    # -- the hooks ReMemR1 overrides -------------------------------------------------------
     def new_state(self) -> dict[str, Any]:
         return {"memory": NO_MEMORY}
 
@@ -173,29 +98,8 @@ class MemAgentMethod:
     def final_prompt(self, question: str, state: dict[str, Any]) -> str:
         return prompts.BASELINES.render(self.final_template, self.prompt_version, question=question, memory=state["memory"])
 
-    # -- the loop ------------------------------------------------------------------------
-    async def run(self, sample: Sample) -> MethodResult:
-        started = time.perf_counter()
-        state = self.new_state()
-        trace, tokens = [], 0
-        chunks = self.chunks(sample.context)
-        for index, chunk in enumerate(chunks):
-            reply, n = await self._call(self.update_prompt(sample.question, chunk, state), self.update_sampling, sample.id)
-            tokens += n
-            trace.append({"chunk": index, "tokens": n, **self.absorb(reply, state)})
-        reply, n = await self._call(self.final_prompt(sample.question, state), self.final_sampling, sample.id)
-        tokens += n
-        answer, how = extract_answer(reply)
-        return MethodResult(
-            answer=answer,
-            steps=len(chunks) + 1,
-            wall_s=time.perf_counter() - started,
-            lead_output_tokens=tokens,
-            record={"num_chunks": len(chunks), "final_memory": state["memory"], "final_reply": reply, "extracted_by": how, "updates": trace},
-        )
-
-    async def aclose(self) -> None:
-        await self.models.aclose()
+    def final_record(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"final_memory": state["memory"]}
 
 
 class ReMemR1Method(MemAgentMethod):

@@ -48,6 +48,7 @@ class ParSerMethod:
         finally:
             self.reader.forget(sample.id)  # e.g. the DCI reader's per-chunk corpora
         stats = trajectory.stats()
+        calls, failures = int(stats["subagent_calls"]), int(stats["subagent_failures"])
         return MethodResult(
             answer=trajectory.answer,
             steps=trajectory.num_turns,
@@ -55,6 +56,8 @@ class ParSerMethod:
             lead_output_tokens=int(stats["lead_tokens"]),
             subagent_output_tokens=int(stats["subagent_completion_tokens"]),
             record=trajectory.to_dict(),
+            failed=(f"all {calls} subagent calls failed (first: {trajectory.failures[0]['error']})"
+                    if calls and failures == calls else None),
         )
 
     async def aclose(self) -> None:

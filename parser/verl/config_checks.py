@@ -3,12 +3,15 @@
 Why it exists: verl asserts most of these deep inside a Ray actor, minutes into start-up (or,
 for the ParSer-specific ones, never). Each failure here names the config keys and what to
 set. `parser.verl.train` runs `check_train_config` first; the config test runs it on every
-shipped config.
+shipped config. It includes the schema check: a key that verl's own composed config (for the
+run's `model_engine`) does not have is a typo or a removed key, which Hydra merges in silently
+from a YAML file (the user's own config included) and verl then ignores.
 
     python -m parser.verl.train --config-name train/parser_4b data.train_batch_size=256   # -> rejected
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -26,6 +29,11 @@ class TrainConfigError(ValueError):
 def check_train_config(config: Any, require_gateway: bool = True) -> None:
     """Raise `TrainConfigError` listing every problem found in a composed trainer config."""
     problems: list[str] = []
+    engine = config.get("model_engine")
+    unknown = unknown_keys(config, verl_schema(engine)) if engine else []
+    if unknown:
+        problems.append(f"key(s) not in verl's schema (model_engine={engine}): {', '.join(unknown)}; a typo or a "
+                        "removed key, which verl would ignore. Free-form sections: " + ", ".join(FREE_FORM))
     v1 = config.trainer.v1
     actor = config.actor_rollout_ref.actor
     rollout = config.actor_rollout_ref.rollout
@@ -104,15 +112,53 @@ def _leaf_paths(node: Any, prefix: str = "") -> set[str]:
     return paths
 
 
+def verl_schema(model_engine: str) -> Any:
+    """verl's own `ppo_trainer` config composed for one model engine: the keys a run may set.
+
+    Composed from verl's config folder alone. Inside a running Hydra app (`parser.verl.train`,
+    or a test's `initialize_config_dir`) that app's state is set aside for the compose and put back."""
+    import verl
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    outer = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+            return compose(config_name="ppo_trainer", overrides=[f"model_engine={model_engine}"])
+    finally:
+        GlobalHydra.instance().hydra = outer
+
+
 def unknown_keys(config: Any, reference: Any, free_form: tuple[str, ...] = FREE_FORM) -> list[str]:
     """Key paths in `config` that verl's own composed config (`reference`, same model engine)
-    does not have: typos and removed keys, which Hydra merges in silently."""
+    does not have: typos and removed keys, which Hydra merges in silently.
+
+    `config` may be resolved (the launch check runs after `OmegaConf.resolve`): a subtree that the
+    reference defines by interpolation (`ref.megatron: ${actor.megatron}`) is then a copy, whose
+    keys are checked where the interpolation points."""
     known = _leaf_paths(reference)
     known_prefixes = {p.rsplit(".", i)[0] for p in known for i in range(p.count(".") + 1)}
+    aliases = tuple(p + "." for p in _interpolated_paths(reference))
     unknown = []
     for path in sorted(_leaf_paths(config)):
-        if any(path == f or path.startswith(f + ".") for f in free_form):
+        if any(path == f or path.startswith(f + ".") for f in free_form) or path.startswith(aliases):
             continue
         if path not in known and path not in known_prefixes:
             unknown.append(path)
     return unknown
+
+
+def _interpolated_paths(node: Any, prefix: str = "") -> set[str]:
+    """Dotted paths of the nodes whose value is an interpolation (`${...}`)."""
+    from omegaconf import DictConfig
+
+    paths: set[str] = set()
+    for key in node.keys():
+        child = node._get_node(key)
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if child._is_interpolation():
+            paths.add(path)
+        elif isinstance(child, DictConfig):
+            paths |= _interpolated_paths(child, path)
+    return paths

@@ -138,3 +138,25 @@ def test_controlled_analysis_end_to_end(tmp_path):
     report = build_report([out], tmp_path / "report", viewer=False)
     assert report["controlled"]["synthetic_position"]["conditions"] == ["st00", "st50", "st90"]
     assert (tmp_path / "report" / "figures" / "controlled_synthetic_position.png").exists()
+
+
+def test_a_replaced_dataset_file_stops_the_resume_with_exit_2(tmp_path):
+    """The old rows were scored on the old file: the command names the file instead of reporting them."""
+    data = tmp_path / "eval_50.jsonl"
+
+    def write(ids):
+        data.write_text("".join(json.dumps({"id": i, "question": f"Where was {i} born?", "answers": ["Varnholm"],
+                                            "length": 50, "context": f"Document 1:\n{i} was born in Varnholm."}) + "\n"
+                                for i in ids))
+
+    command = [sys.executable, "-m", "eval.run", "--config-name", "tiny_cpu", f"out_dir={tmp_path / 'run'}", "runs=1",
+               "dataset=hotpotqa", "dataset.name=files", f"dataset.path='{tmp_path}/eval_{{length}}.jsonl'",
+               "dataset.lengths=[50]", "progress=false"]
+    write(["a"])
+    first = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    write(["b"])
+    second = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+    assert f"{data} changed since its 1 rows were written" in second.stderr
+    assert _count(tmp_path / "run" / RESULTS) == 1

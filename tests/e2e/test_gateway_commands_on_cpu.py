@@ -107,9 +107,8 @@ def test_lead_and_yarn_configs():
 def test_header_keyed_policy_goes_through_the_shim_only_when_needed():
     from parser.gateway import _installed_launcher_policies
 
+    pytest.importorskip("sglang_router", reason="needs the gateway extra: pip install 'parser-agents[gateway]'")
     choices = _installed_launcher_policies()
-    if choices is None:
-        pytest.skip("sglang-router is not installed (pip install 'parser-agents[gateway]')")
     cfg = _config("default", ["router.policy=consistent_hashing"])
     launch = router_launch(cfg["router"], ["http://127.0.0.1:30001"])
     if "consistent_hashing" in choices:  # a newer launcher takes it directly

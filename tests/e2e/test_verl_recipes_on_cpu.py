@@ -37,3 +37,15 @@ def test_recipe_composes(size, model):
 def test_recipes_are_valid_bash():
     for script in sorted((REPO / "recipes").glob("*.sh")):
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
+
+
+def test_the_launcher_stops_on_a_key_verl_would_ignore(tmp_path):
+    """A misspelt key on the command line (`+` lets Hydra add it): refused inside the real
+    `parser.verl.train` app, before Ray starts, naming the key."""
+    run = subprocess.run([sys.executable, "-m", "parser.verl.train", "--config-name", "train/parser_4b",
+                          "parser.gateway_url=http://127.0.0.1:39999", "+actor_rollout_ref.rollout.temprature=0.8",
+                          f"hydra.run.dir={tmp_path}"],
+                         cwd=REPO, env=dict(os.environ, WANDB_MODE="offline"), capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0
+    assert "not in verl's schema (model_engine=megatron): actor_rollout_ref.rollout.temprature" in run.stderr, run.stderr[-3000:]
+    assert "Started a local Ray" not in run.stdout + run.stderr

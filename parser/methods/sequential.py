@@ -1,0 +1,189 @@
+"""The loop every sequential reader shares: chunks read one at a time, in a chosen order, through one
+bounded state; then one call that answers from the state alone.
+
+MemAgent and ReMemR1 (`memagent.py`) and Chain-of-Agents (`coa.py`) are this loop with their own
+prompts and state hooks (`new_state`, `update_prompt`, `absorb`, `final_prompt`). Each call
+depends on the previous one, so the critical path is `chunks + 1` model calls (`steps`): the
+coupling ParSer removes, and what makes these methods sensitive to where evidence sits.
+
+The reading order is a config value, `order:` (`parser.ordering`): `document` (every method's
+published behaviour, the default), `dense`, `chow_liu` (the CL paper's CL-order) or `dfs`, from
+the scores of `scorer:` (`parser.scorers`: the embedder, or BM25), computed from the question and
+the chunks before the first call. Chunks are fixed token windows (`chunking: tokens`) or
+ParSer's paragraph packing (`chunking: paragraphs`); a document longer than
+`max_context_tokens` keeps its head and tail halves (MemAgent's reference truncation).
+
+    python -m eval.run method=memagent method.order=chow_liu     # MemAgent (CL-order)
+    python -m eval.run method=coa_cl                             # CoA (CL-order)
+
+The prediction is the last `\\boxed{...}` of the final reply, else the text after its last
+"the answer is", else the reply itself (MemAgent's evaluation code). Every call goes through
+`parser.retry` (`retry:`): timeouts and retryable backend errors are retried, and a call that
+still fails fails the sample, which eval records and retries on re-run.
+"""
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Mapping
+
+from parser import prompts
+from parser.actions import split_thinking
+from parser.backends.base import SamplingParams
+from parser.backends.models import Models
+from parser.chat_format import CHATML
+from parser.chunking import chunk_document, split_paragraphs
+from parser.methods.base import MethodResult, Sample
+from parser.ordering import check_strategy, order_by_scores
+from parser.retry import RetryingBackend, RetryPolicy
+from parser.scorers import build_scorer
+
+_ANSWER_IS = re.compile(r"the answer is", re.IGNORECASE)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}`, braces balanced; None if there is none."""
+    start = text.rfind("\\boxed")
+    if start < 0:
+        return None
+    i = text.find("{", start)
+    if i < 0:
+        return None
+    depth, j = 0, i
+    while j < len(text):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1 : j].strip()
+        j += 1
+    return None
+
+
+def extract_answer(text: str) -> tuple[str | None, str]:
+    """(prediction, how): the last `\\boxed{}`, else after the last "the answer is", else the reply."""
+    _, reply = split_thinking(text)
+    boxed = last_boxed(reply)
+    if boxed is not None:
+        return boxed, "boxed"
+    matches = list(_ANSWER_IS.finditer(reply))
+    if matches:
+        tail = reply[matches[-1].end() :].strip().lstrip(":").strip()
+        return (tail.splitlines()[0].strip().rstrip(".") if tail else None), "answer_is"
+    return (reply.strip() or None), "reply"
+
+
+def paragraphs_in(chunk: str) -> list[int]:
+    """The `Document {i}` numbers whose header is in `chunk` (recorded, so a report can say at which
+    reading step the evidence was read; a token window may hold a paragraph's tail without it)."""
+    return [p.index for p in split_paragraphs(chunk) if p.index is not None] if chunk.strip() else []
+
+
+class SequentialMethod:
+    """Subclasses set `name` and the four state hooks; everything else is shared."""
+
+    name = "sequential"
+
+    def __init__(
+        self,
+        models: Models,
+        *,
+        chunk_size: int,
+        max_update_tokens: int,
+        temperature: float,
+        chunking: str = "tokens",
+        max_answer_tokens: int = 1024,
+        max_context_tokens: int | None = None,
+        top_p: float = 0.95,
+        thinking: bool = False,
+        prompt_version: str = prompts.DEFAULT_VERSION,
+        order: str = "document",
+        scorer: Mapping[str, Any] | None = None,
+        retry: Mapping[str, Any] | None = None,
+    ):
+        """Each method sets the first three (its published budgets); `scorer` is read only when
+        `order` is not `document` (no embedder is loaded otherwise); `retry`: `parser.retry.RETRY_KEYS`
+        (max_attempts, retry_backoff_s, request_timeout_s)."""
+        if chunking not in ("tokens", "paragraphs"):
+            raise ValueError(f"{self.name}: chunking must be 'tokens' or 'paragraphs', got {chunking!r}")
+        self.models = models
+        self.lead = RetryingBackend(models.lead, RetryPolicy.from_section(retry))  # every call, as every method's
+        self.tokenizer = models.lead_tokenizer
+        self.chunk_size = chunk_size
+        self.chunking = chunking
+        self.max_context_tokens = max_context_tokens
+        self.update_sampling = SamplingParams(max_new_tokens=max_update_tokens, temperature=temperature, top_p=top_p)
+        self.final_sampling = SamplingParams(max_new_tokens=max_answer_tokens, temperature=temperature, top_p=top_p)
+        self.thinking = thinking
+        self.prompt_version = prompt_version
+        self.order = check_strategy(order)
+        self.scorer = None if order == "document" else build_scorer(scorer, models)
+
+    # -- pieces --------------------------------------------------------------------------
+    def chunks(self, context: str) -> list[str]:
+        if self.chunking == "paragraphs":
+            return [c.text for c in chunk_document(context, self.tokenizer, self.chunk_size)]
+        ids = self.tokenizer.encode(context.strip(), add_special_tokens=False)
+        if self.max_context_tokens and len(ids) > self.max_context_tokens:
+            half = self.max_context_tokens // 2
+            ids = ids[:half] + ids[len(ids) - half :]
+        return [self.tokenizer.decode(ids[i : i + self.chunk_size]) for i in range(0, len(ids), self.chunk_size)]
+
+    def reading_order(self, question: str, chunks: list[str]) -> list[int]:
+        if self.scorer is None:
+            return list(range(len(chunks)))
+        return order_by_scores(self.order, *self.scorer.scores(question, chunks))
+
+    def _render(self, content: str) -> str:
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True, enable_thinking=self.thinking
+        )
+
+    async def _call(self, content: str, sampling: SamplingParams, sample_id: str) -> tuple[str, int]:
+        completion = await self.lead.generate(self._render(content), sampling, request_id=sample_id)
+        text = CHATML.strip_end(completion.text)
+        return text, len(completion.token_ids) or len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    # -- the hooks -------------------------------------------------------------------------
+    def new_state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def update_prompt(self, question: str, chunk: str, state: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    def absorb(self, reply: str, state: dict[str, Any]) -> dict[str, Any]:
+        """Fold one update's reply into `state`; returns extra fields for that update's trace."""
+        raise NotImplementedError
+
+    def final_prompt(self, question: str, state: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    def final_record(self, state: dict[str, Any]) -> dict[str, Any]:
+        """What the final call answered from, for the sample's record (e.g. `final_memory`)."""
+        raise NotImplementedError
+
+    # -- the loop ------------------------------------------------------------------------
+    async def run(self, sample: Sample) -> MethodResult:
+        started = time.perf_counter()
+        chunks = self.chunks(sample.context)
+        order = self.reading_order(sample.question, chunks)
+        order_s = time.perf_counter() - started
+        state = self.new_state()
+        trace, tokens = [], 0
+        for index in order:
+            reply, n = await self._call(self.update_prompt(sample.question, chunks[index], state), self.update_sampling, sample.id)
+            tokens += n
+            trace.append({"chunk": index, "tokens": n, **self.absorb(reply, state)})
+        reply, n = await self._call(self.final_prompt(sample.question, state), self.final_sampling, sample.id)
+        tokens += n
+        answer, how = extract_answer(reply)
+        return MethodResult(
+            answer=answer,
+            steps=len(chunks) + 1,
+            wall_s=time.perf_counter() - started,
+            lead_output_tokens=tokens,
+            record={"num_chunks": len(chunks), "order": self.order, "reading_order": order, "order_s": round(order_s, 4),
+                    "chunk_paragraphs": [paragraphs_in(c) for c in chunks],
+                    **self.final_record(state), "final_reply": reply, "extracted_by": how, "updates": trace},
+        )
+
+    async def aclose(self) -> None:
+        await self.models.aclose()
