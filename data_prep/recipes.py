@@ -233,7 +233,7 @@ def learn_sets(*, out_dir: str, train_world: dict[str, Any], heldout_world: dict
     more = [synthetic_source(num_warmup, types=types, lexicon=lexicon, **{**train_world, "seed": s}) for s in warmup_worlds]
     for qs, corpus in more:
         known |= {_title(p) for p in corpus.paragraphs} | {q.question for q in qs}
-    pool, heldout_corpus = synthetic_source(4 * num_heldout, types=types, lexicon=lexicon, **heldout_world)
+    pool, heldout_corpus = synthetic_source(8 * num_heldout, types=types, lexicon=lexicon, **heldout_world)
     # an invented name can come up in both worlds by chance: such a question is not held out
     heldout = [q for q in pool if q.question not in known and not (_names(q) & known)][:num_heldout]
     if len(heldout) < num_heldout:

@@ -82,13 +82,11 @@ def lexicon_words(size: int) -> list[str]:
 
 class World:
     """All entities of one seeded world; `paragraph(name)` is the entity's title + sentences.
-    `lexicon`: build names from `lexicon_words(lexicon)` (whole words; cities take no glued-on
-    suffix, so a city is a word, or a word and " Vale")."""
+    `lexicon`: build names from `lexicon_words(lexicon)` (whole words; a city is two of them)."""
 
     def __init__(self, num_paragraphs: int, seed: int, lexicon: int | None = None):
         self.rng = random.Random(seed)
         self.lexicon = lexicon_words(lexicon) if lexicon else None
-        city_suffixes = [x for x in _CITY_SUFFIXES if not x or x.startswith(" ")] if lexicon else _CITY_SUFFIXES
         self.used: set[str] = set()
         self.entities: dict[str, Entity] = {}
         n_countries = 12
@@ -99,7 +97,7 @@ class World:
         self.countries = [self._add("country", self._word(2, 3).capitalize() + self.rng.choice(["ia", "land", "or", "ova", "istan", "ea"]), {}) for _ in range(n_countries)]
         for c in self.countries:
             c.attrs["demonym"] = c.name.rstrip("a") + "ian" if not c.name.endswith("land") else c.name[:-4] + "ish"
-        self.cities = [self._add("city", self._word(2, 3).capitalize() + self.rng.choice(city_suffixes),
+        self.cities = [self._add("city", self._city_name(),
                                  {"country": self.rng.choice(self.countries).name, "founded": self.rng.randint(900, 1800),
                                   "population": self.rng.randint(5, 900) * 1000}) for _ in range(n_cities)]
         self.people: list[Entity] = []
@@ -143,6 +141,11 @@ class World:
             return self.rng.choice(self.lexicon)
         return "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) for _ in range(self.rng.randint(lo, hi))) + self.rng.choice(_CODAS)
 
+    def _city_name(self) -> str:
+        if self.lexicon:  # two words: a one-word city of one world would be another world's name
+            return f"{self._word(2, 3)} {self._word(2, 3)}"
+        return self._word(2, 3).capitalize() + self.rng.choice(_CITY_SUFFIXES)
+
     def _add(self, kind: str, name: str, attrs: dict[str, Any]) -> Entity:
         base, n = name, 1
         while name in self.used:
@@ -162,7 +165,7 @@ class World:
 
     def _film_title(self) -> str:
         r = self.rng.random()
-        if r < 0.4:
+        if r < 0.4 and not self.lexicon:  # few such titles: in a run of several worlds they would recur
             return f"The {self.rng.choice(_FILM_ADJ)} {self.rng.choice(_FILM_NOUN)}"
         if r < 0.7:
             return f"{self.rng.choice(_FILM_NOUN)} of {self._word(2, 3).capitalize()}"
