@@ -182,6 +182,13 @@ def _common_prefix(sequences: Sequence[list[int]]) -> int:
     return n
 
 
+def _log(phase: str, losses: Sequence[float], step: int, steps: int, every: int, started: float) -> None:
+    if every and (step + 1) % every == 0:
+        recent = losses[-every:]
+        print(f"[{phase}] step {step + 1}/{steps} loss {sum(recent) / len(recent):.4f} "
+              f"({time.perf_counter() - started:.0f} s)", flush=True)
+
+
 def copy_curriculum(net: Any, tokenizer: Any, names: Sequence[str], *, steps: int, batch_size: int, lr: float,
                     seed: int, log_every: int = 200) -> list[float]:
     """Teach `net` to copy: short sequences "A, B, C. A, B, C." of training-world names, loss on the
@@ -211,10 +218,7 @@ def copy_curriculum(net: Any, tokenizer: Any, names: Sequence[str], *, steps: in
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
-        if log_every and (step + 1) % log_every == 0:
-            recent = losses[-log_every:]
-            print(f"[copy] step {step + 1}/{steps} loss {sum(recent) / len(recent):.4f} "
-                  f"({time.perf_counter() - started:.0f} s)", flush=True)
+        _log("copy", losses, step, steps, log_every, started)
     return losses
 
 
@@ -260,10 +264,7 @@ def warm_start(tokenizer: Any, episodes: Sequence[Episode], weights: Sequence[fl
         optimizer.step()
         schedule.step()
         losses.append(float(loss.detach()))
-        if log_every and (step + 1) % log_every == 0:
-            recent = losses[-log_every:]
-            print(f"[warm start] step {step + 1}/{steps} loss {sum(recent) / len(recent):.4f} "
-                  f"({time.perf_counter() - started:.0f} s)", flush=True)
+        _log("warm start", losses, step, steps, log_every, started)
     return net.eval(), losses
 
 
