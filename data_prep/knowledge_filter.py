@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from data_prep.files import JsonlLog
+from data_prep.files import JsonlStore
 from data_prep.packing import derived_seed
 from parser.backends.base import Backend, SamplingParams
 from parser.retry import RetryPolicy
@@ -85,7 +85,7 @@ async def parametric_filter(questions: Sequence[dict[str, Any]], backend: Backen
     """
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
-    log = JsonlLog(log_path)
+    log = JsonlStore(log_path, key=lambda row: str(row["id"]))
     todo = [q for q in questions if str(q["id"]) not in log]
     sem = asyncio.Semaphore(concurrency)
     bar = tqdm(total=len(questions), initial=len(questions) - len(todo), desc="knowledge filter", leave=False)
@@ -108,8 +108,7 @@ async def parametric_filter(questions: Sequence[dict[str, Any]], backend: Backen
         results = await asyncio.gather(*(one_question(q) for q in todo), return_exceptions=True)
     finally:
         bar.close()
-        log.close()
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise RuntimeError(f"{len(errors)} of {len(todo)} questions failed; finished ones are saved in {log_path}, rerun to resume") from errors[0]
-    return {str(q["id"]): log.rows[str(q["id"])] for q in questions}
+    return {str(q["id"]): log.by_key[str(q["id"])] for q in questions}

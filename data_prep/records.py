@@ -6,21 +6,18 @@ they are all a list of `Question`s plus the sorted set of every paragraph of the
 so a new source needs a reader and nothing else.
 
 A paragraph is ``title + "\\n" + "".join(sentences)`` (MemAgent's and ReMemR1's definition).
+The field rules (`require_text`, `require_answers`, `DataError`) live in `parser.fields`, shared
+with the eval loader and the verl parquet checker.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Iterable, Sequence
 
+from parser.fields import DataError, require, require_answers, require_text, scorable
 
-class DataError(ValueError):
-    """Bad input data; the message names the source (file / record) and the field."""
-
-
-def _scorable(answer: str) -> bool:
-    from parser.reward import normalize_answer  # the scorer's own definition of "empty"
-
-    return bool(normalize_answer(answer))
+__all__ = ["Corpus", "DataError", "Question", "logical_order", "paragraph_text", "require", "require_answers",
+           "require_record", "require_text", "unique_ids"]
 
 
 def paragraph_text(title: str, sentences: Sequence[str] | str) -> str:
@@ -57,7 +54,7 @@ class Question:
         if not self.answers:
             raise DataError(f"{where}: field 'answers' is empty")
         for i, answer in enumerate(self.answers):
-            if not isinstance(answer, str) or not _scorable(answer):
+            if not isinstance(answer, str) or not scorable(answer):
                 raise DataError(f"{where}: answers[{i}] = {answer!r} normalizes to nothing; it would match every prediction")
         if len(set(self.paragraphs)) != len(self.paragraphs):
             raise DataError(f"{where}: field 'paragraphs' holds duplicates; deduplicate before building")
@@ -128,32 +125,6 @@ def require_record(row: Any, source: str) -> dict[str, Any]:
     return row
 
 
-def require_text(record: dict[str, Any], field: str, source: str) -> str:
-    """A string field that must have content (a list or number where text belongs is an error)."""
-    value = require(record, field, source)
-    if not isinstance(value, str):
-        raise DataError(f"{source}: field {field!r} must be a string, got {type(value).__name__} {str(value)[:60]}")
-    if not value.strip():
-        raise DataError(f"{source}: field {field!r} is empty")
-    return value
-
-
-def require_answers(values: Any, field: str, source: str) -> list[str]:
-    """Gold answers: strings (an integer is read as its digits), each non-empty once normalized."""
-    if not isinstance(values, (list, tuple)) or not values:
-        raise DataError(f"{source}: field {field!r} must be a non-empty list of strings, got {str(values)[:60]}")
-    answers = []
-    for i, value in enumerate(values):
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = str(value)
-        if not isinstance(value, str):
-            raise DataError(f"{source}: {field}[{i}] must be a string, got {type(value).__name__} {str(value)[:60]}")
-        if not _scorable(value):
-            raise DataError(f"{source}: {field}[{i}] = {value!r} normalizes to nothing; it would match every prediction")
-        answers.append(value)
-    return answers
-
-
 def unique_ids(ids: Iterable[str], source: str) -> None:
     """Refuse a split whose ids repeat (rows would overwrite each other downstream)."""
     first: dict[str, int] = {}
@@ -161,13 +132,3 @@ def unique_ids(ids: Iterable[str], source: str) -> None:
         if row_id in first:
             raise DataError(f"{source}: duplicate id {row_id!r} in records {first[row_id]} and {i}")
         first[row_id] = i
-
-
-def require(record: dict[str, Any], field: str, source: str) -> Any:
-    """`record[field]`, or a `DataError` naming the source and the missing field (dotted paths ok)."""
-    value: Any = record
-    for part in field.split("."):
-        if not isinstance(value, dict) or part not in value or value[part] is None:
-            raise DataError(f"{source}: missing field {field!r}")
-        value = value[part]
-    return value

@@ -60,4 +60,4 @@ def read_rl_parquet(path: str | Path) -> list[Any]:
     before a run: `read_rl_parquet("data/train/hotpotqa_train_process_emb-select_llm-unable.parquet")`."""
     from parser.verl.rows import episode_inputs
 
-    return [episode_inputs(row) for row in pq.read_table(path).to_pylist()]
+    return [episode_inputs(row, source=f"{path} row {i}") for i, row in enumerate(pq.read_table(path).to_pylist())]

@@ -201,6 +201,8 @@ async def evaluate(cfg: DictConfig, method: Method | None = None) -> int:
 async def _evaluate(cfg: DictConfig, method: Method | None) -> int:
     subsets = load_subsets(cfg.dataset, limit=cfg.limit)
     store = ResultsStore(cfg.out_dir)
+    for problem in store.problems:  # what opening skipped or repaired: the rows it kept are all there
+        print(f"[eval] {problem}")
     config = OmegaConf.to_container(cfg, resolve=True)
     manifest = provenance.read_manifest(cfg.out_dir) or {}
     inputs = check_unchanged(cfg.out_dir, manifest.get("inputs"), fingerprint(config, subsets), store.rows())

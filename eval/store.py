@@ -5,8 +5,9 @@ interrupted. Every finished sample is appended as one line and fsync'd before th
 counted, so a crash loses at most the samples in flight. A row is keyed by
 (dataset, length, condition, run, sample id); re-running the same command reads the keys back
 and skips them, so samples are never duplicated or lost (`eval.inputs` checks that the rows
-were computed on the same inputs). A line torn by a kill mid-write is dropped on
-load (and the file truncated back to the last complete line) instead of poisoning the file.
+were computed on the same inputs). Each file follows `data_prep.files.JsonlStore`'s rules: a
+line torn by a kill mid-write is cut on load, a failed append leaves no fragment, and a bad
+line is skipped and named by file and line, so the directory always reopens.
 
 Per-subset wall times live in a second file (`timings.jsonl`), one line per (subset, session),
 so amortized latency (subset wall time / samples finished in it) survives resumes. A session
@@ -26,12 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
+
+from data_prep.files import JsonlStore
 
 RESULTS = "results.jsonl"
 TIMINGS = "timings.jsonl"
@@ -82,67 +83,41 @@ def row_key(row: dict[str, Any]) -> Key:
 
 
 def read_jsonl(path: Path, repair: bool = False) -> Iterator[dict[str, Any]]:
-    """Yield complete rows. A torn last line (no trailing newline) is skipped, and with
-    `repair=True` cut off the file so the next append starts on a clean line."""
-    if not path.exists():
-        return
-    data = path.read_bytes()
-    good_end = data.rfind(b"\n") + 1  # everything after the last newline is a torn write
-    if repair and good_end < len(data):
-        with open(path, "r+b") as f:
-            f.truncate(good_end)
-            f.flush()
-            os.fsync(f.fileno())
-    for lineno, line in enumerate(data[:good_end].splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{lineno}: not a JSON row ({err.msg})") from None
+    """The complete rows of one of a run's JSONL files, by the store's rules
+    (`data_prep.files.JsonlStore`); `repair=False` leaves the file as it is."""
+    yield from JsonlStore(path, readonly=not repair).rows
 
 
 class ResultsStore:
-    """Append-only JSONL files in one run directory; safe for concurrent coroutines/threads."""
+    """A run directory's JSONL files, each a `data_prep.files.JsonlStore` (one set of rules: a
+    failed append loses no acknowledged row and leaves no fragment, the store always reopens,
+    and what it skips it names by file and line); safe for concurrent coroutines/threads."""
 
     def __init__(self, run_dir: str | Path):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.results_path = self.run_dir / RESULTS
-        self._lock = threading.Lock()
-        # Repair once at open: the previous process may have died mid-line.
-        self._rows = {row_key(r): r for r in read_jsonl(self.results_path, repair=True)}
-        list(read_jsonl(self.run_dir / TIMINGS, repair=True))
+        self.results = JsonlStore(self.results_path, key=row_key)
+        self.timings = JsonlStore(self.run_dir / TIMINGS)
+        self.errors = JsonlStore(self.run_dir / ERRORS)
+
+    @property
+    def problems(self) -> list[str]:
+        """What opening skipped or repaired, by file and line."""
+        return self.results.problems + self.timings.problems + self.errors.problems
 
     def done_keys(self) -> set[Key]:
-        return set(self._rows)
+        return set(self.results.by_key)
 
     def rows(self) -> list[dict[str, Any]]:
-        return list(self._rows.values())
+        return list(self.results.rows)
 
     def append(self, row: dict[str, Any]) -> bool:
         """Write one finished sample; returns False (and writes nothing) if its key is done."""
-        key = row_key(row)
-        with self._lock:
-            if key in self._rows:
-                return False
-            self._write(self.results_path, row)
-            self._rows[key] = row
-            return True
+        return self.results.append(row)
 
     def log_timing(self, entry: dict[str, Any]) -> None:
-        with self._lock:
-            self._write(self.run_dir / TIMINGS, entry)
+        self.timings.append(entry)
 
     def log_error(self, entry: dict[str, Any]) -> None:
-        with self._lock:
-            self._write(self.run_dir / ERRORS, entry)
-
-    @staticmethod
-    def _write(path: Path, row: dict[str, Any]) -> None:
-        line = json.dumps(row, ensure_ascii=False, default=str) + "\n"
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
-
+        self.errors.append(entry)

@@ -67,9 +67,14 @@ class LeadAction:
     calls: list[ToolCall] = dataclasses.field(default_factory=list)  # every usable call, in order
 
 
-def split_thinking(text: str) -> tuple[str, str]:
-    """(thinking, rest). The generation prompt opens `<think>`, so text up to `</think>` is thinking."""
+def split_thinking(text: str, opened: bool = False) -> tuple[str, str]:
+    """(thinking, rest): text up to the last `</think>` is thinking. Without one, the text is all
+    thinking if thinking was open — `opened` (the generation prompt ended with `<think>`) or the
+    text starts with `<think>` — and all rest otherwise: a turn cut inside its thinking has no
+    action, so an `<answer>` the model was only considering never ends the episode."""
     if _THINK_END not in text:
+        if opened or text.lstrip().startswith("<think>"):
+            return text.replace("<think>", "", 1).strip(), ""
         return "", text
     head, _, rest = text.rpartition(_THINK_END)
     return head.replace("<think>", "", 1).strip(), rest
@@ -167,9 +172,12 @@ def _check_query(call: ToolCall) -> str | None:
     return None
 
 
-def parse_lead_output(text: str, tool_names: Iterable[str] | None = (TOOL_NAME,)) -> LeadAction:
-    """Answer, or the usable calls to `tool_names` (None: any tool). An answer wins over calls."""
-    thinking, action = split_thinking(text)
+def parse_lead_output(text: str, tool_names: Iterable[str] | None = (TOOL_NAME,), thinking_open: bool = False) -> LeadAction:
+    """Answer, or the usable calls to `tool_names` (None: any tool). An answer wins over calls.
+    `thinking_open`: the generation prompt opened `<think>` (`split_thinking`)."""
+    thinking, action = split_thinking(text, opened=thinking_open)
+    if not action.strip() and _THINK_END not in text and (thinking_open or text.lstrip().startswith("<think>")):
+        return LeadAction(thinking, [], None, "thinking not finished (no </think>): nothing after it to act on")
     answers = _answers(action)
     if answers:
         return LeadAction(thinking, [], answers[-1].strip())

@@ -5,19 +5,32 @@ markers the release strips from a decoded turn, and the strings a tokenizer turn
 tokens are facts of one chat format (ChatML: Qwen2.5 / Qwen3 / Qwen3.5, SmolLM2). Written as a
 literal at each site, one site drifts the day a model with another format arrives. Untrusted
 text (documents, tool output, model replies shown back) must never become control tokens:
-`control_tokens(tokenizer)` is the set a guard checks against.
+`control_tokens(tokenizer)` is every string the tokenizer would read as one, and `neutralize`
+breaks each of them in a text so that it is tokenised as the characters it shows.
 
     CHATML.end_of_turn_id(tokenizer)   # <|im_end|>'s id; a tokenizer without it is refused
     CHATML.stop_token_ids(tokenizer)   # what every lead generation stops at
     CHATML.strip_end(text)             # one generation's text without its end-of-turn marker
     CHATML.control_tokens(tokenizer)   # every string this tokenizer encodes as one control token
+    CHATML.neutralize(document, tokenizer)   # ... none of them left in `document`
 
 This module imports nothing from the package.
 """
 from __future__ import annotations
 
 import dataclasses
+import re
+import weakref
 from typing import Any
+
+# Inserted after the first character of a control-token string found in untrusted text: an
+# invisible character (WORD JOINER) no tokenizer's added-token matcher sees through, and no
+# control token contains, so the text keeps its look and loses its power.
+WORD_JOINER = "\u2060"
+# The shape of ChatML's and Qwen's control tokens (<|im_end|>, <|vision_pad|>, ...), broken even
+# when the tokenizer at hand lacks one: a server on the other side may use a larger vocabulary.
+_BAR_TOKEN = r"<\|[^\s<>|]{1,64}\|>"
+_PATTERNS: "weakref.WeakKeyDictionary[Any, re.Pattern[str]]" = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +39,7 @@ class ChatFormat:
     turn_start: str  # opens a message: "<|im_start|>{role}\n"
     end_of_turn: str  # closes a message; the chat template's assistant turns end here
     end_of_text: str  # the tokenizer's end-of-document token, also a stop token for generations
+    tags: tuple[str, ...] = ()  # tag-shaped added tokens of the format's model families (<think>, ...)
 
     @property
     def stop_tokens(self) -> tuple[str, ...]:
@@ -62,5 +76,27 @@ class ChatFormat:
         added = {t.content for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()}
         return frozenset(added | set(getattr(tokenizer, "all_special_tokens", ())) | set(self.tokens))
 
+    def neutralize(self, text: str, tokenizer: Any = None) -> str:
+        """`text` with every control-token string (`control_tokens`, the format's tags, and
+        anything shaped like `<|...|>`) broken by a WORD JOINER after its first character:
+        tokenised, it can never produce a control token. Linear in `text`; idempotent."""
+        return self._pattern(tokenizer).sub(lambda m: m.group()[0] + WORD_JOINER + m.group()[1:], text)
 
-CHATML = ChatFormat("ChatML", turn_start="<|im_start|>", end_of_turn="<|im_end|>", end_of_text="<|endoftext|>")
+    def _pattern(self, tokenizer: Any) -> "re.Pattern[str]":
+        try:
+            return _PATTERNS[tokenizer]
+        except (KeyError, TypeError):
+            pass
+        found = self.control_tokens(tokenizer) if tokenizer is not None else frozenset(self.tokens)
+        tokens = {t for t in found | set(self.tags) if len(t) > 1}  # a one-character added token cannot be broken
+        literal = "|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))
+        pattern = re.compile(f"{_BAR_TOKEN}|{literal}")
+        try:
+            _PATTERNS[tokenizer] = pattern
+        except TypeError:  # None, or a tokenizer that takes no weak reference
+            pass
+        return pattern
+
+
+CHATML = ChatFormat("ChatML", turn_start="<|im_start|>", end_of_turn="<|im_end|>", end_of_text="<|endoftext|>",
+                    tags=("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"))

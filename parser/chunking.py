@@ -27,7 +27,11 @@ PARAGRAPH_SEPARATOR = "\n\n"
 # A delimiter counts only at the very start of the text or right after a blank line, so the
 # words "Document 3:" inside a paragraph never split it. (Searched as a literal and checked for
 # its blank line afterwards: a lookbehind alternation makes the regex ~10x slower on 3 MB texts.)
-_DELIMITER = re.compile(r"Document (\d+):\n")
+# ASCII digits only, at most MAX_DOCUMENT_DIGITS of them: `int()` refuses a number over 4,300
+# digits (and a file named after a 300-digit number cannot be created), and "Document ３:" must
+# not pass for Document 3. A header outside these bounds is text of the paragraph before it.
+MAX_DOCUMENT_DIGITS = 9
+_DELIMITER = re.compile(rf"Document ([0-9]{{1,{MAX_DOCUMENT_DIGITS}}}):\n")
 _RELEASE_DELIMITER = re.compile(r"(?:^|\n)Document\s\d+:\s*")
 
 

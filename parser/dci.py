@@ -5,20 +5,26 @@ tools: `read(file, offset)` — a line-numbered 200-line window of one file — 
 `bash(command)` — one read-only search command (`rg`, `grep`, `ls`, `find`, `head`, `wc`).
 A model writes these commands, so the sandbox treats every command as hostile:
 
-* there is no shell: the command is split with `shlex` and executed as an argument list, so
-  pipes, redirection, `;`/`&&`, backticks, `$(...)` and variables are refused up front (a
-  model that thinks it has a shell gets a message saying so, not a silent literal);
+* there is no shell: the command is split as `shlex` (POSIX) would split it, in one linear
+  pass, and executed as an argument list, so pipes, redirection, `;`/`&&`, backticks, `$(...)`
+  and variables are refused up front (a model that thinks it has a shell gets a message saying
+  so, not a silent literal);
 * only allowlisted programs run, with only allowlisted options spelled in full
   (`parser.dci_options`: GNU tools take abbreviations, so a denylist cannot hold); `find`
   takes only allowlisted predicates (no `-exec/-delete/-fprint`, nothing that follows symlinks);
+  `rg` reads no config and no ignore files (those above the corpus would hide its files);
 * every argument that could name a path is resolved (`realpath`, symlinks followed) and must
   stay inside the corpus, so `..`, absolute paths and symlinks that point outside are refused;
   `read` then opens the resolved path once, component by component without following
   symlinks, and refuses anything but a regular file with one link (a hard link can name a file
   outside); `bash` refuses to run while the corpus holds a multi-link file;
-* each command has a timeout, a scrubbed environment, no stdin, and kernel limits (address
-  space, CPU seconds, no file writes) so a backtracking regex cannot eat the machine; output is
-  capped at 20,000 characters (`read` keeps the head, `bash` the tail, as in the paper).
+* everything is bounded (`SandboxLimits`, configs/sandbox/default.yaml): each command has a
+  deadline that is always honoured (its whole process group is killed, its output drained as
+  it comes, and it dies with the process that started it), a scrubbed environment, no stdin,
+  kernel limits (address space, CPU seconds, no file writes) so a backtracking regex cannot eat
+  the machine, and a share of `ProcessSlots` (commands at once); output is capped at 20,000
+  characters (`read` keeps the head, `bash` the tail, as in the paper); `read` streams at most
+  `max_read_bytes` of a file off the event loop and numbers lines as `grep -n` does.
 
 `call()` turns every problem — a refusal, an odd argument (`inf`, a lone surrogate, a list
 instead of an object) — into an "Error: ..." string; docs/security.md says what and why.
@@ -35,36 +41,34 @@ This module never runs a shell and never writes anywhere but the corpus it is as
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import os
-import shlex
+import re
 import shutil
 import stat
-import sys
 import sysconfig
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from parser import prompts
 from parser.chunking import split_paragraphs
 from parser.dci_options import OptionRefused, check_options
+from parser.dci_process import ProcessSlots, run_limited
 from parser.tools import FunctionTools, TurnRules
 
 ALLOWED_COMMANDS = ("rg", "grep", "ls", "find", "head", "wc")
+# The bounds (SandboxLimits; configs/sandbox/default.yaml sets them for the methods):
 MAX_OUTPUT_CHARS = 20_000
 READ_WINDOW_LINES = 200
 MEMORY_LIMIT_BYTES = 1 << 30  # address space per command: grep/rg search in far less
-# Runs before the tool (same process, via exec): set the limits, then become the tool. An
-# interpreter shim rather than `preexec_fn`, which is unsafe in a process with threads.
-_LIMITS_SHIM = (
-    "import os, resource as r, sys\n"
-    "memory, cpu = int(sys.argv[1]), int(sys.argv[2])\n"
-    "r.setrlimit(r.RLIMIT_AS, (memory, memory))\n"
-    "r.setrlimit(r.RLIMIT_CPU, (cpu, cpu + 1))\n"
-    "r.setrlimit(r.RLIMIT_FSIZE, (0, 0))\n"
-    "r.setrlimit(r.RLIMIT_CORE, (0, 0))\n"
-    "os.execv(sys.argv[3], sys.argv[3:])\n"
-)
+MAX_COMMAND_CHARS = 8192  # a model's command; longer ones are refused before parsing
+MAX_READ_BYTES = 64 << 20  # `read` scans at most this much of a file (in a thread, streamed)
+MAX_PROCESSES = 8  # commands running at once per ProcessSlots (a turn may ask for thousands)
+# ripgrep reads .gitignore/.ignore/.rgignore files in the directories *above* the corpus (and git's
+# global excludes): their rules would hide corpus files and their lines show up in rg's errors.
+# The corpus holds no ignore files of its own; an explicit --ignore-file (confined) still applies.
+_RG_FIXED_ARGS = ("--no-config", "--no-ignore")
 
 # find's expression language can execute, delete and write files, so it is allowlisted instead.
 _FIND_OPTIONS_WITH_VALUE = {
@@ -89,36 +93,89 @@ def _locate(program: str) -> str | None:
     return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
 
 
-def _check_no_shell_syntax(command: str) -> None:
-    """Refuse what a shell would interpret: operators and substitutions outside single quotes."""
+_OPERATORS = {";": "command chaining (;)", "&": "command chaining / background (&, &&)", "|": "pipes (|)",
+              "<": "redirection (<)", ">": "redirection (>)", "(": "subshells", ")": "subshells"}
+_SPECIAL_PARAMETERS = "({_@*#?$!-0123456789"  # after `$`: what a shell would substitute
+_PLAIN_RUN = re.compile(r"[^ \t'\"\\`$;&|<>()]+")  # characters that mean nothing to a shell
+_QUOTED_RUN = re.compile(r'[^"\\`$]+')  # the same inside double quotes
+
+
+def _refuse_substitution(command: str, i: int) -> None:
+    """Refuse a backtick or a `$` that a shell would expand (outside single quotes)."""
+    if command[i] == "`":
+        raise Refused("refused: backticks (command substitution) are not supported; there is no shell")
+    if command[i] == "$" and i + 1 < len(command) and (command[i + 1].isalpha() or command[i + 1] in _SPECIAL_PARAMETERS):
+        what = "command substitution" if command[i + 1] == "(" else "variable expansion"
+        raise Refused(f"refused: {what} ($...) is not supported; there is no shell")
+
+
+def split_command(command: str) -> list[str]:
+    """The argument vector `shlex.split` (POSIX mode) would give, refusing what a shell would
+    interpret: operators and substitutions outside single quotes.
+
+    One linear pass: `shlex` grows each token by string concatenation on an attribute, which
+    is quadratic in the longest argument (a 1 MB pattern took minutes)."""
     if "\n" in command or "\r" in command:
         raise Refused("refused: one command per call; newlines are not allowed")
     if "\x00" in command:
         raise Refused("refused: NUL byte in command")
-    quote: str | None = None
-    i = 0
-    while i < len(command):
+    words: list[str] = []
+    word: list[str] = []
+    in_word = False
+    i, n = 0, len(command)
+    while i < n:
         ch = command[i]
-        if quote == "'":
-            quote = None if ch == "'" else quote
-        elif ch == "\\" and quote is None:
-            i += 1  # the next character is literal
-        elif ch == "`":
-            raise Refused("refused: backticks (command substitution) are not supported; there is no shell")
-        elif ch == "$" and i + 1 < len(command) and (command[i + 1] in "({" or command[i + 1].isalpha() or command[i + 1] == "_"):
-            what = "command substitution" if command[i + 1] == "(" else "variable expansion"
-            raise Refused(f"refused: {what} ($...) is not supported; there is no shell")
-        elif quote == '"':
-            quote = None if ch == '"' else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in ";&|<>()":
-            kinds = {";": "command chaining (;)", "&": "command chaining / background (&, &&)", "|": "pipes (|)",
-                     "<": "redirection (<)", ">": "redirection (>)", "(": "subshells", ")": "subshells"}
-            raise Refused(f"refused: {kinds[ch]} not supported; run one allowlisted command per call ({', '.join(ALLOWED_COMMANDS)})")
-        i += 1
-    if quote:
-        raise Refused(f"refused: unterminated {quote} quote")
+        if ch in " \t":
+            if in_word:
+                words.append("".join(word))
+                word, in_word = [], False
+            i += 1
+            continue
+        in_word = True
+        if ch == "'":  # literal up to the next single quote
+            end = command.find("'", i + 1)
+            if end < 0:
+                raise Refused("refused: unterminated ' quote")
+            word.append(command[i + 1 : end])
+            i = end + 1
+        elif ch == '"':  # a backslash escapes only `"` and `\\` here, as in shlex
+            i += 1
+            while True:
+                if i >= n:
+                    raise Refused('refused: unterminated " quote')
+                run = _QUOTED_RUN.match(command, i)
+                if run:
+                    word.append(run.group())
+                    i = run.end()
+                    continue
+                c = command[i]
+                if c == '"':
+                    i += 1
+                    break
+                if c == "\\" and i + 1 < n and command[i + 1] in '"\\':
+                    word.append(command[i + 1])
+                    i += 2
+                    continue
+                _refuse_substitution(command, i)
+                word.append(c)
+                i += 1
+        elif ch == "\\":
+            if i + 1 >= n:
+                raise Refused("refused: cannot parse command (a trailing backslash escapes nothing)")
+            word.append(command[i + 1])
+            i += 2
+        elif run := _PLAIN_RUN.match(command, i):
+            word.append(run.group())
+            i = run.end()
+        else:
+            _refuse_substitution(command, i)
+            if ch in _OPERATORS:
+                raise Refused(f"refused: {_OPERATORS[ch]} not supported; run one allowlisted command per call ({', '.join(ALLOWED_COMMANDS)})")
+            word.append(ch)
+            i += 1
+    if in_word:
+        words.append("".join(word))
+    return words
 
 
 def _truncate(text: str, limit: int, keep: str) -> str:
@@ -131,31 +188,60 @@ def _truncate(text: str, limit: int, keep: str) -> str:
     return note + text[-limit:]
 
 
-class Sandbox:
-    """Read-only tools over one corpus directory.
+@dataclasses.dataclass(frozen=True)
+class SandboxLimits:
+    """Every bound of a sandbox, set from a method's or reader's `sandbox:` config block.
 
-    `call(name, arguments)` never raises on model input: refusals and errors come back as text
-    the model can read. `bash`/`read` raise `Refused` (tests check the messages).
-    `memory_limit_bytes` caps each command's address space (RLIMIT_AS); CPU seconds are capped
-    at the timeout plus one.
+    `timeout_s` per command, always honoured (the command's process group is killed at the
+    deadline and `bash` returns at most `dci_process.KILL_GRACE_S` later, whatever the command
+    does with its output); `memory_limit_bytes` of address space (RLIMIT_AS) and CPU seconds = timeout + 1 per
+    command; `max_output_chars` of output shown; `max_command_chars` of command; `read_window`
+    lines and `max_read_bytes` scanned per `read`; `max_processes` commands at once (shared by
+    the sandboxes of one method or reader through `ProcessSlots`).
     """
 
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        *,
-        timeout_s: float = 30.0,
-        max_output_chars: int = MAX_OUTPUT_CHARS,
-        read_window: int = READ_WINDOW_LINES,
-        memory_limit_bytes: int = MEMORY_LIMIT_BYTES,
-    ):
+    timeout_s: float = 30.0
+    max_output_chars: int = MAX_OUTPUT_CHARS
+    read_window: int = READ_WINDOW_LINES
+    memory_limit_bytes: int = MEMORY_LIMIT_BYTES
+    max_command_chars: int = MAX_COMMAND_CHARS
+    max_read_bytes: int = MAX_READ_BYTES
+    max_processes: int = MAX_PROCESSES
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            whole = field.name != "timeout_s"
+            if (isinstance(value, bool) or not isinstance(value, int if whole else (int, float))
+                    or not 0 < value < math.inf):
+                kind = "a positive integer" if whole else "a positive finite number of seconds"
+                raise ValueError(f"sandbox.{field.name} must be {kind}, got {value!r}")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | None) -> "SandboxLimits":
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(config or {}) - known)
+        if unknown:
+            raise ValueError(f"sandbox: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**dict(config or {}))
+
+
+class Sandbox:
+    """Read-only tools over one corpus directory, within `limits` (`SandboxLimits`; keyword
+    overrides replace single fields, e.g. `Sandbox(root, timeout_s=5)`).
+
+    `call(name, arguments)` never raises on model input: refusals and errors come back as text
+    the model can read. `bash`/`read` raise `Refused` (tests check the messages). `slots` bounds
+    the commands running at once; pass one `ProcessSlots` to every sandbox of a method.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], limits: SandboxLimits | None = None, *,
+                 slots: ProcessSlots | None = None, **overrides: Any):
         self.root = Path(os.path.realpath(root))
         if not self.root.is_dir():
             raise FileNotFoundError(f"corpus directory {root} does not exist")
-        self.timeout_s = timeout_s
-        self.memory_limit_bytes = memory_limit_bytes
-        self.max_output_chars = max_output_chars
-        self.read_window = read_window
+        self.limits = dataclasses.replace(limits or SandboxLimits(), **overrides)
+        self.slots = slots if slots is not None else ProcessSlots(self.limits.max_processes)
         self.programs = {name: path for name in ALLOWED_COMMANDS if (path := _locate(name))}
         # The only environment a command sees: no RIPGREP_CONFIG_PATH, GREP_OPTIONS, HOME, ...
         # MALLOC_ARENA_MAX: glibc reserves 64 MB of address space per thread arena, so `rg -j 64`
@@ -218,35 +304,87 @@ class Sandbox:
 
     # -- read ------------------------------------------------------------------------------
     def read(self, file: str, offset: int = 1) -> str:
-        """Lines `offset`.. `offset+window-1` (1-based) of `file`, numbered like `cat -n`."""
+        """Lines `offset`.. `offset+window-1` (1-based) of `file`, numbered like `cat -n`.
+
+        A line ends at "\\n" only, as `grep -n`, `rg -n` and `wc -l` count them (`splitlines`
+        also splits at \\r, \\f, \\v, U+0085, U+2028, ... and the numbers would disagree). The
+        file is streamed: at most `max_read_bytes` are scanned and only the window is kept."""
         if not isinstance(file, str) or not file:
             raise Refused("read needs a 'file' argument (a path relative to the corpus)")
         offset = _line_number(offset)
         path = self.resolve(file)
-        with open(self._open_inside(path, file), encoding="utf-8", errors="replace") as handle:
-            lines = handle.read().splitlines()
-        window = lines[offset - 1 : offset - 1 + self.read_window]
-        body = "\n".join(f"{n:>6}\t{line}" for n, line in enumerate(window, start=offset))
+        with open(self._open_inside(path, file), "rb", buffering=0) as handle:
+            window, lines, complete, clipped = self._scan(handle, offset)
+        shown = [line.decode("utf-8", errors="replace").removesuffix("\r") for line in window]
+        body = "\n".join(f"{n:>6}\t{line}" for n, line in enumerate(shown, start=offset))
         last = offset - 1 + len(window)
-        if not window:
-            footer = f"[{self.display(path)} has {len(lines)} lines; offset {offset} is past the end]"
-        elif last < len(lines):
-            footer = f"[lines {offset}-{last} of {len(lines)}; call read with offset={last + 1} to continue]"
+        total = f"{lines}" if complete else f"at least {lines} (read scans the first {self.limits.max_read_bytes} bytes of a file; search the rest with bash rg -n / grep -n)"
+        if not window and not complete:
+            footer = f"[offset {offset} is past the {lines} lines in the first {self.limits.max_read_bytes} bytes of {self.display(path)}, all that read scans; search the rest with bash rg -n / grep -n]"
+        elif not window:
+            footer = f"[{self.display(path)} has {total} lines; offset {offset} is past the end]"
+        elif last < lines or not complete:
+            footer = f"[lines {offset}-{last} of {total}; call read with offset={last + 1} to continue]"
         else:
-            footer = f"[lines {offset}-{last} of {len(lines)}; end of file]"
-        return _truncate(body, self.max_output_chars, "head") + "\n" + footer
+            footer = f"[lines {offset}-{last} of {total}; end of file]"
+        if clipped or len(body) > self.limits.max_output_chars:
+            body = body[: self.limits.max_output_chars] + f"\n[output truncated: showing the first {self.limits.max_output_chars} characters of lines {offset}-{last}]"
+        return body + "\n" + footer
+
+    def _scan(self, handle: Any, offset: int) -> tuple[list[bytes], int, bool, bool]:
+        """(the window's lines, lines counted, whether the whole file was scanned, whether the
+        window's text was clipped): one pass in 1 MiB blocks, keeping at most ~4 x
+        `max_output_chars` bytes of the window (more could not be shown)."""
+        last_wanted = offset + self.limits.read_window - 1
+        budget = 4 * self.limits.max_output_chars
+        window: list[bytes] = []
+        current = bytearray()
+        line, scanned, kept, ends_with_newline, clipped = 1, 0, 0, True, False
+        while scanned < self.limits.max_read_bytes:
+            block = handle.read(min(1 << 20, self.limits.max_read_bytes - scanned))
+            if not block:
+                break
+            scanned += len(block)
+            ends_with_newline = block.endswith(b"\n")
+            pos = 0
+            while pos < len(block):
+                if line > last_wanted:  # past the window: only count
+                    line += block.count(b"\n", pos)
+                    break
+                newline = block.find(b"\n", pos)
+                end = len(block) if newline < 0 else newline
+                if line >= offset:
+                    room = budget - kept - len(current)
+                    clipped = clipped or end - pos > room
+                    current += block[pos : pos + max(room, 0) if end - pos > room else end]
+                if newline < 0:
+                    break
+                if line >= offset:
+                    window.append(bytes(current))
+                    kept += len(current)
+                current = bytearray()
+                line, pos = line + 1, newline + 1
+        complete = scanned < self.limits.max_read_bytes or not handle.read(1)
+        if not complete:  # the line cut by the bound is not counted, and shown only if it is all there is
+            if not window and line == offset:
+                window.append(bytes(current))
+                clipped = True
+            return window, line - 1, False, clipped
+        if not ends_with_newline and offset <= line <= last_wanted:
+            window.append(bytes(current))
+        return window, line - 1 + (0 if ends_with_newline else 1), True, clipped
 
     # -- bash ------------------------------------------------------------------------------
     def parse(self, command: str) -> list[str]:
         """Validate `command` and return the argument vector to execute (program resolved)."""
         if not isinstance(command, str) or not command.strip():
             raise Refused("bash needs a non-empty 'command'")
+        if len(command) > self.limits.max_command_chars:
+            raise Refused(f"refused: the command is {len(command)} characters; at most {self.limits.max_command_chars} are accepted")
         _check_encodable(command, "command")
-        _check_no_shell_syntax(command)
-        try:
-            argv = shlex.split(command)
-        except ValueError as error:
-            raise Refused(f"refused: cannot parse command ({error})") from None
+        argv = split_command(command)
+        if not argv:
+            raise Refused("bash needs a non-empty 'command'")
         program = argv[0]
         if program not in ALLOWED_COMMANDS:
             hint = " (use the read tool to view a file)" if program in {"cat", "less", "more", "tail", "sed", "awk"} else ""
@@ -267,7 +405,7 @@ class Sandbox:
         for value in [*also_paths, *(arg for arg in args if not arg.startswith("-"))]:
             if value and value != "-":
                 self.resolve(value)
-        return [self.programs[program], *args]
+        return [self.programs[program], *(_RG_FIXED_ARGS if program == "rg" else ()), *args]
 
     def _check_find(self, args: list[str]) -> None:
         expect_value = False
@@ -287,50 +425,24 @@ class Sandbox:
     async def bash(self, command: str) -> str:
         argv = self.parse(command)
         self._check_no_hard_links()
-        cpu_s = str(math.ceil(self.timeout_s) + 1)
-        limited = [sys.executable, "-I", "-S", "-c", _LIMITS_SHIM, str(self.memory_limit_bytes), cpu_s, *argv]
         try:
-            process = await asyncio.create_subprocess_exec(
-                *limited, cwd=self.root, env=self.env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-            )
+            async with self.slots():
+                done = await run_limited(argv, cwd=self.root, env=self.env, timeout_s=self.limits.timeout_s,
+                                         memory_limit_bytes=self.limits.memory_limit_bytes, keep_bytes=8 * self.limits.max_output_chars)
         except (OSError, ValueError) as error:
             raise Refused(f"bash: could not start {argv[0]}: {error}") from None
-        output, total, timed_out = await self._collect(process)
+        output, total, returncode, timed_out = done.output, done.total_bytes, done.returncode, done.timed_out
         text = output.decode("utf-8", errors="replace")
         if total > len(output):  # the rolling buffer dropped the head already
             text = f"[output truncated: showing the last {len(output)} of {total} bytes]\n" + text
-        text = _truncate(text, self.max_output_chars, "tail")
+        text = _truncate(text, self.limits.max_output_chars, "tail")
         if timed_out:
-            text += f"\n[command timed out after {self.timeout_s:.0f} s and was stopped]"
-        elif process.returncode == 1 and not text.strip() and argv[0].endswith(("rg", "grep")):
+            text += f"\n[command timed out after {self.limits.timeout_s:g} s and was stopped]"
+        elif returncode == 1 and not text.strip() and argv[0].endswith(("rg", "grep")):
             text = "(no matches)"
-        elif process.returncode not in (0, None):
-            text += f"\n[exit status {process.returncode}{_signal_note(process.returncode)}]"
+        elif returncode not in (0, None):
+            text += f"\n[exit status {returncode}{_signal_note(returncode)}]"
         return text if text.strip() else "(no output)"
-
-    async def _collect(self, process: asyncio.subprocess.Process) -> tuple[bytes, int, bool]:
-        """Read all output, keeping only a bounded tail in memory; stop the process on timeout."""
-        keep = 8 * self.max_output_chars
-        buffer, total = bytearray(), 0
-
-        async def pump() -> None:
-            nonlocal total
-            assert process.stdout is not None
-            while chunk := await process.stdout.read(65536):
-                total += len(chunk)
-                buffer.extend(chunk)
-                if len(buffer) > 2 * keep:
-                    del buffer[: len(buffer) - keep]
-            await process.wait()
-
-        try:
-            await asyncio.wait_for(pump(), self.timeout_s)
-            return bytes(buffer[-keep:]), total, False
-        except asyncio.TimeoutError:
-            process.kill()
-            await process.wait()
-            return bytes(buffer[-keep:]), total, True
 
     # -- the model-facing entry point ------------------------------------------------------
     async def call(self, name: str, arguments: Any) -> str:
@@ -338,8 +450,8 @@ class Sandbox:
         if not isinstance(arguments, dict):
             return f"Error: {name} takes an object of named arguments, got {type(arguments).__name__}"
         try:
-            if name == "read":
-                return self.read(arguments.get("file", arguments.get("path", "")), arguments.get("offset", 1))
+            if name == "read":  # in a thread: a large file must not stall the other episodes' loop
+                return await asyncio.to_thread(self.read, arguments.get("file", arguments.get("path", "")), arguments.get("offset", 1))
             if name == "bash":
                 return await self.bash(arguments.get("command", ""))
             return f"Error: unknown tool {name!r}; the tools are read and bash"
@@ -378,7 +490,8 @@ def materialize_corpus(document: str, directory: str | os.PathLike[str], *, layo
     """Write `document` under `directory` as the corpus a DCI agent searches.
 
     `paragraphs`: one file per packed paragraph (`doc_00017.txt` for "Document 17"), so `rg -l`
-    names the paragraph that matched; `single`: one `document.txt`.
+    names the paragraph that matched; a number seen again gets `doc_00017_2.txt`, ... (files are
+    created exclusively: no paragraph ever overwrites another); `single`: one `document.txt`.
     """
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
@@ -387,9 +500,15 @@ def materialize_corpus(document: str, directory: str | os.PathLike[str], *, layo
         return root
     if layout != "paragraphs":
         raise ValueError(f"unknown corpus layout {layout!r}; use 'paragraphs' or 'single'")
+    seen: dict[int, int] = {}
     for position, paragraph in enumerate(split_paragraphs(document)):
-        name = f"doc_{paragraph.index:05d}.txt" if paragraph.index is not None else f"part_{position:05d}.txt"
-        (root / name).write_text(paragraph.text + "\n", encoding="utf-8")
+        if paragraph.index is None:
+            name = f"part_{position:05d}.txt"
+        else:
+            seen[paragraph.index] = repeat = seen.get(paragraph.index, 0) + 1
+            name = f"doc_{paragraph.index:05d}.txt" if repeat == 1 else f"doc_{paragraph.index:05d}_{repeat}.txt"
+        with open(root / name, "x", encoding="utf-8") as handle:
+            handle.write(paragraph.text + "\n")
     return root
 
 

@@ -12,6 +12,9 @@ far -> its output is parsed -> an answer ends the episode; the turn's tool calls
 concurrently (`Toolset.execute`; for ParSer each query is scattered to every chunk's reader and
 gathered into one observation) -> the observation is appended -> repeat until an answer or
 `max_turns`. Unusable output gets the tool set's invalid-action hint and the loop continues.
+A turn's fan-out is bounded: at most `max_tool_calls_per_turn` calls run (ParSer's scatter also
+keeps queries x chunks within `max_subagent_requests_per_turn`); a call past the bound is
+answered "not run" and counted in `Turn.calls_not_run`.
 
 The token view for training is built by *appending* what the model actually saw — never by
 re-rendering history (Qwen3.5's template drops earlier `<think>` blocks, which would break the
@@ -52,33 +55,40 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 from parser import prompts
 from parser.actions import LeadAction, ToolCall, action_regex, split_thinking
-from parser.backends.base import Backend, Completion, SamplingParams
+from parser.backends.base import Backend, BackendError, Completion, SamplingParams
 from parser.chat_format import ChatFormat
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig
 from parser.protocol import Protocol, protocol_for
 from parser.retry import RetryPolicy
-from parser.tools import ChunkReader, QueryAgents, Toolset
+from parser.tools import ChunkReader, QueryAgents, Toolset, not_run
 from parser.trajectory import Trajectory, Turn
 
 
 class LeadContext:
-    """The agent's token stream and chat messages, grown by appending only."""
+    """The agent's token stream and chat messages, grown by appending only.
 
-    def __init__(self, tokenizer: Any, toolset: Toolset, question: str, config: EpisodeConfig, chat: ChatFormat):
+    What comes from outside — the question and every tool's output (findings, search results,
+    file text) — passes `untrusted` before it is rendered (`Protocol.untrusted`: under `parser`
+    it can never become a control token of the chat template)."""
+
+    def __init__(self, tokenizer: Any, toolset: Toolset, question: str, config: EpisodeConfig, chat: ChatFormat,
+                 untrusted: Callable[[str], str] = lambda text: text):
         self.tokenizer = tokenizer
         self.config = config
         self.chat = chat
+        self.untrusted = untrusted
         self.template_kwargs = {"enable_thinking": config.lead_thinking}
         self.tools = toolset.schemas()
         self.messages: list[dict[str, Any]] = [
             {"role": "system", "content": toolset.system_prompt()},
-            {"role": "user", "content": toolset.user_prompt(question)},
+            {"role": "user", "content": toolset.user_prompt(untrusted(question))},
         ]
         if self.tools and self._template_ignores_tools():
             fallback = prompts.render("tool_format_fallback", config.prompt_version,
@@ -91,6 +101,8 @@ class LeadContext:
         self.end_of_turn_id = chat.end_of_turn_id(tokenizer)
         self.rerendered = False  # an eval-only option rewrote history: prompts come from `messages`
         self.token_view_note: str | None = None  # why the token view is approximate, if it is
+        # the generation prompt opens <think>: a turn without </think> is all thinking (no action)
+        self.thinking_open = self._render(self.messages, add_generation_prompt=True).rstrip().endswith("<think>")
         self.asked: list[str] = []  # the queries sent so far (the lead constraint's exclusions)
         self.action_regex = self._action_regex() if config.constrain_lead else None
 
@@ -98,14 +110,13 @@ class LeadContext:
         """The lead constraint in this chat template's tool-call dialect."""
         rendered = self._render(self.messages, add_generation_prompt=True)
         self._dialect = "xml" if "<function=" in rendered else "json"
-        self._thinking = rendered.rstrip().endswith("<think>")
-        return action_regex(self.tools, self._dialect, thinking=self._thinking)
+        return action_regex(self.tools, self._dialect, thinking=self.thinking_open)
 
     def note_queries(self, queries: list[str]) -> None:
         """Remember the turn's queries; under `distinct_queries` the constraint now refuses them."""
         self.asked += queries
         if self.config.distinct_queries:
-            self.action_regex = action_regex(self.tools, self._dialect, thinking=self._thinking, exclude=self.asked)
+            self.action_regex = action_regex(self.tools, self._dialect, thinking=self.thinking_open, exclude=self.asked)
 
     def _template_ignores_tools(self) -> bool:
         """True for chat templates without tool support: the tool schemas must go in as text."""
@@ -144,6 +155,9 @@ class LeadContext:
             self.token_view_note = self.token_view_note or (
                 f"the lead backend returned {len(logprobs)} logprobs for {len(token_ids)} token ids")
             logprobs = None
+        if logprobs is not None and not all(isinstance(x, (int, float)) and math.isfinite(x) for x in logprobs):
+            self.token_view_note = self.token_view_note or "the lead backend returned logprobs that are not finite numbers"
+            logprobs = None
         self.response_ids += token_ids
         self.response_mask += [1] * len(token_ids)
         self.response_logprobs += list(logprobs) if logprobs else [0.0] * len(token_ids)
@@ -175,6 +189,8 @@ class LeadContext:
         return self._encode(rendered[end + len(end_of_turn):])
 
     def append_observation(self, messages: list[dict[str, Any]]) -> None:
+        """Append a tool (or hint) turn; tool outputs pass `untrusted` first."""
+        messages = [{**m, "content": self.untrusted(m["content"])} if m["role"] == "tool" else m for m in messages]
         self._append_context(self.observation_ids(messages))
         self.messages += messages
 
@@ -196,6 +212,7 @@ class EpisodeEngine:
         self.protocol = protocol or protocol_for(self.config)
         self._slots = asyncio.Semaphore(self.config.max_concurrency)
         self._lead_retry = dataclasses.replace(RetryPolicy.of(self.config), timeout_s=None)
+        self._vocab_size = len(lead_tokenizer) if hasattr(lead_tokenizer, "__len__") else float("inf")
 
     def _count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
@@ -220,7 +237,8 @@ class EpisodeEngine:
         cfg, protocol = self.config, self.protocol
         protocol.check_toolset(toolset.names)
         started = time.perf_counter()
-        context = LeadContext(self.tokenizer, toolset, question, cfg, protocol.chat)  # l. 3: H <- [system, user(q)]
+        context = LeadContext(self.tokenizer, toolset, question, cfg, protocol.chat,  # l. 3: H <- [system, user(q)]
+                              untrusted=lambda text: protocol.untrusted(text, self.tokenizer))
         trajectory = Trajectory(question=question, doc_id=doc_id, num_chunks=0, prompt_ids=context.prompt_ids,
                                 constraints=cfg.constraints())
         ids = {"request_id": request_id or doc_id, **({"routing_key": routing_key} if routing_key is not None else {})}
@@ -263,12 +281,16 @@ class EpisodeEngine:
         return trajectory
 
     async def _execute(self, toolset: Toolset, calls: list[ToolCall], turn: Turn) -> list[dict[str, Any]]:
-        """The turn's tool calls, concurrently; their records go on the turn."""
+        """The turn's tool calls, concurrently, at most `max_tool_calls_per_turn` of them (each
+        later one is answered "not run"); their records go on the turn."""
+        bound = self.config.max_tool_calls_per_turn
+        run, refused = calls[:bound], calls[bound:]
         started = time.perf_counter()
-        result = await toolset.execute(calls)
-        turn.queries, turn.tool_calls = result.queries, result.calls
+        result = await toolset.execute(run)
+        turn.queries, turn.tool_calls, turn.calls_not_run = result.queries, result.calls, len(refused) + result.not_run
         turn.scatter_latency_s = time.perf_counter() - started
-        return result.messages
+        refusal = not_run(len(calls), bound, self.config.prompt_version)
+        return result.messages + [{"role": "tool", "name": c.name, "content": refusal} for c in refused]
 
     def _without_call(self, toolset: Toolset, context: LeadContext, trajectory: Trajectory, turn: Turn,
                       action: LeadAction, content: str) -> list[dict[str, Any]] | None:
@@ -297,17 +319,17 @@ class EpisodeEngine:
             return_logprobs=True, regex=context.action_regex if tool_names else None,
         )
         lead_started = time.perf_counter()
-        completion, attempts = await self._lead_retry.call(lambda: self.lead.generate(prompt, sampling, **ids))
+        completion, attempts = await self._lead_retry.call(lambda: self._generate(prompt, sampling, ids))
         lead_latency = time.perf_counter() - lead_started
         if self.protocol.ends_on_empty_generation and not completion.token_ids and not completion.text:
             return None
         token_ids = context.append_generation(completion)
         text = completion.text if completion.text else self.tokenizer.decode(token_ids, skip_special_tokens=False)
         text = context.chat.strip_end(text)
-        action = self.protocol.parse_turn(text, tool_names)
+        action = self.protocol.parse_turn(text, tool_names, thinking_open=context.thinking_open)
         if action.answer is None or self.protocol.closes_answer_turn:
             context.close_turn(token_ids)
-        content = split_thinking(text)[1].strip()
+        content = split_thinking(text, opened=context.thinking_open)[1].strip()
         context.messages.append({"role": "assistant", "content": content, "reasoning_content": action.thinking})
         turn = Turn(
             index=index, text=text, thinking=action.thinking, queries=[], answer=action.answer,
@@ -315,6 +337,17 @@ class EpisodeEngine:
             lead_latency_s=lead_latency, prompt_tokens=completion.prompt_tokens or len(prompt), lead_attempts=attempts,
         )
         return turn, action, content
+
+    async def _generate(self, prompt: list[int], sampling: SamplingParams, ids: dict[str, str]) -> Completion:
+        """One lead generation whose token ids the stream can take: ints inside the tokenizer's
+        vocabulary (a garbled reply is a retryable `BackendError`; it once went straight into the
+        training stream). Logprobs that are not finite numbers are dropped (the view says so)."""
+        completion = await self.lead.generate(prompt, sampling, **ids)
+        for position, token in enumerate(completion.token_ids):
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < self._vocab_size:
+                raise BackendError(f"lead backend returned token id {token!r} at position {position}, outside the lead "
+                                   f"tokenizer's vocabulary [0, {self._vocab_size})", retryable=True)
+        return completion
 
     async def _finalize(self, context: LeadContext, trajectory: Trajectory, message: str, ids: dict[str, str]) -> None:
         """One tool-free turn for the answer (eval-only: its prompt has no tool schemas)."""

@@ -4,33 +4,42 @@ Why it exists: ParSer re-reads every chunk every round, which is cheap only when
 instructions+chunk prefix stays in one worker's KV cache and the router keeps sending that
 chunk there. This module turns a config (`configs/serve/*.yaml`) into the exact command lines
 for the workers (SGLang servers on GPUs; `parser.serve` or the loopback worker on CPU) and for
-the router (`sglang-router` 0.3.2 or its successor `smg`), starts them as child processes, waits
-until each answers, and stops exactly the processes it started (by their own PIDs / process
-groups — never by name). `scripts/serve_subagents.py` and the gateway tests are thin users.
+the router, starts them as child processes, waits until each answers, and stops exactly the
+processes it started (by their own PIDs / process groups — never by name).
+`scripts/serve_subagents.py` and the gateway tests are thin users.
 
     from parser.gateway import Gateway
     with Gateway.from_config(cfg) as gw:   # cfg: the `configs/serve/default.yaml` mapping
         print(gw.url)                     # e.g. http://127.0.0.1:30000
 
-Facts about sglang-router 0.3.2 that shape the commands (measured, see tests/test_gateway_*):
-- It registers a worker with GET /health, /server_info and /model_info (falling back to
-  /get_server_info, /get_model_info), then health-checks GET /health every
-  `health_check_interval_secs`. It forwards response headers (so `X-Worker-Id` reaches clients).
-- It loads a tokenizer for the worker's `model_path` and tries the Hugging Face hub when that is
-  not a local path: give it `tokenizer_path` (or `model_path`) on offline clusters.
-- Its Rust core has the header-keyed policies `consistent_hashing` (hash ring) and `manual`
-  (sticky key -> worker map); both read the `X-SMG-Routing-Key` header. The 0.3.2 Python
-  launcher's `--policy` choices omit `consistent_hashing`, so for that policy the router is
-  started through `python -m parser.gateway router ...`, which is the same launcher with the
-  choice list widened (`smg` >= 1.x accepts it directly).
-- Prometheus metrics live on a separate port (`prometheus_port`); it binds 0.0.0.0 unless told.
+Two routers, one per `router.kind` (configs/serve/router/), both launched as `python -m ...` so
+the `smg` console script that both wheels install cannot pick the wrong one:
+- `smg` (default): Shepherd Model Gateway, `python -m smg launch`, the maintained successor of
+  sglang-router. With `routing_key_override` it pins every request that carries
+  `X-SMG-Routing-Key` (`doc_id:chunk_index`, sent by `HttpBackend`) to one worker on any
+  policy, assigning new keys by `assignment_mode`; requests without the key fall back to the
+  policy (cache_aware: the prompt text) or to the request-id lineage (a trajectory's lead turns).
+- `sglang_router`: sglang-router 0.3.2 (`python -m sglang_router.launch_router`), the router of
+  the authors' release. Its launcher takes `cache_aware | manual | round_robin | power_of_two |
+  random`; only `manual` reads the routing-key header.
+Both register a worker through GET /health, /server_info and /model_info (older names
+/get_server_info, /get_model_info), health-check GET /health, forward response headers (so
+`X-Worker-Id` reaches clients), retry 408/429/5xx and open a worker's circuit breaker on them.
+Neither inspects a 200's body: a worker answering 200 with garbage keeps its requests, and only
+the client (`HttpBackend` raises a retryable error, `WorkerPool` moves the key) can route
+around it (docs/scaling.md has the measured fault table, `scripts/gateway_faults.py`). smg
+1.13's `/v1/completions` takes text prompts only (a token-id prompt is a 400): the lead's
+exact token path goes to its servers directly, subagents (text or chat) through the router.
+Prometheus metrics live on a separate port (`prometheus_port`), bound to the router's host.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
-import shutil
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -43,12 +52,13 @@ from typing import Any, Mapping, Sequence
 
 from parser.backends.base import ROUTING_HEADER
 
-ROUTER_KINDS = ("sglang_router", "smg")
+ROUTER_KINDS = ("smg", "sglang_router")
 WORKER_KINDS = ("sglang", "parser_serve", "loopback")
-# Policies that choose the worker from a routing-key header instead of the prompt text.
+# Policies that choose the worker from the routing-key header instead of the prompt text.
 HEADER_KEYED_POLICIES = ("consistent_hashing", "manual")
-# Policies the Rust core of sglang-router 0.3.2 knows but its Python launcher refuses.
-_SHIMMED_POLICIES = ("consistent_hashing", "prefix_hash")
+# The module each router kind is started with (`python -m MODULE [launch] ...`).
+ROUTER_MODULES = {"smg": ("smg", "launch"), "sglang_router": ("sglang_router.launch_router",)}
+ROUTER_PRESETS = Path(__file__).resolve().parent.parent / "configs" / "serve" / "router"
 
 
 # ---------------------------------------------------------------------------- small helpers
@@ -103,10 +113,9 @@ class Launch:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     ready_path: str = "/health"
     metrics_url: str | None = None  # Prometheus endpoint base, where separate (the router's)
+    ready_workers: int = 0  # a router: ready once /readiness counts this many healthy workers
 
     def shell(self) -> str:
-        import shlex
-
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
         return (env + " " if env else "") + shlex.join(self.argv)
 
@@ -159,30 +168,24 @@ def worker_launches(workers: Mapping[str, Any], python: str = sys.executable) ->
     return launches
 
 
-def _installed_launcher_policies() -> tuple[str, ...] | None:
-    """The `--policy` choices of the installed sglang_router launcher (None if not installed)."""
-    try:
-        import argparse
+def router_preset(kind: str) -> dict[str, Any]:
+    """The shipped `router:` block of one kind (configs/serve/router/<kind>.yaml), as a dict."""
+    import yaml
 
-        from sglang_router.router_args import RouterArgs
-    except ImportError:
-        return None
-    parser = argparse.ArgumentParser()
-    RouterArgs.add_cli_args(parser, use_router_prefix=False)
-    for action in parser._actions:  # argparse keeps no public map from dest to action
-        if action.dest == "policy":
-            return tuple(action.choices or ())
-    return None
+    if kind not in ROUTER_KINDS:
+        raise ValueError(f"router.kind={kind!r}; expected one of {ROUTER_KINDS}")
+    return yaml.safe_load((ROUTER_PRESETS / f"{kind}.yaml").read_text())
 
 
 def router_launch(router: Mapping[str, Any], worker_urls: Sequence[str], python: str = sys.executable) -> Launch:
     """The router process of `router` (the `router:` block of a serve config) over `worker_urls`.
 
-    kind `sglang_router`: `python -m sglang_router.launch_router` (the PyPI `sglang-router` wheel
-    ships the Rust router inside); kind `smg`: the `smg launch` CLI (sglang-router 0.3.2 installs
-    one too; the separate `smg` package is its successor). `args` are router flags.
+    kind `smg`: `python -m smg launch` (PyPI `smg`, the `gateway` extra); kind `sglang_router`:
+    `python -m sglang_router.launch_router` (PyPI `sglang-router`, the `sglang-router` extra).
+    Both wheels ship the Rust router inside. `args` are that router's own flags (checked
+    against each binary's `--help` by tests/e2e/test_gateway_commands_on_cpu.py).
     """
-    kind = _get(router, "kind", "sglang_router")
+    kind = _get(router, "kind", "smg")
     if kind not in ROUTER_KINDS:
         raise ValueError(f"router.kind={kind!r}; expected one of {ROUTER_KINDS}")
     if not worker_urls:
@@ -192,34 +195,76 @@ def router_launch(router: Mapping[str, Any], worker_urls: Sequence[str], python:
     args = dict(_get(router, "args", {}))
     policy = _get(router, "policy", "cache_aware")
     metrics_port = _get(router, "prometheus_port", 0)
-    args.setdefault("prometheus_host", host)  # 0.3.2 binds metrics to 0.0.0.0 by default
+    args.setdefault("prometheus_host", host)  # both bind metrics to 0.0.0.0 unless told
     args["prometheus_port"] = int(metrics_port) or free_port(host)
-    common = ["--worker-urls", *worker_urls, "--policy", policy, "--host", host, "--port", str(port),
-              *flags(args, "router.args")]
-    if kind == "smg":
-        exe = shutil.which("smg") or str(Path(python).with_name("smg"))
-        argv = [exe, "launch", *common]
-    else:
-        choices = _installed_launcher_policies()
-        if choices is not None and policy not in choices and policy in _SHIMMED_POLICIES:
-            argv = [python, "-m", "parser.gateway", "router", *common]
-        else:
-            argv = [python, "-m", "sglang_router.launch_router", *common]
+    argv = [python, "-m", *ROUTER_MODULES[kind], "--worker-urls", *worker_urls, "--policy", policy,
+            "--host", host, "--port", str(port), *flags(args, "router.args")]
     env = {str(k): str(v) for k, v in _get(router, "env", {}).items()}
+    # both answer /readiness once one worker is up: wait for all, or round 1 skips the late ones
     return Launch("router", argv, http_url(host, port), env, ready_path="/readiness",
-                  metrics_url=http_url(host, args["prometheus_port"]))
+                  metrics_url=http_url(host, args["prometheus_port"]), ready_workers=len(worker_urls))
 
 
-def routing_header(policy: str) -> str | None:
-    """The header a client must put the routing key in for `policy`, or None (text-routed)."""
-    return ROUTING_HEADER if policy in HEADER_KEYED_POLICIES else None
+@functools.lru_cache(maxsize=8)
+def router_help(kind: str, python: str = sys.executable) -> str:
+    """The installed router's own `--help` text (what its launcher really accepts)."""
+    if kind not in ROUTER_KINDS:
+        raise ValueError(f"router.kind={kind!r}; expected one of {ROUTER_KINDS}")
+    argv = [python, "-m", *ROUTER_MODULES[kind], "--help"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise RuntimeError(f"{shlex.join(argv)}: {error}") from error
+    if done.returncode != 0 or "--worker-urls" not in done.stdout:
+        extra = "pip install 'parser-agents[gateway]'" if kind == "smg" else "pip install 'parser-agents[sglang-router]'"
+        raise RuntimeError(f"{shlex.join(argv)} failed (exit {done.returncode}; is it installed? {extra}):\n"
+                           f"{(done.stderr or done.stdout)[-2000:]}")
+    return done.stdout
+
+
+def unknown_router_flags(argv: Sequence[str], help_text: str) -> list[str]:
+    """Flags (and choice values) in a router command line that its `--help` does not list.
+
+    A flag is known when `--help` names it; a flag whose help shows `{a,b,c}` must take one of
+    those values. Returns one readable line per problem (empty: every flag is the router's).
+    """
+    known = set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", help_text))
+    choices = {flag: {v.strip() for v in values.split(",")} for flag, values in re.findall(r"(--[a-z0-9-]+) \{([^}]*)\}", help_text)}
+    problems = []
+    for i, token in enumerate(argv):
+        if not token.startswith("--"):
+            continue
+        if token not in known:
+            problems.append(f"{token} is not a flag of this router")
+        elif token in choices:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+            if value not in choices[token]:
+                problems.append(f"{token} {value}: expected one of {sorted(choices[token])}")
+    return problems
+
+
+def check_router_flags(router: Launch, kind: str, python: str = sys.executable) -> None:
+    """Raise before starting a router whose command line its installed binary would refuse."""
+    problems = unknown_router_flags(router.argv, router_help(kind, python))
+    if problems:
+        raise ValueError(f"router.kind={kind}: the installed router refuses this command line "
+                         f"({shlex.join(router.argv[:4])} --help lists its flags; router.args keys are flags "
+                         f"with '_' for '-'):\n  " + "\n  ".join(problems))
+
+
+def reads_routing_key(router: Mapping[str, Any]) -> bool:
+    """Whether this router picks the worker from the routing-key header (else from the text)."""
+    policy = _get(router, "policy", "cache_aware")
+    override = _get(router, "kind", "smg") == "smg" and bool(_get(_get(router, "args", {}), "routing_key_override", False))
+    return policy in HEADER_KEYED_POLICIES or override
 
 
 # ---------------------------------------------------------------------------- processes
 def wait_ready(url: str, path: str = "/health", *, timeout_s: float = 600.0,
                process: subprocess.Popen | None = None, log: Path | None = None,
-               interval_s: float = 0.2) -> None:
-    """Poll `url + path` until it answers 200; fail early (with the log's tail) if `process` exits."""
+               interval_s: float = 0.2, workers: int = 0) -> None:
+    """Poll `url + path` until it answers 200 (and, for `workers`, reports that many healthy
+    workers in its JSON); fail early (with the log's tail) if `process` exits."""
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
     while time.monotonic() < deadline:
@@ -228,15 +273,30 @@ def wait_ready(url: str, path: str = "/health", *, timeout_s: float = 600.0,
                                f"before it was ready\n{_tail(log)}")
         try:
             with urllib.request.urlopen(url + path, timeout=5) as resp:
-                if resp.status == 200:
+                body = resp.read()
+                if resp.status == 200 and not workers:
                     return
-                last = f"HTTP {resp.status}"
+                if resp.status == 200:
+                    healthy = _healthy_workers(body)
+                    if healthy >= workers:
+                        return
+                    last = f"{healthy} of {workers} workers healthy"
+                else:
+                    last = f"HTTP {resp.status}"
         except urllib.error.HTTPError as e:
             last = f"HTTP {e.code}"
         except (urllib.error.URLError, OSError) as e:
             last = f"{type(e).__name__}: {e}"
         time.sleep(interval_s)
     raise TimeoutError(f"{url}{path} not ready after {timeout_s:.0f}s ({last})\n{_tail(log)}")
+
+
+def _healthy_workers(body: bytes) -> int:
+    try:
+        count = json.loads(body).get("healthy_workers", 0)
+    except (ValueError, AttributeError):
+        return 0
+    return count if isinstance(count, int) else 0
 
 
 def _tail(log: Path | None, lines: int = 30) -> str:
@@ -271,7 +331,7 @@ class ProcessGroup:
 
     def wait_ready(self, launch: Launch, timeout_s: float) -> None:
         wait_ready(launch.url, launch.ready_path, timeout_s=timeout_s,
-                   process=self.procs[launch.name], log=self.logs[launch.name])
+                   process=self.procs[launch.name], log=self.logs[launch.name], workers=launch.ready_workers)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to one started process group (tests use it to kill a worker mid-round)."""
@@ -286,6 +346,7 @@ class ProcessGroup:
         """SIGTERM every started group (newest first), SIGKILL whatever is left after `grace_s`."""
         for name in reversed(list(self.procs)):
             self.kill(name, signal.SIGTERM)
+            self.kill(name, signal.SIGCONT)  # a group frozen by SIGSTOP (a fault test) handles it
         deadline = time.monotonic() + grace_s
         for name in reversed(list(self.procs)):
             proc = self.procs[name]
@@ -311,6 +372,9 @@ class Gateway:
     policy: str
     group: ProcessGroup
     ready_timeout_s: float = 600.0
+    keyed: bool = False  # the router reads ROUTING_HEADER (see reads_routing_key)
+    router_kind: str = "smg"
+    python: str = sys.executable
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], python: str = sys.executable) -> "Gateway":
@@ -318,7 +382,8 @@ class Gateway:
         router = router_launch(cfg["router"], [w.url for w in workers], python)
         log_dir = _get(cfg, "log_dir", None) or Path(os.environ.get("TMPDIR", "/tmp")) / f"parser-gateway-{os.getpid()}"
         return cls(workers, router, _get(cfg["router"], "policy", "cache_aware"), ProcessGroup(log_dir),
-                   float(_get(cfg, "ready_timeout_s", 600.0)))
+                   float(_get(cfg, "ready_timeout_s", 600.0)), reads_routing_key(cfg["router"]),
+                   _get(cfg["router"], "kind", "smg"), python)
 
     @property
     def url(self) -> str:
@@ -330,12 +395,14 @@ class Gateway:
 
     @property
     def routing_header(self) -> str | None:
-        return routing_header(self.policy)
+        """The header the router reads the routing key from, or None (it routes on the text)."""
+        return ROUTING_HEADER if self.keyed else None
 
     def launches(self) -> list[Launch]:
         return [*self.workers, self.router]
 
     def start(self) -> "Gateway":
+        check_router_flags(self.router, self.router_kind, self.python)  # before anything is started
         try:
             for w in self.workers:
                 self.group.start(w)
@@ -356,29 +423,3 @@ class Gateway:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-# ---------------------------------------------------------------------------- router shim
-def router_main(argv: list[str]) -> None:
-    """sglang-router's own launcher with `consistent_hashing`/`prefix_hash` added to `--policy`.
-
-    The 0.3.2 wheel's Rust core and its `policy_from_str` map both know these policies; only the
-    argparse choice list leaves them out. Everything else is the installed launcher, unchanged.
-    """
-    import argparse
-
-    from sglang_router.launch_router import launch_router
-    from sglang_router.router_args import RouterArgs
-
-    parser = argparse.ArgumentParser(prog="python -m parser.gateway router")
-    RouterArgs.add_cli_args(parser, use_router_prefix=False)
-    for action in parser._actions:
-        if action.dest == "policy":
-            action.choices = [*action.choices, *(p for p in _SHIMMED_POLICIES if p not in action.choices)]
-    launch_router(RouterArgs.from_cli_args(parser.parse_args(argv), use_router_prefix=False))
-
-
-if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] != "router":
-        sys.exit("usage: python -m parser.gateway router <sglang-router launch_router flags>")
-    router_main(sys.argv[2:])

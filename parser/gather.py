@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from typing import Any, Callable, Sequence
 
 from parser import prompts
@@ -40,7 +39,16 @@ from parser.trajectory import Finding
 ABSTENTIONS = frozenset(
     {"unknown", "none", "n/a", "na", "null", "not found", "not mentioned", "no information", "not available", "unanswerable"}
 )
-_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
+
+
+def _after_thinking(text: str) -> str:
+    """The reply after a leading thinking block (closed, or cut at the limit: then nothing). A
+    `<think>` anywhere else is text — a finding that quotes a document containing one was dropped."""
+    body = text.strip()
+    if not body.startswith("<think>"):
+        return body
+    end = body.find("</think>")
+    return "" if end < 0 else body[end + len("</think>") :].strip()
 
 
 def _fenced(body: str) -> str | None:
@@ -59,7 +67,7 @@ def parse_reply(text: Any) -> tuple[str, str] | None:
     """(answer, evidence) for a finding, or None for an abstention / junk (any non-string too)."""
     if not isinstance(text, str):
         return None
-    body = _THINK_BLOCK.sub("", text).strip()
+    body = _after_thinking(text)
     fenced = _fenced(body)
     if fenced is not None:
         body = fenced
@@ -104,18 +112,27 @@ def render_observation(
     token_budget: int,
     version: str = prompts.DEFAULT_VERSION,
 ) -> tuple[str, int]:
-    """(observation text, number of findings omitted by the budget)."""
+    """(observation text, number of findings omitted by the budget). Findings are kept whole, in
+    order, while they fit; a first finding that alone exceeds the budget is cut to fit (it used to
+    pass whole: a 120K-token finding went through a 256-token budget as "0 omitted")."""
     if not findings:
         return prompts.render("observation_empty", version, query=query, num_agents=num_agents), 0
     reporting = sum(1 + len(f.merged_agents) for f in findings)
     lines: list[str] = []
     used = count_tokens(prompts.render("observation", version, query=query, num_findings=reporting, num_agents=num_agents, findings=""))
+    longest = _CHARS_PER_TOKEN_BOUND * token_budget  # more characters than this cannot fit the budget
     for finding in findings:
         agents = ", ".join([finding.agent, *finding.merged_agents])
-        line = prompts.render("finding", version, agent=agents, answer=finding.answer, evidence=finding.evidence)
+        answer, evidence = finding.answer[:longest], finding.evidence[:longest]
+        line = prompts.render("finding", version, agent=agents, answer=answer, evidence=evidence)
         cost = count_tokens(line) + 1
-        if lines and used + cost > token_budget:
-            break
+        if used + cost > token_budget:
+            if lines:
+                break
+            line = _cut_to_fit(agents, answer, evidence, token_budget - used - 1, count_tokens, version)
+            if line is None:
+                break
+            cost = count_tokens(line) + 1
         lines.append(line)
         used += cost
     omitted = len(findings) - len(lines)
@@ -123,6 +140,32 @@ def render_observation(
         lines.append(prompts.render("omitted", version, count=omitted))
     text = prompts.render("observation", version, query=query, num_findings=reporting, num_agents=num_agents, findings="\n".join(lines))
     return text, omitted
+
+
+_CHARS_PER_TOKEN_BOUND = 128  # characters in the longest token of the Qwen3 / Qwen3.5 vocabularies
+
+
+def _cut_to_fit(agents: str, answer: str, evidence: str, room: int, count_tokens: Callable[[str], int],
+                version: str) -> str | None:
+    """The finding's line with the longest evidence prefix (then answer prefix) that fits `room`
+    tokens, by bisection; None if not even an empty one fits."""
+    def line(a: str, e: str) -> str:
+        return prompts.render("finding_cut", version, agent=agents, answer=a, evidence=e)
+
+    def longest(fits: Callable[[int], bool], n: int) -> int:
+        low, high = 0, n  # fits(low) holds
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid - 1)
+        return low
+
+    if count_tokens(line(answer, "")) <= room:
+        keep = longest(lambda k: count_tokens(line(answer, evidence[:k])) <= room, len(evidence))
+        return line(answer, evidence[:keep])
+    if count_tokens(line("", "")) > room:
+        return None
+    keep = longest(lambda k: count_tokens(line(answer[:k], "")) <= room, len(answer))
+    return line(answer[:keep], "")
 
 
 @dataclasses.dataclass

@@ -67,6 +67,11 @@ class Protocol(abc.ABC):
     def subagent_prompt(self, chunk: str, query: str) -> str:
         """The subagent's one user message for (chunk, query)."""
 
+    @abc.abstractmethod
+    def untrusted(self, text: str, tokenizer: Any) -> str:
+        """Text from outside (a document, a question, a finding, a tool's output, a query the lead
+        wrote) as it may enter a prompt `tokenizer` encodes."""
+
     def check_toolset(self, names: Iterable[str]) -> None:
         """Refuse a tool set this protocol has no rules for."""
 
@@ -79,7 +84,8 @@ class Protocol(abc.ABC):
         """New tokens the next lead turn may take, `used` response tokens in; <= 0 ends the episode."""
 
     @abc.abstractmethod
-    def parse_turn(self, text: str, tool_names: Iterable[str] | None) -> LeadAction: ...
+    def parse_turn(self, text: str, tool_names: Iterable[str] | None, thinking_open: bool = False) -> LeadAction:
+        """One lead generation -> its action. `thinking_open`: the generation prompt opened `<think>`."""
 
     @abc.abstractmethod
     def gather(self, query: str, replies: gather.Replies, count_tokens: Callable[[str], int]) -> gather.Gathered:
@@ -123,6 +129,11 @@ class ParserProtocol(Protocol):
     def subagent_prompt(self, chunk: str, query: str) -> str:
         return prompts.render("subagent", self.config.prompt_version, chunk=chunk, query=query)
 
+    def untrusted(self, text: str, tokenizer: Any) -> str:
+        """Never a control token: a `<|im_end|>` in a document was a real end of turn in the
+        lead's and the readers' inputs (and in the loss mask built on them)."""
+        return self.chat.neutralize(text, tokenizer)
+
     def turn_budget(self, used: int) -> int:
         """`max_tokens_per_turn`, and never past `max_response_tokens` in all."""
         budget = self.config.max_tokens_per_turn
@@ -130,8 +141,8 @@ class ParserProtocol(Protocol):
             budget = min(budget, self.config.max_response_tokens - used)
         return budget
 
-    def parse_turn(self, text: str, tool_names: Iterable[str] | None) -> LeadAction:
-        return parse_lead_output(text, tool_names)
+    def parse_turn(self, text: str, tool_names: Iterable[str] | None, thinking_open: bool = False) -> LeadAction:
+        return parse_lead_output(text, tool_names, thinking_open=thinking_open)
 
     def gather(self, query: str, replies: gather.Replies, count_tokens: Callable[[str], int]) -> gather.Gathered:
         return gather.gather(query, replies, count_tokens=count_tokens, token_budget=self.config.observation_token_budget,
@@ -176,6 +187,11 @@ class ReleaseProtocol(Protocol):
     def subagent_prompt(self, chunk: str, query: str) -> str:
         return self.prose.subagent_prompt(chunk, query)
 
+    def untrusted(self, text: str, tokenizer: Any) -> str:
+        """As it is: the release tokenises documents, findings and tool output with their control
+        tokens (docs/fidelity.md), and its checkpoint was trained on that."""
+        return text
+
     def check_toolset(self, names: Iterable[str]) -> None:
         if tuple(names) != (TOOL_NAME,):
             raise ValueError(f"protocol=release is the release's query_agents protocol; tool set {tuple(names)} has none")
@@ -189,7 +205,8 @@ class ReleaseProtocol(Protocol):
         left = self.config.max_response_tokens is None or used < self.config.max_response_tokens
         return self.config.max_tokens_per_turn if left else 0
 
-    def parse_turn(self, text: str, tool_names: Iterable[str] | None) -> LeadAction:
+    def parse_turn(self, text: str, tool_names: Iterable[str] | None, thinking_open: bool = False) -> LeadAction:
+        """The release searches the whole turn, thinking included (docs/fidelity.md row 7)."""
         return parse_release_turn(text)
 
     def gather(self, query: str, replies: gather.Replies, count_tokens: Callable[[str], int]) -> gather.Gathered:

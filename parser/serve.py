@@ -23,8 +23,16 @@ SIGINT/SIGTERM. Streaming, `n > 1` and batched prompts are refused with a 400.
 
 A client error is a 400 naming the field, never a 500 (which clients and routers retry):
 token ids outside the vocabulary, `top_p` outside (0, 1], `top_k` 0, a negative temperature,
-unknown roles, messages the chat template refuses, a prompt over `context_length` tokens or
-16 bytes per token of it. A temperature below 1e-5 means greedy, as in SGLang and vLLM.
+a seed outside 64 bits, a constraint of the wrong type, an empty stop string, unknown roles,
+messages the chat template refuses, a prompt over `context_length` tokens or 16 bytes per
+token of it. A temperature below 1e-5 means greedy, as in SGLang and vLLM.
+
+Every request is bounded (`ServerLimits`): its body at 16 MB, read within `body_timeout_s`
+(else 408); a connection that has not sent a whole request header `idle_timeout_s` after it
+opened or after its last response is closed (a slow or stalled client holds no connection for
+ever); and a stop list at `max_stop_strings` strings of at most `max_stop_chars` characters
+(each generated token is checked against every stop string, so a huge list held the model for
+many times its normal time).
 Templates are never taken from a request (`chat_template`, or as a `chat_template_kwargs`
 key); rendering and tokenising run on a worker thread, so `/health` answers during a huge
 prompt, and a client that disconnects cancels its generation (`handler_cancellation`).
@@ -39,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import threading
 import time
 import uuid
@@ -64,6 +73,28 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
 })
 
 
+@dataclasses.dataclass(frozen=True)
+class ServerLimits:
+    """The bounds on what one request may hold or cost (module docstring)."""
+
+    body_timeout_s: float = 60.0  # to receive a request body
+    idle_timeout_s: float = 30.0  # a connection without a complete request header is closed after this
+    max_stop_strings: int = 16
+    max_stop_chars: int = 256  # per stop string
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"parser.serve: {field.name} must be a positive finite number, got {value!r}")
+
+
+def error_response(message: str, status: int) -> web.Response:
+    kind = "BadRequestError" if status < 500 else "InternalServerError"
+    return json_response({"object": "error", "error": {"message": message, "type": kind,
+                                                       "code": status}}, status)
+
+
 # ---------------------------------------------------------------------- hosting an app
 class ServerHandle:
     """An aiohttp app served on its own thread and event loop; `close()` stops it.
@@ -73,8 +104,10 @@ class ServerHandle:
     """
 
     def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0,
-                 backlog: int = BACKLOG, shutdown_timeout: float = 2.0):
+                 backlog: int = BACKLOG, shutdown_timeout: float = 2.0,
+                 idle_timeout_s: float = ServerLimits.idle_timeout_s):
         self.host = host
+        self._idle_timeout_s = idle_timeout_s  # aiohttp's keep-alive timer also runs while a header arrives
         self.port = port
         self._app = app
         self._backlog = backlog
@@ -95,8 +128,8 @@ class ServerHandle:
     def _run(self) -> None:
         loop = self._loop
         asyncio.set_event_loop(loop)
-        runner = web.AppRunner(self._app, access_log=None, handle_signals=False,
-                               shutdown_timeout=self._shutdown_timeout, handler_cancellation=True)
+        runner = web.AppRunner(self._app, access_log=None, handle_signals=False, shutdown_timeout=self._shutdown_timeout,
+                               handler_cancellation=True, keepalive_timeout=self._idle_timeout_s)
         try:
             loop.run_until_complete(runner.setup())
             site = web.TCPSite(runner, self.host, self.port, backlog=self._backlog)
@@ -144,15 +177,17 @@ class BadRequest(ValueError):
     """A client error: becomes an OpenAI-shaped 400 naming the field."""
 
 
-def error_response(message: str, status: int) -> web.Response:
-    kind = "BadRequestError" if status < 500 else "InternalServerError"
-    return json_response({"object": "error", "error": {"message": message, "type": kind,
-                                                       "code": status}}, status)
+class RequestTimeout(BadRequest):
+    """The client did not send its body in time: a 408 (which clients may retry)."""
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
+async def read_json(request: web.Request, timeout_s: float) -> dict[str, Any]:
     try:
-        body = orjson.loads(await request.read())
+        raw = await asyncio.wait_for(request.read(), timeout_s)
+    except asyncio.TimeoutError:
+        raise RequestTimeout(f"{request.path}: the request body did not arrive within {timeout_s:g} s") from None
+    try:
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"{request.path}: body is not JSON: {e}") from e
     if not isinstance(body, dict):
@@ -167,8 +202,9 @@ class ModelServer:
     `backend.tokenizer` when the backend has one."""
 
     def __init__(self, backend: Backend, *, tokenizer: Any = None, model_name: str = "default",
-                 worker_id: str = "worker-0", context_length: int = 32768):
+                 worker_id: str = "worker-0", context_length: int = 32768, limits: ServerLimits | None = None):
         self.backend = backend
+        self.limits = limits or ServerLimits()
         self.tokenizer = tokenizer if tokenizer is not None else getattr(backend, "tokenizer", None)
         self.vocab_size = _vocab_size(backend, self.tokenizer)
         self.model_name = model_name
@@ -203,6 +239,8 @@ class ModelServer:
             self.inflight += 1
             try:
                 return await handler(request)
+            except RequestTimeout as e:
+                return error_response(str(e), 408)
             except BadRequest as e:
                 return error_response(str(e), 400)
             except BackendError as e:
@@ -310,17 +348,18 @@ class ModelServer:
         return self.tokenizer.decode([token_id])
 
     async def generate(self, request: web.Request) -> web.Response:
-        body = await read_json(request)
+        body = await read_json(request, self.limits.body_timeout_s)
         text, ids = body.get("text"), body.get("input_ids")
         if (text is None) == (ids is None):
             raise BadRequest("/generate: give exactly one of 'text' or 'input_ids'")
         prompt = _single_prompt(ids if ids is not None else text, "/generate: " +
                                 ("input_ids" if ids is not None else "text"))
-        sp = body.get("sampling_params") or {}
+        sp = body.get("sampling_params")
+        sp = {} if sp is None else sp
         if not isinstance(sp, dict):
             raise BadRequest("/generate: sampling_params must be an object")
         want_logprobs = bool(body.get("return_logprob", False))
-        sampling = _sampling(sp, "/generate: sampling_params", max_key="max_new_tokens",
+        sampling = _sampling(sp, "/generate: sampling_params", self.limits, max_key="max_new_tokens",
                              default_max=128, seed_key="sampling_seed", logprobs=want_logprobs)
         if body.get("stream"):
             raise BadRequest("/generate: stream=true is not supported by parser.serve")
@@ -352,13 +391,13 @@ class ModelServer:
         }
 
     async def completions(self, request: web.Request) -> web.Response:
-        body = await read_json(request)
+        body = await read_json(request, self.limits.body_timeout_s)
         _refuse_unsupported(body, "/v1/completions")
         if "prompt" not in body:
             raise BadRequest("/v1/completions: missing field 'prompt'")
         prompt = _single_prompt(body["prompt"], "/v1/completions: prompt")
         logprobs = body.get("logprobs")
-        sampling = _sampling(body, "/v1/completions", max_key="max_tokens", default_max=16,
+        sampling = _sampling(body, "/v1/completions", self.limits, max_key="max_tokens", default_max=16,
                              seed_key="seed", logprobs=logprobs is not None and logprobs is not False)
         comp = await self._run(request, prompt, sampling, "/v1/completions: prompt")
         lp_block = None
@@ -381,7 +420,7 @@ class ModelServer:
         })
 
     async def chat(self, request: web.Request) -> web.Response:
-        body = await read_json(request)
+        body = await read_json(request, self.limits.body_timeout_s)
         _refuse_unsupported(body, "/v1/chat/completions")
         where = "/v1/chat/completions"
         messages = _messages(body.get("messages"), where)
@@ -389,7 +428,7 @@ class ModelServer:
         if self.tokenizer is None:
             raise BadRequest(f"{where}: this server has no tokenizer to render chat")
         max_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        sampling = _sampling(body, where, max_key=max_key, default_max=1024,
+        sampling = _sampling(body, where, self.limits, max_key=max_key, default_max=1024,
                              seed_key="seed", logprobs=bool(body.get("logprobs")))
         size = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else len(orjson.dumps(m)) for m in messages)
         if size > BYTES_PER_TOKEN_BOUND * self.context_length:
@@ -424,19 +463,34 @@ def _token_ids_field(body: dict[str, Any], comp: Completion) -> dict[str, Any]:
 def _constraint(d: dict[str, Any], where: str) -> dict[str, str]:
     """SamplingParams' json_schema / regex from any of the dialects in the module docstring."""
     found: dict[str, Any] = {}
-    structured = d.get("structured_outputs") or {}
-    fmt = d.get("response_format") or {}
+    structured = _object(d, "structured_outputs", where)
+    fmt = d.get("response_format")
+    if fmt is not None and not isinstance(fmt, (dict, str)):
+        raise BadRequest(f"{where}.response_format: expected an object, got {type(fmt).__name__}")
     schema = d.get("json_schema", structured.get("json"))
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        schema = (fmt.get("json_schema") or {}).get("schema", schema)
+        schema = _object(fmt, "json_schema", f"{where}.response_format").get("schema", schema)
     if schema is not None:
+        if not isinstance(schema, (str, dict, bool)):
+            raise BadRequest(f"{where}: json schema: expected an object or a JSON string, got {type(schema).__name__}")
         found["json_schema"] = schema if isinstance(schema, str) else orjson.dumps(schema).decode()
     regex = d.get("regex", structured.get("regex"))
     if regex is not None:
+        if not isinstance(regex, str):
+            raise BadRequest(f"{where}: regex: expected a string, got {type(regex).__name__}")
         found["regex"] = regex
     if len(found) > 1:
         raise BadRequest(f"{where}: give one constraint (json schema or regex), not both")
     return found
+
+
+def _object(d: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = d.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"{where}.{key}: expected an object, got {type(value).__name__}")
+    return value
 
 
 def _refuse_unsupported(body: dict[str, Any], where: str) -> None:
@@ -506,17 +560,26 @@ def _number(d: dict[str, Any], key: str, default: Any, kind: type, where: str) -
     return kind(value)
 
 
-def _sampling(d: dict[str, Any], where: str, *, max_key: str, default_max: int, seed_key: str,
-              logprobs: bool) -> SamplingParams:
+def _stop(d: dict[str, Any], where: str, limits: ServerLimits) -> tuple[str, ...]:
     stop = d.get("stop")
     if stop is None:
-        stop_t: tuple[str, ...] = ()
-    elif isinstance(stop, str):
-        stop_t = (stop,)
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        stop_t = tuple(stop)
-    else:
-        raise BadRequest(f"{where}.stop: expected a string or a list of strings, got {stop!r}")
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise BadRequest(f"{where}.stop: expected a string or a list of strings, got {str(stop)[:80]!r}")
+    if len(stops) > limits.max_stop_strings:
+        raise BadRequest(f"{where}.stop: {len(stops)} stop strings; at most {limits.max_stop_strings} are accepted")
+    for i, text in enumerate(stops):
+        if not text:
+            raise BadRequest(f"{where}.stop[{i}]: an empty stop string matches everywhere")
+        if len(text) > limits.max_stop_chars:
+            raise BadRequest(f"{where}.stop[{i}]: {len(text)} characters; at most {limits.max_stop_chars} are accepted")
+    return tuple(stops)
+
+
+def _sampling(d: dict[str, Any], where: str, limits: ServerLimits, *, max_key: str, default_max: int, seed_key: str,
+              logprobs: bool) -> SamplingParams:
+    stop_t = _stop(d, where, limits)
     max_new = _number(d, max_key, default_max, int, where)
     if max_new < 0:
         raise BadRequest(f"{where}.{max_key}: must be >= 0, got {max_new}")
@@ -530,13 +593,17 @@ def _sampling(d: dict[str, Any], where: str, *, max_key: str, default_max: int, 
     if top_k < -1 or top_k == 0:
         raise BadRequest(f"{where}.top_k: must be -1 (off) or at least 1, got {top_k}")
     seed = d.get(seed_key)
+    if seed is not None:
+        seed = _number(d, seed_key, None, int, where)
+        if not -(2**63) <= seed < 2**64:
+            raise BadRequest(f"{where}.{seed_key}: must fit in 64 bits, got {seed}")
     return SamplingParams(
         max_new_tokens=max_new,
         temperature=0.0 if temperature < GREEDY_BELOW else temperature,
         top_p=top_p,
         top_k=top_k,
         stop=stop_t,
-        seed=None if seed is None else _number(d, seed_key, None, int, where),
+        seed=seed,
         return_logprobs=logprobs,
         **_constraint(d, where),
     )
@@ -544,11 +611,12 @@ def _sampling(d: dict[str, Any], where: str, *, max_key: str, default_max: int, 
 
 def start_server(backend: Backend, host: str = "127.0.0.1", port: int = 0, *,
                  tokenizer: Any = None, model_name: str = "default",
-                 worker_id: str = "worker-0", context_length: int = 32768) -> ServerHandle:
+                 worker_id: str = "worker-0", context_length: int = 32768,
+                 limits: ServerLimits | None = None) -> ServerHandle:
     """Serve `backend` on a background thread; port 0 picks a free port (`handle.port`)."""
     server = ModelServer(backend, tokenizer=tokenizer, model_name=model_name, worker_id=worker_id,
-                         context_length=context_length)
-    return ServerHandle(server.app(), host, port)
+                         context_length=context_length, limits=limits)
+    return ServerHandle(server.app(), host, port, idle_timeout_s=server.limits.idle_timeout_s)
 
 
 # ---------------------------------------------------------------------- CLI
@@ -560,16 +628,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--worker-id", default=None, help="sent back as X-Worker-Id (default host:port)")
     ap.add_argument("--context-length", type=int, default=32768)
+    for field in dataclasses.fields(ServerLimits):  # the request bounds, e.g. --max-stop-strings 32
+        ap.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
     args = ap.parse_args(argv)
+    limits = ServerLimits(**{field.name: getattr(args, field.name) for field in dataclasses.fields(ServerLimits)})
 
     backend, tokenizer = build_backend({"type": "transformers", "model": args.model, "name": args.model})
     server = ModelServer(backend, tokenizer=tokenizer, model_name=args.model,
                          worker_id=args.worker_id or f"{args.host}:{args.port}",
-                         context_length=args.context_length)
+                         context_length=args.context_length, limits=limits)
     print(f"parser.serve: {args.model} on http://{args.host}:{args.port} "
           f"(worker {server.worker_id})", flush=True)
-    web.run_app(server.app(), host=args.host, port=args.port, backlog=BACKLOG,
-                access_log=None, print=None, shutdown_timeout=10.0, handler_cancellation=True)
+    web.run_app(server.app(), host=args.host, port=args.port, backlog=BACKLOG, access_log=None, print=None,
+                shutdown_timeout=10.0, handler_cancellation=True, keepalive_timeout=limits.idle_timeout_s)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,12 @@ class ToolResult:
     messages: list[dict[str, Any]]
     queries: list[QueryRecord] = dataclasses.field(default_factory=list)  # -> Turn.queries
     calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # -> Turn.tool_calls
+    not_run: int = 0  # calls answered "not run" by the tool set's own bound -> Turn.calls_not_run
+
+
+def not_run(made: int, limit: int, version: str) -> str:
+    """The tool reply to a call past a turn's fan-out bound: it is not run, and the lead is told."""
+    return prompts.render("call_not_run", version, made=made, limit=limit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,13 +199,17 @@ class QueryAgents:
 
     async def execute(self, calls: list[ToolCall]) -> ToolResult:
         """One tool message per call, in call order; a call carrying an `error` (the release's
-        rejected calls) is answered by it without a scatter."""
+        rejected calls) is answered by it without a scatter. Queries x chunks stay within
+        `max_subagent_requests_per_turn` (one query always runs); later queries are "not run"."""
         usable = [c for c in calls if c.error is None]
-        queries = list(await asyncio.gather(*(self.scatter(c.arguments["query"]) for c in usable)))
-        replies = iter(q.observation for q in queries)
-        messages = [{"role": "tool", "name": c.name or TOOL_NAME, "content": c.error if c.error is not None else next(replies)}
-                    for c in calls]
-        return ToolResult(messages, queries=queries)
+        limit = max(1, self.config.max_subagent_requests_per_turn // len(self.chunks))
+        run = usable[:limit]
+        queries = list(await asyncio.gather(*(self.scatter(c.arguments["query"]) for c in run)))
+        replies = {id(c): q.observation for c, q in zip(run, queries)}
+        refused = not_run(len(usable), limit, self.config.prompt_version)
+        messages = [{"role": "tool", "name": c.name or TOOL_NAME,
+                     "content": c.error if c.error is not None else replies.get(id(c), refused)} for c in calls]
+        return ToolResult(messages, queries=queries, not_run=len(usable) - len(run))
 
     async def scatter(self, query: str) -> QueryRecord:
         started = time.perf_counter()

@@ -65,6 +65,7 @@ class Turn:
     prompt_tokens: int = 0  # the prompt this turn was generated from
     lead_attempts: int = 1  # generations tried (retryable backend errors are retried)
     tool_calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # tools other than query_agents
+    calls_not_run: int = 0  # calls past the turn's fan-out bound (answered "not run")
 
 
 @dataclasses.dataclass

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Launch a whole ParSer GRPO run: the subagent gateway (frozen Qwen3.5-4B behind the cache-aware
-# sglang-router), then verl's fully asynchronous trainer with the ParSer agent loop.
+# Launch a whole ParSer GRPO run: the subagent gateway (frozen Qwen3.5-4B workers behind smg,
+# which pins each chunk to one worker), then verl's fully asynchronous trainer with the ParSer agent loop.
 #
 #   MODEL_SIZE=4b recipes/train_parser.sh                       # = recipes/train_parser_4b.sh
 #   MODEL_SIZE=9b recipes/train_parser.sh trainer.save_freq=5   # extra args = Hydra overrides

@@ -21,7 +21,7 @@ round. Targets on 2 cores: cached round >= 4x at T=14, first round >= 0.95x, bat
 1.5x of vLLM's time. The run fails (exit 1) on nonsense: a missing row, NaN, zero tokens.
 
     .venv/bin/python scripts/bench_backend.py                  # T = 14 and 64 on SmolLM2-135M (~15 min on 2 cores)
-    .venv/bin/python scripts/bench_backend.py --vllm-python /work/main/.venv-vllm/bin/python
+    .venv/bin/python scripts/bench_backend.py --vllm-python .venv-vllm/bin/python        # after `make vllm-env`
     .venv/bin/python scripts/bench_backend.py --tasks 14 --threads 1   # one width, one torch thread (a loaded machine)
     .venv/bin/python scripts/bench_backend.py --smoke          # seconds: tiny random model, T = 4 (the suite runs it)
 """
@@ -177,7 +177,6 @@ def main() -> None:
         return lambda width: backends.setdefault((name, width), reader(TransformersBackend(model, tokenizer, **kwargs)))
 
     engines = {"serial": engine("serial", max_batch_size=1), "batched": engine("batched")}
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         server = None
         if args.vllm_python:
@@ -190,12 +189,9 @@ def main() -> None:
             url = server.__enter__()
             engines["vllm"] = lambda width: backends.setdefault(("vllm", width), reader(
                 HttpBackend(url, api="completions", server="vllm", timeout_s=600.0)))
-            asyncio.run(warm_up(engines["vllm"](0), tokenizer))
         try:
-            for width in args.tasks:
-                rows += asyncio.run(bench_width(width, engines, tokenizer, args.seed + width, cfg))
+            rows = asyncio.run(bench_all(args.tasks, engines, tokenizer, args.seed, cfg, backends))
         finally:
-            asyncio.run(close(backends.values()))
             if server is not None:
                 server.__exit__(None, None, None)
     print(f"[bench] load average after: {os.getloadavg()[0]:.2f}")
@@ -205,11 +201,24 @@ def main() -> None:
         raise SystemExit("[bench] nonsense: " + "; ".join(problems))
 
 
+async def bench_all(widths: list[int], engines: dict, tokenizer, seed: int, cfg, backends: dict) -> list[dict]:
+    """Every width in one event loop, so the HTTP engine's session lives and closes in the loop it was opened in."""
+    rows = []
+    try:
+        if "vllm" in engines:
+            await warm_up(engines["vllm"](0), tokenizer)
+        for width in widths:
+            rows += await bench_width(width, engines, tokenizer, seed + width, cfg)
+    finally:
+        await close(backends.values())
+    return rows
+
+
 async def warm_up(reader: SubagentReader, tokenizer) -> None:
     """vLLM's first requests compile and allocate; keep that out of the timed rounds."""
     from parser.chunking import Chunk
 
-    chunk = Chunk(index=0, text="The warm-up paragraph names nobody.", num_tokens=8)
+    chunk = Chunk(index=0, text="The warm-up paragraph names nobody.", paragraph_ids=(), num_tokens=8)
     await asyncio.gather(*(reader.read(f"warm-up {i}", chunk, "warm-up") for i in range(4)))
 
 

@@ -16,18 +16,29 @@ query), with the routing key `doc_id:chunk_index`. Per round it prints:
                   including the mamba state of Qwen3.5's hybrid layers (`extra_buffer`).
 - failed/retries  requests that failed every attempt / extra attempts spent on 5xx or dropped
                   connections (the client retries, as the episode engine does)
+- p50/p99         per-request latency (the answered attempt). With `--direct` every round is also
+                  sent straight to the workers (the client-side `WorkerPool`, same pinning), right
+                  after the gateway's, and the summary gives the router's added latency: gateway
+                  minus direct at p50 and p99, over rounds 2+ (both paths warm).
 
 Healthy: locality >= 0.99, spread <= 1.5, cached ~= ideal on rounds 2+, failed = 0.
 
     # a gateway started by scripts/serve_subagents.py (its URL is printed there)
     python scripts/gateway_report.py --gateway http://127.0.0.1:30000 \
         --workers http://127.0.0.1:30001 http://127.0.0.1:30002 --chunks 64 --rounds 4
-    # header-keyed policies (consistent_hashing, manual) need the SMG routing header
-    python scripts/gateway_report.py --gateway http://127.0.0.1:30000 --routing-header X-SMG-Routing-Key
+    # what the router adds to each request: the same rounds straight to the workers, interleaved
+    # (--concurrency 1: one request at a time, the figure configs/plan/router/ takes)
+    python scripts/gateway_report.py --gateway http://127.0.0.1:30000 \
+        --workers http://127.0.0.1:30001 http://127.0.0.1:30002 --direct --concurrency 1
     # real chat-rendered prompts (what SubagentReader sends), from a local tokenizer
     python scripts/gateway_report.py --gateway ... --tokenizer /models/Qwen3.5-4B --chunk-words 3000
 
-`--json out.json` also writes the figures. Everything here is a client: it starts nothing.
+`--json out.json` also writes the figures; `--router-file` (with `--direct`) writes the added
+latency as the planner's router input (configs/plan/router/), its source named. Everything here
+is a client: it starts nothing.
+
+    python scripts/gateway_report.py --gateway ... --workers ... --direct --concurrency 1 \
+        --router-file configs/plan/router/smg.yaml --router-label "smg 1.13.0 over 3 loopback workers"
 """
 from __future__ import annotations
 
@@ -36,6 +47,8 @@ import asyncio
 import collections
 import dataclasses
 import json
+import math
+import os
 import random
 import re
 import sys
@@ -115,6 +128,8 @@ class RoundStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     ideal_cached_share: float = 0.0
+    path: str = "gateway"  # or "direct": the same round sent straight to the workers
+    latencies_s: list[float] = dataclasses.field(default_factory=list, repr=False)  # answered attempts
 
     @property
     def rps(self) -> float:
@@ -136,13 +151,25 @@ class RoundStats:
         spread = "  -  " if self.spread is None else f"{self.spread:5.2f}"
         cached = "   -  " if self.cached_share is None else f"{self.cached_share:6.3f}"
         workers = " ".join(f"{w}={n}" for w, n in sorted(self.per_worker.items()))
-        return (f"round {self.round}: {self.requests:5d} req {self.rps:8.1f} req/s  locality {loc}  "
+        p50, p99 = (f"{x * 1e3:6.1f}" if x is not None else "   -  " for x in percentiles(self.latencies_s))
+        tag = "" if self.path == "gateway" else f" {self.path}"
+        return (f"round {self.round}{tag}: {self.requests:5d} req {self.rps:8.1f} req/s  locality {loc}  "
                 f"spread {spread}  cached {cached} (ideal {self.ideal_cached_share:.3f})  "
-                f"failed {self.failed} retries {self.retries}  [{workers}]")
+                f"p50/p99 {p50}/{p99} ms  failed {self.failed} retries {self.retries}  [{workers}]")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "rps": self.rps, "spread": self.spread,
-                "cached_share": self.cached_share}
+        out = {**dataclasses.asdict(self), "rps": self.rps, "spread": self.spread, "cached_share": self.cached_share}
+        out.pop("latencies_s")
+        out["p50_s"], out["p99_s"] = percentiles(self.latencies_s)
+        return out
+
+
+def percentiles(values: Sequence[float], qs: Sequence[float] = (0.5, 0.99)) -> list[float | None]:
+    """Nearest-rank percentiles (None for no values)."""
+    ordered = sorted(values)
+    if not ordered:
+        return [None for _ in qs]
+    return [ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))] for q in qs]
 
 
 def scrape_counter(worker_url: str, name: str = "sglang:num_requests_total") -> float | None:
@@ -168,85 +195,142 @@ async def run_workload(
     concurrency: int = 4096,
     during_round: Callable[[int], Awaitable[None]] | None = None,
     num_workers: int | None = None,
+    direct: Backend | None = None,
 ) -> list[RoundStats]:
     """Send `workload` through `backend` (normally an HttpBackend on the gateway).
 
     `during_round(r)` runs concurrently with round r's requests (tests kill a worker there).
-    `num_workers` (or `worker_urls`) makes idle workers count in the spread.
-    Retries retryable failures like the episode engine (exponential backoff with jitter).
+    `num_workers` (or `worker_urls`) makes idle workers count in the spread. `direct` (a
+    backend straight to the workers) gets every round too, right after the gateway's; its rows
+    have `path="direct"`. Retries retryable failures like the episode engine (exponential
+    backoff with jitter).
     """
     sampling = SamplingParams(max_new_tokens=workload.max_new_tokens, temperature=workload.temperature)
     slots = asyncio.Semaphore(concurrency)
-    home: dict[int, str] = {}  # chunk -> worker that served it in round 1
+    homes: dict[str, dict[int, str]] = {}  # path -> chunk -> worker that served it in round 1
     stats: list[RoundStats] = []
+    paths = [("gateway", backend)] + ([("direct", direct)] if direct is not None else [])
     for r in range(workload.rounds):
         round_prompts = subagent_prompts(workload, r, render)
         ideal = sum(prefix_share(p, workload.query(r)) for p in round_prompts) / len(round_prompts)
-        attempts = collections.Counter()
-
-        async def one(i: int, prompt: str) -> tuple[int, Any]:
-            try:
-                async for attempt in retrying(max_attempts, retry_backoff_s, max_backoff_s=10.0):
-                    with attempt:
-                        attempts[i] += 1
-                        async with slots:
-                            return i, await backend.generate(prompt, sampling, routing_key=f"{workload.doc_id}:{i}")
-            except Exception as error:  # noqa: BLE001 - a failed request is counted, not raised
-                return i, error
-            raise AssertionError("unreachable")
-
-        before = {u: scrape_counter(u) for u in worker_urls}
-        started = time.perf_counter()
-        tasks = [one(i, p) for i, p in enumerate(round_prompts)]
-        if during_round is not None:
-            results, _ = await asyncio.gather(asyncio.gather(*tasks), during_round(r))
-        else:
-            results = await asyncio.gather(*tasks)
-        wall = time.perf_counter() - started
-        after = {u: scrape_counter(u) for u in worker_urls}
-
-        ok = [(i, c) for i, c in results if not isinstance(c, BaseException)]
-        per_worker: dict[str, int] = collections.Counter(c.worker for _, c in ok if c.worker)
-        if not per_worker and worker_urls and all(before[u] is not None and after[u] is not None for u in worker_urls):
-            per_worker = {u: int(after[u] - before[u]) for u in worker_urls}
-        row = RoundStats(
-            round=r + 1, requests=len(results), failed=len(results) - len(ok),
-            retries=sum(attempts.values()) - len(results), wall_s=wall, per_worker=dict(per_worker),
-            num_workers=max(len(worker_urls), num_workers or 0, len(per_worker)),
-            prompt_tokens=sum(c.prompt_tokens for _, c in ok), cached_tokens=sum(c.cached_tokens for _, c in ok),
-            ideal_cached_share=ideal,
-        )
-        if r == 0:
-            home = {i: c.worker for i, c in ok if c.worker}
-        elif ok:
-            if home:
-                row.locality = sum(home.get(i) == c.worker for i, c in ok) / len(ok)
-            elif any(c.cached_tokens for _, c in ok):
-                # no worker ids: a request "hit" if most of its reusable prefix came from cache
-                share = ideal
-                row.locality = sum(c.cached_tokens >= 0.9 * share * c.prompt_tokens for _, c in ok) / len(ok)
-                row.locality_estimated = True
-        stats.append(row)
+        for path, target in paths:
+            row, ok = await _round(target, round_prompts, sampling, workload, r, slots, max_attempts, retry_backoff_s,
+                               worker_urls if path == "gateway" else (),
+                               during_round if path == "gateway" else None)
+            row.path, row.ideal_cached_share = path, ideal
+            row.num_workers = max(len(worker_urls), num_workers or 0, len(row.per_worker))
+            home = homes.setdefault(path, {})
+            if r == 0:
+                home.update({i: c.worker for i, c in ok if c.worker})
+            elif ok:
+                if home:
+                    row.locality = sum(home.get(i) == c.worker for i, c in ok) / len(ok)
+                elif any(c.cached_tokens for _, c in ok):
+                    # no worker ids: a request "hit" if most of its reusable prefix came from cache
+                    row.locality = sum(c.cached_tokens >= 0.9 * ideal * c.prompt_tokens for _, c in ok) / len(ok)
+                    row.locality_estimated = True
+            stats.append(row)
     return stats
 
 
+async def _round(backend: Backend, round_prompts: Sequence[str], sampling: SamplingParams, workload: Workload,
+                 r: int, slots: asyncio.Semaphore, max_attempts: int, retry_backoff_s: float,
+                 worker_urls: Sequence[str], during_round: Callable[[int], Awaitable[None]] | None
+                 ) -> tuple[RoundStats, list[tuple[int, Any]]]:
+    """One scatter round through `backend` -> its stats and the (chunk, completion) pairs answered."""
+    attempts = collections.Counter()
+    latencies: list[float] = []
+
+    async def one(i: int, prompt: str) -> tuple[int, Any]:
+        try:
+            async for attempt in retrying(max_attempts, retry_backoff_s, max_backoff_s=10.0):
+                with attempt:
+                    attempts[i] += 1
+                    async with slots:
+                        sent = time.perf_counter()
+                        completion = await backend.generate(prompt, sampling, routing_key=f"{workload.doc_id}:{i}")
+                        latencies.append(time.perf_counter() - sent)
+                        return i, completion
+        except Exception as error:  # noqa: BLE001 - a failed request is counted, not raised
+            return i, error
+        raise AssertionError("unreachable")
+
+    before = {u: scrape_counter(u) for u in worker_urls}
+    started = time.perf_counter()
+    tasks = [one(i, p) for i, p in enumerate(round_prompts)]
+    if during_round is not None:
+        results, _ = await asyncio.gather(asyncio.gather(*tasks), during_round(r))
+    else:
+        results = await asyncio.gather(*tasks)
+    wall = time.perf_counter() - started
+    after = {u: scrape_counter(u) for u in worker_urls}
+
+    ok = [(i, c) for i, c in results if not isinstance(c, BaseException)]
+    per_worker: dict[str, int] = collections.Counter(c.worker for _, c in ok if c.worker)
+    if not per_worker and worker_urls and all(before[u] is not None and after[u] is not None for u in worker_urls):
+        per_worker = {u: int(after[u] - before[u]) for u in worker_urls}
+    row = RoundStats(
+        round=r + 1, requests=len(results), failed=len(results) - len(ok),
+        retries=sum(attempts.values()) - len(results), wall_s=wall, per_worker=dict(per_worker),
+        prompt_tokens=sum(c.prompt_tokens for _, c in ok), cached_tokens=sum(c.cached_tokens for _, c in ok),
+        latencies_s=latencies,
+    )
+    return row, ok
+
+
 def summary(stats: Sequence[RoundStats]) -> dict[str, Any]:
-    """Rounds 2+ pooled: the figures the README calls healthy or not."""
-    later = [s for s in stats if s.round >= 2]
+    """Rounds 2+ pooled: the figures the README calls healthy or not (and, with direct rows,
+    the router's added latency at p50 and p99)."""
+    gateway = [s for s in stats if s.path == "gateway"]
+    later = [s for s in gateway if s.round >= 2]
     measured = [s for s in later if s.locality is not None]
-    spreads = [s.spread for s in stats if s.spread is not None]
+    spreads = [s.spread for s in gateway if s.spread is not None]
     prompt = sum(s.prompt_tokens for s in later)
-    return {
-        "rounds": len(stats),
-        "requests": sum(s.requests for s in stats),
-        "failed": sum(s.failed for s in stats),
-        "retries": sum(s.retries for s in stats),
+    p50, p99 = percentiles([x for s in later for x in s.latencies_s])
+    out = {
+        "rounds": len(gateway),
+        "requests": sum(s.requests for s in gateway),
+        "failed": sum(s.failed for s in gateway),
+        "retries": sum(s.retries for s in gateway),
         "locality_round2plus": (sum(s.locality * s.requests for s in measured) / sum(s.requests for s in measured))
         if measured else None,
         "max_spread": max(spreads) if spreads else None,
         "cached_share_round2plus": sum(s.cached_tokens for s in later) / prompt if prompt else None,
         "ideal_cached_share": later[0].ideal_cached_share if later else None,
+        "p50_ms": None if p50 is None else p50 * 1e3,
+        "p99_ms": None if p99 is None else p99 * 1e3,
     }
+    direct = [s for s in stats if s.path == "direct" and s.round >= 2]
+    if direct:
+        d50, d99 = percentiles([x for s in direct for x in s.latencies_s])
+        out.update({"direct_failed": sum(s.failed for s in direct),
+                    "direct_p50_ms": None if d50 is None else d50 * 1e3,
+                    "direct_p99_ms": None if d99 is None else d99 * 1e3,
+                    "added_p50_ms": None if None in (p50, d50) else (p50 - d50) * 1e3,
+                    "added_p99_ms": None if None in (p99, d99) else (p99 - d99) * 1e3})
+    return out
+
+
+def write_router_file(path: Path, total: dict[str, Any], args: argparse.Namespace, workload: Workload) -> None:
+    """The planner's router input (parser.plan.planner.load_router): p50 added latency, and where it came from."""
+    import datetime
+
+    import yaml
+
+    added = total.get("added_p50_ms")
+    if added is None or not math.isfinite(added):
+        raise SystemExit(f"{path}: no added latency measured (summary {total})")
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    source = (f"{args.router_label or args.gateway}: scripts/gateway_report.py --direct --concurrency {args.concurrency}, "
+              f"{workload.chunks} chunks x {workload.rounds - 1} rounds (2+) per path, interleaved; p50 gateway "
+              f"{total['p50_ms']:.2f} ms vs direct {total['direct_p50_ms']:.2f} ms (p99 added {total['added_p99_ms']:+.2f} ms); "
+              f"load average {load} on {os.cpu_count()} cores; {datetime.date.today().isoformat()}")
+    body = {"added_latency_s": round(max(added, 0.0) / 1e3, 6), "added_latency_p99_s": round(total["added_p99_ms"] / 1e3, 6),
+            "source": source}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("# Written by scripts/gateway_report.py --router-file (the command in `source`): regenerate, do not edit.\n"
+                    + yaml.safe_dump(body, sort_keys=False, width=110))
+    print(f"wrote {path}")
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -267,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gateway", required=True, help="router URL, e.g. http://127.0.0.1:30000")
     ap.add_argument("--workers", nargs="*", default=[], help="worker URLs (for /metrics-based load spread)")
     ap.add_argument("--num-workers", type=int, default=None, help="workers behind the gateway, if not listed")
+    ap.add_argument("--direct", action="store_true",
+                    help="also send every round straight to --workers: the router's added latency")
     ap.add_argument("--api", default="sglang", choices=["sglang", "completions"], help="wire format")
     ap.add_argument("--routing-header", default=ROUTING_HEADER,
                     help="header for doc_id:chunk_index; X-SMG-Routing-Key for consistent_hashing/manual")
@@ -277,19 +363,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--tokenizer", default=None, help="local tokenizer path: chat-render prompts like SubagentReader")
     ap.add_argument("--max-attempts", type=int, default=4, help="per request, for 5xx / dropped connections")
+    ap.add_argument("--concurrency", type=int, default=4096,
+                    help="requests in flight at once (1: the router's own per-request cost, without client queueing)")
     ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument("--router-file", default=None, help="with --direct: write the added latency for the planner here")
+    ap.add_argument("--router-label", default="", help="what was measured (router, version, workers), for the file's source")
     args = ap.parse_args(argv)
+    if args.direct and not args.workers:
+        ap.error("--direct needs the worker URLs (--workers)")
+    if args.router_file and not args.direct:
+        ap.error("--router-file needs --direct (the added latency is gateway minus direct)")
 
     from parser.backends.http import HttpBackend
+    from parser.backends.pool import WorkerPool
 
     workload = Workload(chunks=args.chunks, rounds=args.rounds, chunk_words=args.chunk_words,
                         max_new_tokens=args.max_new_tokens)
     render = _load_render(args.tokenizer)
 
     async def go() -> list[RoundStats]:
-        async with HttpBackend(args.gateway, api=args.api, routing_header=args.routing_header) as backend:
-            return await run_workload(backend, workload, render=render, worker_urls=args.workers,
-                                      max_attempts=args.max_attempts, num_workers=args.num_workers)
+        direct = WorkerPool([HttpBackend(u, api=args.api) for u in args.workers]) if args.direct else None
+        try:
+            async with HttpBackend(args.gateway, api=args.api, routing_header=args.routing_header) as backend:
+                return await run_workload(backend, workload, render=render, worker_urls=args.workers,
+                                          max_attempts=args.max_attempts, num_workers=args.num_workers,
+                                          direct=direct, concurrency=args.concurrency)
+        finally:
+            if direct is not None:
+                await direct.aclose()
 
     share = instruction_share(workload, render)
     print(f"gateway {args.gateway}: T={args.chunks} chunks x K={args.rounds} rounds, "
@@ -300,6 +401,12 @@ def main(argv: list[str] | None = None) -> int:
         print(s.line())
     total = summary(stats)
     print("summary:", json.dumps(total))
+    if args.direct:
+        print(f"added by the gateway (rounds 2+): p50 {total['added_p50_ms']:+.2f} ms, p99 {total['added_p99_ms']:+.2f} ms "
+              f"(gateway {total['p50_ms']:.2f}/{total['p99_ms']:.2f}, direct {total['direct_p50_ms']:.2f}/"
+              f"{total['direct_p99_ms']:.2f} ms); load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    if args.router_file:
+        write_router_file(Path(args.router_file), total, args, workload)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rounds": [s.to_dict() for s in stats],
                                                "summary": total}, indent=2))

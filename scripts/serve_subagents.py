@@ -1,15 +1,16 @@
-"""Start the subagent gateway: N SGLang workers + the cache-aware router, from one config.
+"""Start the subagent gateway: N SGLang workers + the router, from one config.
 
 Starts every worker (one SGLang server per GPU group, see `configs/serve/default.yaml`), waits
-until each answers /health, starts the router in front of them (sglang-router 0.3.2, or `smg`),
-waits for its /readiness, prints the gateway URL, and then stays up until Ctrl-C / SIGTERM,
+until each answers /health, starts the router in front of them (smg by default, which pins each
+chunk's routing key to one worker; `router=sglang_router` for sglang-router 0.3.2), waits until
+its /readiness counts every worker, prints the gateway URL, and then stays up until Ctrl-C / SIGTERM,
 when it stops exactly the processes it started (by their PIDs / process groups). Everything
 binds 127.0.0.1 unless the config says otherwise. Logs: one file per process in Hydra's run dir.
 
     python scripts/serve_subagents.py                                   # 8 GPUs: 8 workers + router
     python scripts/serve_subagents.py workers.num=2 workers.first_gpu=6 # a slice of a node
     python scripts/serve_subagents.py dry_run=true                      # print the commands only
-    python scripts/serve_subagents.py router.policy=consistent_hashing  # header-keyed routing
+    python scripts/serve_subagents.py router=sglang_router              # the authors' router
     python scripts/serve_subagents.py --config-name lead                # the lead agent
     python scripts/serve_subagents.py --config-name yarn_full_context   # ~1M-token baselines
     # CPU, no model: 3 loopback workers (what the CPU tests run)
@@ -18,8 +19,9 @@ binds 127.0.0.1 unless the config says otherwise. Logs: one file per process in 
 Then point the subagent backend at the printed URL (`configs/backend/qwen35_gateway.yaml`) and
 check locality / balance / prefix reuse with `scripts/gateway_report.py` (the command is printed).
 
-Raises on start-up failure (a worker or the router exits or is not ready in time), after
-stopping whatever it had started; the error carries the tail of that process's log.
+Raises on start-up failure (a router flag the installed binary does not list, a worker or the
+router exits or is not ready in time), after stopping whatever it had started; the error
+carries the tail of that process's log.
 """
 from __future__ import annotations
 

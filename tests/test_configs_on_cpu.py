@@ -26,6 +26,14 @@ def test_train_episode_yaml_is_the_dataclass_defaults():
     assert yaml == dataclasses.asdict(EpisodeConfig())
 
 
+def test_sandbox_yaml_is_the_dataclass_defaults():
+    """The DCI sandbox's bounds live in configs/sandbox/default.yaml and in SandboxLimits."""
+    from parser.dci import SandboxLimits
+
+    yaml = OmegaConf.to_container(OmegaConf.load(CONFIGS / "sandbox" / "default.yaml"))
+    assert yaml == dataclasses.asdict(SandboxLimits())
+
+
 def test_eval_episode_is_train_plus_inference_changes():
     with initialize_config_dir(str(CONFIGS / "episode"), version_base=None):
         cfg = OmegaConf.to_container(compose("eval"))

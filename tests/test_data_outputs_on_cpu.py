@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from data_prep import build_synthetic_eval, recipes
 from data_prep.build import run
-from data_prep.files import JsonlLog, write_json
+from data_prep.files import JsonlStore, write_json
 from data_prep.knowledge_filter import is_correct, last_boxed, parametric_filter
 from data_prep.verl_parquet import AGENT_NAME, write_rl_parquet
 from parser.backends.base import Completion, SamplingParams
@@ -61,10 +61,9 @@ def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):
 def test_jsonl_log_cuts_a_torn_last_line(tmp_path):
     path = tmp_path / "log.jsonl"
     path.write_bytes(b'{"id": "a", "x": 1}\n{"id": "b", "x"')
-    log = JsonlLog(path)
+    log = JsonlStore(path, key=lambda row: row["id"])
     assert "a" in log and "b" not in log
     log.append({"id": "b", "x": 2})
-    log.close()
     assert [json.loads(line)["id"] for line in path.read_text().splitlines()] == ["a", "b"]
 
 

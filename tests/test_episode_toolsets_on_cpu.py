@@ -96,7 +96,8 @@ def test_defaults_are_parsers_behaviour(qwen3_5_tokenizer, tmp_path):
     trajectory, model = run_dci(qwen3_5_tokenizer, tmp_path, script)
     assert trajectory.stop_reason == "answer" and trajectory.num_turns == 3 and trajectory.token_view_valid
     hints = [m["content"] for m in trajectory.messages if m["role"] == "user"][1:]
-    assert hints == [prompts.BASELINES.render("invalid_action", error="no tool call and no <answer> block")] * 2
+    assert hints == [prompts.BASELINES.render("invalid_action", error="no tool call and no <answer> block"),
+                     prompts.BASELINES.render("invalid_action", error="thinking not finished (no </think>): nothing after it to act on")]
 
 
 def test_eval_only_options_rerender_and_lose_the_token_view(qwen3_5_tokenizer, tmp_path):

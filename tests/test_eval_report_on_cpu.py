@@ -37,10 +37,10 @@ def test_store_skips_done_keys_and_survives_a_torn_line(tmp_path):
     assert [r["sample_id"] for r in read_jsonl(tmp_path / RESULTS)] == ["a", "a", "b"]  # file is clean again
 
 
-def test_store_names_the_line_of_a_corrupt_row(tmp_path):
-    (tmp_path / RESULTS).write_text(json.dumps(_row()) + "\nnot json\n")
-    with pytest.raises(ValueError, match=r"results.jsonl:2"):
-        ResultsStore(tmp_path)
+def test_store_names_the_line_of_a_corrupt_row_and_still_opens(tmp_path):
+    (tmp_path / RESULTS).write_text(json.dumps(_row()) + "\nnot json\n" + json.dumps(_row(sid="b")) + "\n")
+    store = ResultsStore(tmp_path)
+    assert len(store.rows()) == 2 and store.problems[0].startswith(f"{tmp_path / RESULTS}:2: not a JSON row")
 
 
 @pytest.mark.parametrize("key", sorted(paper_numbers.MAX_DELTA_AVG))

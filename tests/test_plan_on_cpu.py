@@ -116,6 +116,21 @@ def test_one_serial_worker_is_the_sum_of_requests():
     assert result.workers[0].requests == 16 and result.workers[0].busy_fraction == pytest.approx(1.0)
 
 
+def test_the_routers_added_latency_lengthens_each_scatter_round_once(tmp_path):
+    from parser.plan.planner import load_router
+
+    wl = Workload(doc_tokens=800, chunk_size=100, frame_tokens=0, query_tokens=10, subagent_output_tokens=(5,),
+                  rounds=3, concurrency=1, samples=1)
+    direct = simulate_parser(wl, Cluster(subagent_rates=SERIAL, subagent_workers=8)).latency_s
+    routed = simulate_parser(wl, Cluster(subagent_rates=SERIAL, subagent_workers=8, router_latency_s=0.004)).latency_s
+    assert routed - direct == pytest.approx(3 * 0.004)
+    shipped = load_router("configs/plan/router/smg.yaml")  # measured, with its source named
+    assert 0 <= shipped < 0.05  # under 1 ms measured on CPU: the file says how
+    (tmp_path / "r.yaml").write_text("added_latency_s: 0.002\n")
+    with pytest.raises(ValueError, match="source"):
+        load_router(str(tmp_path / "r.yaml"))
+
+
 def test_enough_workers_reach_the_one_request_floor_and_the_knee():
     wl = Workload(doc_tokens=800, chunk_size=100, frame_tokens=0, query_tokens=10, subagent_output_tokens=(5,),
                   rounds=2, concurrency=2, samples=2)
@@ -226,7 +241,8 @@ def test_calibrate_predict_run_smoke(tiny_qwen3_model, tiny_tokenizer, tmp_path)
     assert Rates.load(tmp_path / "rates.yaml") == rates
     # the fit is non-negative by construction; which terms a tiny model's noise leaves at 0 varies
     # from run to run (its prefill can vanish next to the per-request overhead), so only signs are tested
-    assert rates.overhead_s > 0 and all(v >= 0 for v in rates.vector())
+    # (under load even the per-request overhead can be absorbed by another term: some term must explain the time)
+    assert all(v >= 0 for v in rates.vector()) and any(v > 0 for v in rates.vector())
     assert trajectory.answer == "done" and len(trajectory.turns) == 3
     calls = [c for t in trajectory.turns for q in t.queries for c in q.calls]
     assert calls and all(c.status != "failed" for c in calls)

@@ -626,7 +626,7 @@ def test_released_training_parquet_loads_unchanged(tmp_path):
     # verl hands `prompt` over as raw_prompt, other columns as they are
     row = {k: v for k, v in released.items() if k != "prompt"} | {"raw_prompt": released["prompt"]}
     assert episode_inputs(row) == inputs
-    ours = rl_row({"question": "Q?", "answers": ["A"], "context": "Document 1:\nA.", "index": 0, "id": "x", "num_docs": 1}, "hotpotqa")
+    ours = rl_row({"question": "Q?", "answers": ["Anna"], "context": "Document 1:\nA.", "index": 0, "id": "x", "num_docs": 1}, "hotpotqa")
     assert episode_inputs(ours).document == "Document 1:\nA."
 
 

@@ -30,7 +30,6 @@ from parser.backends.http import HttpBackend  # noqa: E402
 from parser.backends.models import Models  # noqa: E402
 from parser.methods import build_method  # noqa: E402
 from parser.methods.base import Sample  # noqa: E402
-from parser.methods.parser import ParSerMethod  # noqa: E402
 from parser.protocol import protocol_for  # noqa: E402
 from parser.readers.subagent import render_chat  # noqa: E402
 from parser.testing.loopback import start_loopback  # noqa: E402
@@ -59,6 +58,21 @@ class ScriptedLead:
         pass
 
 
+def eval_episode(config, subagent_url, tokenizer, row, method_name):
+    """The eval side: `build_method(method_name)` on the training config's episode, the scripted
+    lead, the same loopback subagents. Returns (lead, episode, result)."""
+    lead = ScriptedLead(tokenizer)
+    episode = episode_config(OmegaConf.to_container(config.parser.episode), 10**9)
+    episode.max_response_tokens = None  # eval has no response budget
+    models = Models(lead=lead, lead_tokenizer=tokenizer, subagent=HttpBackend(subagent_url), subagent_tokenizer=tokenizer)
+    method = build_method(method_name, models, episode=episode)
+    sample = Sample(id=row["extra_info"]["id"], question=row["extra_info"]["question"],
+                    answers=row["extra_info"]["answers"], context=row["extra_info"]["context"])
+    result = asyncio.run(method.run(sample))
+    asyncio.run(models.subagent.aclose())
+    return lead, episode, result
+
+
 @pytest.fixture(scope="module")
 def both_paths(tiny_qwen3_5_model, tiny_tokenizer, tmp_path_factory):
     model_dir = save_tiny_model(tiny_qwen3_5_model, tiny_tokenizer, str(tmp_path_factory.mktemp("tiny-lead")))
@@ -70,16 +84,7 @@ def both_paths(tiny_qwen3_5_model, tiny_tokenizer, tmp_path_factory):
         train_records = sorted((r.routing_key, r.prefix_hash) for r in loopback.worker.records)
 
         loopback.worker.records.clear()
-        lead = ScriptedLead(tiny_tokenizer)
-        episode = episode_config(OmegaConf.to_container(config.parser.episode), 10**9)
-        episode.max_response_tokens = None  # eval has no response budget
-        models = Models(lead=lead, lead_tokenizer=tiny_tokenizer, subagent=HttpBackend(loopback.url),
-                        subagent_tokenizer=tiny_tokenizer)
-        method = ParSerMethod(models, episode=episode)
-        sample = Sample(id=row["extra_info"]["id"], question=row["extra_info"]["question"],
-                        answers=row["extra_info"]["answers"], context=row["extra_info"]["context"])
-        result = asyncio.run(method.run(sample))
-        asyncio.run(models.subagent.aclose())
+        lead, _, result = eval_episode(config, loopback.url, tiny_tokenizer, row, "parser")
         eval_records = sorted((r.routing_key, r.prefix_hash) for r in loopback.worker.records)
     return out, manager, lead, result, train_records, eval_records
 
@@ -144,16 +149,8 @@ def protocol_paths(request, tiny_qwen3_5_model, tiny_tokenizer, tmp_path_factory
         train = _subagent_prompts(loopback.worker.records)
 
         loopback.worker.records.clear()
-        lead = ScriptedLead(tiny_tokenizer)
-        episode = episode_config(OmegaConf.to_container(config.parser.episode), 10**9)
-        episode.max_response_tokens = None  # eval has no response budget
-        models = Models(lead=lead, lead_tokenizer=tiny_tokenizer, subagent=HttpBackend(loopback.url),
-                        subagent_tokenizer=tiny_tokenizer)
-        method = build_method("parser_release" if name == "release" else "parser", models, episode=episode)
-        sample = Sample(id=row["extra_info"]["id"], question=row["extra_info"]["question"],
-                        answers=row["extra_info"]["answers"], context=row["extra_info"]["context"])
-        result = asyncio.run(method.run(sample))
-        asyncio.run(models.subagent.aclose())
+        lead, episode, result = eval_episode(config, loopback.url, tiny_tokenizer, row,
+                                             "parser_release" if name == "release" else "parser")
         evaluation = _subagent_prompts(loopback.worker.records)
     return name, protocol_for(episode), out, manager, lead, result, train, evaluation, row
 

@@ -89,3 +89,26 @@ def test_http_backend_reports_a_garbage_200_as_retryable(api):
         with pytest.raises(BackendError, match="HTTP 200 but") as error:
             asyncio.run(go())
     assert error.value.retryable
+
+
+def test_a_worker_that_keeps_failing_is_reprobed_ever_more_rarely():
+    """Each probe of a dead or hung worker costs a request a retry (or a whole deadline): the
+    cooldown doubles per failure in a row instead of re-probing every `cooldown_s`."""
+    with start_loopback("dead", fail_first=10**9, fail_mode="503") as dead, start_loopback("good") as good:
+        pool = WorkerPool([HttpBackend(dead.url), HttpBackend(good.url)], cooldown_s=0.05, max_cooldown_s=0.4)
+        keys = [k for k in (f"k{i}" for i in range(200)) if pool.ranking(k)[0] == 0][:4]  # ranked on the dead one
+
+        async def go():
+            try:
+                deadline = asyncio.get_running_loop().time() + 1.5
+                while asyncio.get_running_loop().time() < deadline:
+                    for key in keys:
+                        await attempts(pool, key, timeout_s=5)
+                    await asyncio.sleep(0.01)
+            finally:
+                await pool.aclose()
+
+        asyncio.run(go())
+    probes = len(dead.worker.records)
+    # a fixed 0.05 s cooldown would probe it ~30 times in 1.5 s; doubling to 0.4 s: 0.05+0.1+0.2+0.4+0.4+0.4
+    assert 3 <= probes <= 8, probes

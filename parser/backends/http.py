@@ -39,6 +39,12 @@ become `BackendError`: 5xx, 408, 429, connection errors, timeouts and garbled bo
 over-long prompt with 500), are `retryable=False`. The server's message is kept, capped at
 `MAX_ERROR_CHARS`.
 
+Bodies are bounded: at most `max_response_bytes` of a reply are read (a declared
+Content-Length over it is refused before reading; an error body is cut at `ERROR_BODY_BYTES`,
+not refused). The client asks for `identity` and never lets aiohttp decompress by itself
+(a 200 KB gzip reply grew the client by 1.2 GB): a server that compresses anyway is decoded
+here, within the same bound. A body over the bound is a non-retryable `BackendError`.
+
     backend = HttpBackend("http://127.0.0.1:30000", api="sglang")
     backend = HttpBackend("http://127.0.0.1:8000", api="completions", server="vllm")  # model from /v1/models
     out = await backend.generate("Hello", SamplingParams(max_new_tokens=16))
@@ -47,6 +53,7 @@ over-long prompt with 500), are `retryable=False`. The server's message is kept,
 from __future__ import annotations
 
 import asyncio
+import zlib
 from typing import Any, Literal, Mapping
 
 import aiohttp
@@ -62,6 +69,14 @@ _RETRYABLE_4XX = {408, 429}  # request timeout / queue full at the gateway: try 
 _VALIDATION_ERRORS = {"invalid_request_error", "exceed_context_size_error", "not_supported_error",
                       "BadRequestError", "NotFoundError"}
 MAX_ERROR_CHARS = 500  # of a server's error message kept in BackendError (one was 1.1 MB)
+MAX_RESPONSE_BYTES = 32 << 20  # of one reply; a lead turn of 8K tokens with logprobs is < 1 MB
+ERROR_BODY_BYTES = 2 << 20  # of an error reply: enough for the 1.1 MB message llama.cpp once sent
+_READ_CHUNK = 1 << 16
+_ZLIB_ENCODINGS = {"gzip": 31, "x-gzip": 31, "deflate": 47}  # zlib wbits: gzip header / zlib or gzip
+
+
+class _TooLarge(Exception):
+    pass
 
 
 class HttpBackend:
@@ -80,6 +95,7 @@ class HttpBackend:
         worker_header: str = "X-Worker-Id",
         chat_template_kwargs: Mapping[str, Any] | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ):
         if api not in _PATHS:
             raise ValueError(f"HttpBackend: api={api!r}; expected one of {sorted(_PATHS)}")
@@ -93,7 +109,10 @@ class HttpBackend:
         self._model_lookup: asyncio.Lock | None = None
         self.timeout_s = timeout_s
         self.max_connections = max_connections
-        self.headers = {"Content-Type": "application/json", **(headers or {})}
+        if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int) or max_response_bytes < 1:
+            raise ValueError(f"HttpBackend: max_response_bytes must be a positive integer, got {max_response_bytes!r}")
+        self.max_response_bytes = max_response_bytes
+        self.headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", **(headers or {})}
         self.routing_header = routing_header
         if request_id_header == "default":
             request_id_header = None if server == "generic" else "X-Request-Id"
@@ -117,6 +136,7 @@ class HttpBackend:
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 skip_auto_headers=("User-Agent",),
+                auto_decompress=False,  # decoded by _read_body, within max_response_bytes
             )
             self._loop = loop
         return self._session
@@ -196,10 +216,18 @@ class HttpBackend:
         try:
             # `async with` hands the connection back to the pool on every path
             async with session.request(method, url, data=data, headers=headers) as resp:
-                raw = await resp.read()
                 status = resp.status
                 if meta is not None:
                     meta["worker"] = resp.headers.get(self.worker_header)
+                try:
+                    raw = await _read_body(resp, self.max_response_bytes if status < 400 else ERROR_BODY_BYTES,
+                                           truncate=status >= 400)
+                except _TooLarge as e:
+                    raise BackendError(f"{method} {url}: HTTP {status} with a body over max_response_bytes="
+                                       f"{self.max_response_bytes} ({e}); not read", retryable=False, status=status) from None
+                except zlib.error as e:
+                    raise BackendError(f"{method} {url}: HTTP {status} with a body that does not decode as "
+                                       f"{resp.headers.get('Content-Encoding')} ({e})", retryable=True, status=status) from e
         except asyncio.TimeoutError as e:  # aiohttp's ServerTimeoutError is one too
             raise BackendError(f"{method} {url}: no complete answer within {self.timeout_s}s", retryable=True) from e
         except aiohttp.ClientError as e:
@@ -209,13 +237,40 @@ class HttpBackend:
             retryable = (status >= 500 or status in _RETRYABLE_4XX) and kind not in _VALIDATION_ERRORS
             raise BackendError(f"{method} {url}: HTTP {status}: {message}", retryable=retryable, status=status)
         try:
-            return orjson.loads(raw)
+            return _loads(raw)
         except orjson.JSONDecodeError as e:
             raise BackendError(
                 f"{method} {url}: HTTP {status} but the body is not JSON ({e}): {raw[:200]!r}",
                 retryable=True,
                 status=status,
             ) from e
+
+
+async def _read_body(resp: aiohttp.ClientResponse, limit: int, *, truncate: bool) -> bytes:
+    """At most `limit` bytes of the decoded body: more raises `_TooLarge` (or, with `truncate`,
+    is dropped unread). gzip/deflate are decoded here with the same bound; another encoding
+    (the client asked for identity) is refused."""
+    encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity") and encoding not in _ZLIB_ENCODINGS:
+        raise BackendError(f"{resp.method} {resp.url}: the server sent Content-Encoding {encoding!r}, which this client "
+                           "does not decode (it asks for identity)", retryable=False, status=resp.status)
+    decoder = zlib.decompressobj(_ZLIB_ENCODINGS[encoding]) if encoding in _ZLIB_ENCODINGS else None
+    if decoder is None and resp.content_length is not None and resp.content_length > limit and not truncate:
+        raise _TooLarge(f"Content-Length {resp.content_length}")
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(_READ_CHUNK):
+        if decoder is not None:
+            chunk = decoder.decompress(chunk, limit + 1 - len(body))
+        body += chunk
+        if len(body) > limit:
+            if truncate:
+                return bytes(body[:limit])
+            raise _TooLarge(f"more than {limit} bytes" + (" once decompressed" if decoder is not None else ""))
+    if decoder is not None:
+        body += decoder.flush()
+        if len(body) > limit and not truncate:
+            raise _TooLarge(f"more than {limit} bytes once decompressed")
+    return bytes(body[:limit])
 
 
 # ---------------------------------------------------------------------- request bodies
@@ -404,7 +459,7 @@ def _error_message(raw: bytes) -> tuple[str, str | None]:
     OpenAI `{"error": {"message", "type"}}`, vLLM `{"message", "type"}`, SGLang/FastAPI
     `{"error": ...}` / `{"detail": ...}`, or the raw text."""
     try:
-        obj = orjson.loads(raw)
+        obj = _loads(raw)
     except orjson.JSONDecodeError:
         return _cap(raw[: MAX_ERROR_CHARS * 4].decode("utf-8", "replace")) or "(empty body)", None
     message, kind = str(obj), None
@@ -420,6 +475,16 @@ def _error_message(raw: bytes) -> tuple[str, str | None]:
                 message = str(val)
                 break
     return _cap(message), kind
+
+
+def _loads(raw: bytes) -> Any:
+    """orjson, after a cheap look at both ends: orjson's error path takes ~12x the body in memory
+    (50 MB for a 4 MB HTML page or a cut-off reply), so what cannot be one JSON object or array
+    is refused before it is parsed."""
+    body = raw.strip()
+    if not body or (body[:1], body[-1:]) not in ((b"{", b"}"), (b"[", b"]")):
+        raise orjson.JSONDecodeError("not one JSON object or array", body[:80].decode("utf-8", "replace"), 0)
+    return orjson.loads(body)
 
 
 def _cap(text: str) -> str:

@@ -3,8 +3,12 @@
 The production path is the sglang-router gateway (`scripts/serve_subagents.py`). Without a
 gateway — the demo's multi-worker mode, a few local servers, tests — this pool gives the same
 two properties: a chunk's requests go to one worker (rendezvous hashing on the routing key, so
-its prefix stays in that worker's cache), and a worker that fails is skipped for `cooldown_s`
-so the engine's retry of that request lands on the next worker in the key's ranking.
+its prefix stays in that worker's cache), and a worker that fails is skipped for a cooldown so
+the engine's retry of that request lands on the next worker in the key's ranking. The cooldown
+doubles with each failure in a row (`cooldown_s`, 2x, 4x, ... up to `max_cooldown_s`) and resets
+on a success: a worker that stays dead or hung is re-probed ever more rarely, since each probe of
+a hung worker costs one request a full deadline (measured: with a fixed 5 s cooldown a hung
+worker held up a scatter round every 5 s, `scripts/gateway_faults.py`).
 
 What counts as a failure: a retryable `BackendError` (5xx, connection refused, the backend's
 own timeout); a request the caller gave up on after `hung_after_s` (the engine's
@@ -30,13 +34,16 @@ def _score(key: str, worker: int) -> int:
 
 
 class WorkerPool:
-    def __init__(self, backends: Sequence[Backend], cooldown_s: float = 5.0, hung_after_s: float = 5.0):
+    def __init__(self, backends: Sequence[Backend], cooldown_s: float = 5.0, hung_after_s: float = 5.0,
+                 max_cooldown_s: float = 300.0):
         if not backends:
             raise ValueError("WorkerPool needs at least one backend")
         self.backends = list(backends)
         self.cooldown_s = cooldown_s
+        self.max_cooldown_s = max(max_cooldown_s, cooldown_s)
         self.hung_after_s = hung_after_s  # a cancelled request older than this marks its worker down
         self._down_until = [0.0] * len(self.backends)
+        self._strikes = [0] * len(self.backends)  # failures in a row: the next cooldown is cooldown_s * 2**(strikes-1)
         self._failed_on: dict[str, int] = {}  # key -> the worker its last attempt failed on
         self._next = 0  # round robin for requests without a key
 
@@ -61,7 +68,11 @@ class WorkerPool:
         return next((w for w in up if w != avoid), up[0] if up else next((w for w in ranking if w != avoid), ranking[0]))
 
     def _failed(self, worker: int, key: str | None) -> None:
-        self._down_until[worker] = time.monotonic() + self.cooldown_s
+        now = time.monotonic()
+        if self._down_until[worker] <= now:  # failures of requests sent before it went down count once
+            self._strikes[worker] = min(self._strikes[worker] + 1, 32)
+        cooldown = min(self.cooldown_s * 2 ** (self._strikes[worker] - 1), self.max_cooldown_s)
+        self._down_until[worker] = max(self._down_until[worker], now + cooldown)
         if key is not None:
             if len(self._failed_on) > 65536:  # keys that never succeed again must not pile up
                 self._failed_on.clear()
@@ -89,6 +100,7 @@ class WorkerPool:
         if not isinstance(completion.text, str):
             self._failed(worker, key)
             raise BackendError(f"worker {worker}: response text is {type(completion.text).__name__}, not a string", retryable=True)
+        self._strikes[worker] = 0
         if key is not None:
             self._failed_on.pop(key, None)
         return completion

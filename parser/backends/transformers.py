@@ -502,8 +502,10 @@ class TransformersBackend:
         if s.top_p < 1.0:
             sorted_logits, order = torch.sort(filtered, descending=True)
             probs = torch.softmax(sorted_logits, -1)
-            # drop a token when the mass before it already reaches top_p (keeps at least one)
+            # drop a token when the mass before it already reaches top_p; the most likely one
+            # always stays (a top_p below float32's smallest value compared 0 >= 0 and dropped all)
             drop = torch.cumsum(probs, -1) - probs >= s.top_p
+            drop[0] = False
             filtered[order[drop]] = float("-inf")
         probs = torch.softmax(filtered, -1)
         token = int(torch.multinomial(probs, 1, generator=gen))

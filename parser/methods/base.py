@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
+from parser.fields import DataError, require, require_answers, require_text
+
 
 @dataclasses.dataclass
 class Sample:
@@ -22,19 +24,22 @@ class Sample:
 
     @classmethod
     def from_record(cls, record: dict[str, Any], source: str = "<record>") -> "Sample":
-        """Accept the project's eval rows and MemAgent's (`input`, `answers`, `context`, `index`)."""
-        question = record.get("question", record.get("input"))
-        answers = record.get("answers", record.get("golden_answers", record.get("outputs")))
-        missing = [name for name, v in (("question/input", question), ("answers", answers), ("context", record.get("context"))) if v is None]
-        if missing:
-            raise ValueError(f"{source}: record is missing field(s) {', '.join(missing)}")
-        if isinstance(answers, str):
-            answers = [answers]
+        """Accept the project's eval rows and MemAgent's (`input`, `answers`, `context`, `index`),
+        with the field rules data prep applies (`parser.fields`): a text question and context,
+        gold answers that can score. Errors name `source` (file:line) and the field."""
+        if not isinstance(record, dict):
+            raise DataError(f"{source}: expected a JSON object, got {type(record).__name__}")
+        question_field = "question" if record.get("question") is not None else "input"
+        answers_field = next((f for f in ("answers", "golden_answers", "outputs") if record.get(f) is not None), "answers")
+        question = require_text(record, question_field, source)
+        answers = require(record, answers_field, source)
+        answers = require_answers([answers] if isinstance(answers, str) else answers, answers_field, source)
+        context = require_text(record, "context", source)
         sample_id = record.get("id", record.get("index", record.get("_id")))
         if sample_id is None:
-            raise ValueError(f"{source}: record has no id/index field")
+            raise DataError(f"{source}: record has no id/index field")
         meta = {k: v for k, v in record.items() if k not in {"question", "input", "answers", "golden_answers", "outputs", "context", "id"}}
-        return cls(id=str(sample_id), question=str(question), answers=[str(a) for a in answers], context=record["context"], meta=meta)
+        return cls(id=str(sample_id), question=question, answers=answers, context=context, meta=meta)
 
 
 @dataclasses.dataclass

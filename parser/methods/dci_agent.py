@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from parser import prompts
 from parser.config import baseline_episode
-from parser.dci import Sandbox, SandboxTools, materialize_corpus
+from parser.dci import ProcessSlots, Sandbox, SandboxLimits, SandboxTools, materialize_corpus
 from parser.episode import EpisodeEngine
 from parser.backends.models import Models
 from parser.methods.base import MethodResult, Sample
@@ -29,11 +29,13 @@ from parser.tools import TurnRules
 class DCIAgentMethod:
     name = "dci"
 
-    def __init__(self, models: Models, *, layout: str = "paragraphs", command_timeout_s: float = 30.0,
+    def __init__(self, models: Models, *, layout: str = "paragraphs", sandbox: Mapping[str, Any] | None = None,
                  workdir: str | None = None, episode: Mapping[str, Any] | None = None,
                  prompt_version: str = prompts.DEFAULT_VERSION):
         self.models = models
-        self.layout, self.command_timeout_s, self.workdir = layout, command_timeout_s, workdir
+        self.layout, self.workdir = layout, workdir
+        self.limits = SandboxLimits.from_config(sandbox)  # every sample's sandbox; max_processes over all of them
+        self.slots = ProcessSlots(self.limits.max_processes)
         self.prompt_version = prompt_version
         config, rules = baseline_episode("dci", episode)
         self.rules = TurnRules.from_section(rules, "dci: episode.turn_rules")
@@ -42,7 +44,7 @@ class DCIAgentMethod:
     async def run(self, sample: Sample) -> MethodResult:
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="dci-corpus-", dir=self.workdir) as directory:
-            sandbox = Sandbox(materialize_corpus(sample.context, directory, layout=self.layout), timeout_s=self.command_timeout_s)
+            sandbox = Sandbox(materialize_corpus(sample.context, directory, layout=self.layout), self.limits, slots=self.slots)
             tools = SandboxTools(sandbox, "dci", self.prompt_version, self.rules)
             trajectory = await self.engine.run_tools(sample.question, tools, doc_id=sample.id)
         return MethodResult(

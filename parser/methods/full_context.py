@@ -21,6 +21,7 @@ errors are retried; a call that still fails fails the sample, which eval records
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any, Mapping
@@ -94,6 +95,9 @@ class FullContextMethod:
 
     async def run(self, sample: Sample) -> MethodResult:
         started = time.perf_counter()
+        tokenizer = self.models.lead_tokenizer  # the document and question never become control tokens
+        sample = dataclasses.replace(sample, context=CHATML.neutralize(sample.context, tokenizer),
+                                     question=CHATML.neutralize(sample.question, tokenizer))
         try:
             context, prompt_tokens, overflow = self._fit(sample)
         except ContextOverflow as error:

@@ -23,6 +23,7 @@ still fails fails the sample, which eval records and retries on re-run.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from typing import Any, Mapping
@@ -138,9 +139,11 @@ class SequentialMethod:
         )
 
     async def _call(self, content: str, sampling: SamplingParams, sample_id: str) -> tuple[str, int]:
+        """The reply (it comes back in the next prompt as the state: never as control tokens) and its token count."""
         completion = await self.lead.generate(self._render(content), sampling, request_id=sample_id)
         text = CHATML.strip_end(completion.text)
-        return text, len(completion.token_ids) or len(self.tokenizer.encode(text, add_special_tokens=False))
+        count = len(completion.token_ids) or len(self.tokenizer.encode(text, add_special_tokens=False))
+        return CHATML.neutralize(text, self.tokenizer), count
 
     # -- the hooks -------------------------------------------------------------------------
     def new_state(self) -> dict[str, Any]:
@@ -163,6 +166,8 @@ class SequentialMethod:
     # -- the loop ------------------------------------------------------------------------
     async def run(self, sample: Sample) -> MethodResult:
         started = time.perf_counter()
+        sample = dataclasses.replace(sample, context=CHATML.neutralize(sample.context, self.tokenizer),
+                                     question=CHATML.neutralize(sample.question, self.tokenizer))
         chunks = self.chunks(sample.context)
         order = self.reading_order(sample.question, chunks)
         order_s = time.perf_counter() - started

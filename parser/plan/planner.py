@@ -26,6 +26,8 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import yaml
+
 from parser.plan.memory import ModelSpec
 from parser.plan.rates import Rates
 from parser.plan.simulate import Cluster, Result, Workload, simulate_memagent, simulate_parser
@@ -57,6 +59,27 @@ def load_rates(value: Any) -> Rates | None:
     if not path.is_absolute() and not path.exists():
         path = REPO / path
     return Rates.load(path)
+
+
+def load_router(value: Any) -> float:
+    """The gateway's added latency per subagent request, from a router file (configs/plan/router/:
+    `added_latency_s` and the `source` it was measured by), an inline mapping, or null (none)."""
+    if value is None:
+        return 0.0
+    if not isinstance(value, Mapping):
+        path = Path(value)
+        if not path.is_absolute() and not path.exists():
+            path = REPO / path
+        with open(path) as f:
+            value = yaml.safe_load(f)
+        where = str(path)
+    else:
+        where = "router"
+    if not isinstance(value, Mapping) or not value.get("source") or not isinstance(value.get("added_latency_s"), (int, float)):
+        raise ValueError(f"{where}: a router file needs added_latency_s (seconds) and the source that measured it")
+    if value["added_latency_s"] < 0:
+        raise ValueError(f"{where}: added_latency_s={value['added_latency_s']} is negative")
+    return float(value["added_latency_s"])
 
 
 def cache_capacity_bytes(spec: ModelSpec, hardware: Mapping[str, Any]) -> float:
@@ -99,13 +122,15 @@ def plan(cfg: Mapping[str, Any]) -> list[Row]:
     spec = load_spec(cfg["model"])
     capacity = cache_capacity_bytes(spec, cfg["hardware"])
     rates = {role: load_rates(cfg["rates"].get(role)) for role in ("subagent", "lead", "memagent")}
+    router_latency_s = load_router(cfg.get("router"))
     cl = cfg["cluster"]
 
     def cluster(gpus: int) -> Cluster:
         return Cluster(subagent_rates=rates["subagent"], subagent_workers=gpus, lead_rates=rates["lead"],
                        lead_workers=cl.get("lead_gpus", 1),
                        memagent_rates=rates["memagent"], memagent_workers=cl.get("memagent_gpus", 1), spec=spec,
-                       cache_bytes=capacity, cache_entries=cfg["hardware"].get("cache_entries"), routing=cl["routing"])
+                       cache_bytes=capacity, cache_entries=cfg["hardware"].get("cache_entries"), routing=cl["routing"],
+                       router_latency_s=router_latency_s)
 
     rows = []
     for doc_tokens in cfg["workload"]["lengths"]:

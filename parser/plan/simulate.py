@@ -85,6 +85,10 @@ class Cluster:
     cache_bytes: float = math.inf  # per subagent worker, for resident prefixes
     cache_entries: int | None = None  # per worker (the CPU backend also bounds entry count)
     routing: str = "cache_aware"  # cache_aware (sticky, new chunks to the emptiest worker) | rendezvous
+    # What the gateway adds to each subagent request (its p50 over a direct request, measured by
+    # scripts/gateway_report.py --direct; configs/plan/router/). Requests of a round pass it in
+    # parallel, so it lengthens each scatter round once; the router is not modelled as a queue.
+    router_latency_s: float = 0.0
     # The CPU transformers backend on a hybrid (linear-attention) model snapshots the recurrent
     # state every N prefill tokens: a key's first reuse resumes from the last snapshot inside the
     # prefix, later reuses from the exact prefix end. None: exact reuse (attention-only models, SGLang).
@@ -261,6 +265,8 @@ def simulate_parser(workload: Workload, cluster: Cluster) -> Result:
             whole = int(wl.queries_per_round)
             queries = max(1, whole + (rng.random() < wl.queries_per_round - whole))
             keys = [f"{wl.doc_id_prefix}{sample}:{chunk}" for chunk in range(wl.chunks)]
+            if cluster.router_latency_s:
+                yield env.timeout(cluster.router_latency_s)
             calls = [router.route(key).submit(key, wl.prefix_tokens, wl.query_tokens, rng.choice(wl.subagent_output_tokens))
                      for _ in range(queries) for key in keys]
             yield simpy.AllOf(env, calls)

@@ -26,6 +26,7 @@ FIELDS = {
     "subagent": {"chunk", "query"},
     "invalid_action": set(),
     "finding": {"agent", "answer", "evidence"},
+    "finding_cut": {"agent", "answer", "evidence"},  # a first finding longer than the whole budget, cut to fit
     "observation": {"query", "num_findings", "num_agents", "findings"},
     "observation_empty": {"query", "num_agents"},
     "omitted": {"count"},
@@ -34,6 +35,9 @@ FIELDS = {
     "continue": set(),
     "finalize": set(),
     "compacted": set(),
+    # the tool reply to a call past a turn's fan-out bound (max_tool_calls_per_turn,
+    # max_subagent_requests_per_turn): the call is not run, and the lead is told why
+    "call_not_run": {"made", "limit"},
     # for chat templates that ignore `tools=` (e.g. SmolLM2's): the tool list and call format,
     # appended to the system prompt so such models can still call tools
     "tool_format_fallback": {"tools"},

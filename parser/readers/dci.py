@@ -22,14 +22,19 @@ from parser import prompts
 from parser.backends.base import Backend
 from parser.chunking import Chunk
 from parser.config import baseline_episode
-from parser.dci import Sandbox, SandboxTools, materialize_corpus
+from parser.dci import ProcessSlots, Sandbox, SandboxLimits, SandboxTools, materialize_corpus
 from parser.episode import EpisodeEngine
 from parser.tools import ReaderReply, TurnRules
 
 class DCIReader:
-    def __init__(self, backend: Backend, tokenizer: Any, *, command_timeout_s: float = 30.0, workdir: str | None = None,
+    """`sandbox` holds the `SandboxLimits` of every chunk's sandbox; `sandbox.max_processes`
+    bounds the commands running at once over *all* chunks (one scatter round reads them all)."""
+
+    def __init__(self, backend: Backend, tokenizer: Any, *, sandbox: Mapping[str, Any] | None = None, workdir: str | None = None,
                  episode: Mapping[str, Any] | None = None, prompt_version: str = prompts.DEFAULT_VERSION):
-        self.command_timeout_s, self.prompt_version = command_timeout_s, prompt_version
+        self.limits = SandboxLimits.from_config(sandbox)
+        self.slots = ProcessSlots(self.limits.max_processes)
+        self.prompt_version = prompt_version
         config, rules = baseline_episode("dci_reader", episode)
         self.rules = TurnRules.from_section(rules, "dci reader: episode.turn_rules")
         self.engine = EpisodeEngine(backend, tokenizer, config=config)
@@ -41,7 +46,7 @@ class DCIReader:
         if key not in self._sandboxes:
             name = f"{hashlib.sha1(doc_id.encode()).hexdigest()[:16]}_{chunk.index:05d}"
             directory = materialize_corpus(chunk.text, self.root / name)
-            self._sandboxes[key] = Sandbox(directory, timeout_s=self.command_timeout_s)
+            self._sandboxes[key] = Sandbox(directory, self.limits, slots=self.slots)
         return self._sandboxes[key]
 
     async def read(self, query: str, chunk: Chunk, doc_id: str) -> ReaderReply:

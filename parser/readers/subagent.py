@@ -5,7 +5,8 @@ sees fixed instructions, its chunk, then the query (that order keeps instruction
 identical prefix across rounds, so SGLang's RadixCache — or the CPU backend's prefix cache —
 reuses it; `routing_key` = "doc_id:chunk_index" lets the gateway pin the chunk to one worker).
 Alternative readers (a thinking subagent, a DCI agent; paper Table 5) implement the same
-`parser.tools.ChunkReader` protocol and plug into the same episode engine.
+`parser.tools.ChunkReader` protocol and plug into the same episode engine. The chunk and the
+query (which the lead wrote) pass `Protocol.untrusted` before they are rendered.
 
 The user message is the episode protocol's (`parser.protocol`): this project's template, or
 under `release` the release's own prompt (loaded from a checkout). The release also sends SGLang
@@ -61,7 +62,8 @@ class SubagentReader:
         self._frame = functools.lru_cache(maxsize=16_384)(self._render_frame)
 
     def messages(self, query: str, chunk_text: str) -> list[dict[str, str]]:
-        return [{"role": "user", "content": self.protocol.subagent_prompt(chunk_text, query)}]
+        untrusted = functools.partial(self.protocol.untrusted, tokenizer=self.tokenizer)
+        return [{"role": "user", "content": self.protocol.subagent_prompt(untrusted(chunk_text), untrusted(query))}]
 
     def _render(self, query: str, chunk_text: str) -> str:
         return render_chat(self.tokenizer, self.messages(query, chunk_text), enable_thinking=self.thinking)
@@ -80,7 +82,7 @@ class SubagentReader:
         if getattr(self.backend, "renders_chat_template", False):
             return self.messages(query, chunk.text)
         frame = self._frame(chunk.text)
-        return frame[0] + query + frame[1] if frame else self._render(query, chunk.text)
+        return frame[0] + self.protocol.untrusted(query, self.tokenizer) + frame[1] if frame else self._render(query, chunk.text)
 
     async def read(self, query: str, chunk: Chunk, doc_id: str) -> ReaderReply:
         completion = await self.backend.generate(

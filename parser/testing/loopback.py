@@ -7,18 +7,27 @@ of the prompt's reusable prefix (what a RadixCache would share: everything befor
 "Query:", per the subagent prompt's instructions -> chunk -> query order) and this worker's
 id. It answers with the subagent's abstention, or with a finding when the prompt contains
 `needle`, or (`reader="world"`) as a reader of the synthetic world's prose would
-(`parser.testing.world_reader`: the frozen subagents of the CPU learning run). Faults for
-retry tests: a delay, failing the first N or every K-th request with an
-HTTP status, dropping the connection without an answer, or `garbage`: HTTP 200 with a body
-that is no completion (`text` null on /generate, an empty `choices` list on the OpenAI paths).
+(`parser.testing.world_reader`: the frozen subagents of the CPU learning run).
+
+Faults, for retry tests and the router fault table (`scripts/gateway_faults.py`): a delay;
+failing the first N or every K-th request with an HTTP status, by dropping the connection
+without an answer, with `garbage` (HTTP 200 with a body that is no completion: `text` null on
+/generate, an empty `choices` list on the OpenAI paths), or with `hang` (the request is held
+for `hang_s` and then dropped, while /health keeps answering: a wedged scheduler behind a live
+HTTP server); and flapping (`flap_period_s`: down for one period, up for the next, and so on,
+where down answers 503 on every path, /health included, as a restarting server does). A
+running worker takes new fault knobs from `POST /fault` (the harness injects a fault
+mid-run); a frozen or killed process is the harness's business (SIGSTOP / SIGKILL).
 
     python -m parser.testing.loopback --port 31001 --worker-id w1
     python -m parser.testing.loopback --port 31002 --worker-id w2 --fail-every 10 --fail-mode drop
     python -m parser.testing.loopback --port 31003 --reader world      # reads synthetic-world chunks
+    curl -X POST 127.0.0.1:31001/fault -d '{"fail_every": 1, "fail_mode": "garbage"}'
 
 In-process: `with start_loopback("w1") as h: h.url; h.worker.records`.
 Endpoints: POST /generate, /v1/completions, /v1/chat/completions; GET /health,
-/get_model_info, /get_server_info, /get_load, /v1/models, /records; POST /reset.
+/health_generate, /server_info, /model_info (and their older /get_ names), /get_load,
+/v1/models, /records; POST /reset, /fault.
 """
 from __future__ import annotations
 
@@ -37,6 +46,11 @@ from parser.serve import BACKLOG, ServerHandle, add_worker_header, json_response
 
 ABSTENTION = '{"answer": "unknown"}'  # parser/prompts/v1/subagent.txt's abstention
 PREFIX_MARKER = "Query:"
+FAIL_MODES = ("drop", "garbage", "hang")  # besides an HTTP status like "500"
+MAX_HANG_S = 3600.0  # a held request is dropped after at most this long: nothing waits forever
+# the knobs POST /fault may set, with their types
+FAULT_KNOBS = {"delay_s": float, "fail_first": int, "fail_every": int, "fail_mode": str,
+               "hang_s": float, "flap_period_s": float}
 
 
 @dataclasses.dataclass
@@ -73,16 +87,19 @@ class LoopbackWorker:
 
     def __init__(self, worker_id: str = "loopback-0", *, delay_s: float = 0.0,
                  fail_first: int = 0, fail_every: int = 0, fail_mode: str = "500",
+                 hang_s: float = 600.0, flap_period_s: float = 0.0,
                  needle: str | None = None, needle_answer: str | None = None, reader: str | None = None,
                  routing_header: str = ROUTING_HEADER, request_id_header: str = "X-Request-Id",
                  prefix_marker: str = PREFIX_MARKER, keep_records: bool = True, keep_prompts: bool = False):
-        if fail_mode not in ("drop", "garbage") and not fail_mode.isdigit():
-            raise ValueError(f"fail_mode={fail_mode!r}: expected an HTTP status like '500', 'drop' or 'garbage'")
         self.worker_id = worker_id
         self.delay_s = delay_s
         self.fail_first = fail_first
         self.fail_every = fail_every
         self.fail_mode = fail_mode
+        self.hang_s = hang_s
+        self.flap_period_s = flap_period_s
+        self.flap_since = time.monotonic()
+        self.check_faults()
         self.needle = needle
         self.needle_answer = needle_answer
         if reader not in (None, "world"):
@@ -97,24 +114,49 @@ class LoopbackWorker:
         self.count = 0
         self.inflight = 0
         self.inflight_len = 0
+        self.held = 0  # requests held by fail_mode "hang"
+
+    def check_faults(self) -> None:
+        """Refuse knobs that would make the worker misbehave in a way nobody asked for."""
+        if self.fail_mode not in FAIL_MODES and not self.fail_mode.isdigit():
+            raise ValueError(f"fail_mode={self.fail_mode!r}: expected an HTTP status like '500', or one of {FAIL_MODES}")
+        if not 0 <= self.hang_s <= MAX_HANG_S:
+            raise ValueError(f"hang_s={self.hang_s}: expected 0..{MAX_HANG_S:.0f} seconds")
+        if self.flap_period_s < 0 or self.delay_s < 0 or self.fail_first < 0 or self.fail_every < 0:
+            raise ValueError("delay_s, fail_first, fail_every and flap_period_s must be >= 0")
+
+    def down(self) -> bool:
+        """True in the down half of a flap cycle (which starts down when flapping is set)."""
+        if not self.flap_period_s:
+            return False
+        return int((time.monotonic() - self.flap_since) / self.flap_period_s) % 2 == 0
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024**2)
+        app = web.Application(client_max_size=256 * 1024**2, middlewares=[self._flap])
         add_worker_header(app, self.worker_id)
         for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
             app.router.add_post(path, self.handle)
         info = {"model_path": "loopback", "tokenizer_path": "loopback", "is_generation": True,
                 "dp_size": 1, "version": "parser-loopback", "worker_id": self.worker_id}
-        for path in ("/health", "/health_generate", "/get_model_info", "/get_server_info"):
+        for path in ("/health", "/health_generate", "/server_info", "/model_info", "/get_model_info",
+                     "/get_server_info"):
             app.router.add_get(path, lambda r, info=info: json_response(info))
         app.router.add_get("/v1/models", lambda r: json_response(
             {"object": "list", "data": [{"id": "loopback", "object": "model"}]}))
         app.router.add_get("/get_load", lambda r: json_response([{
-            "dp_rank": 0, "num_reqs": self.inflight, "num_waiting_reqs": 0,
+            "dp_rank": 0, "num_reqs": self.inflight, "num_waiting_reqs": self.held,
             "num_tokens": self.inflight_len}]))
         app.router.add_get("/records", self.dump_records)
         app.router.add_post("/reset", self.reset)
+        app.router.add_post("/fault", self.set_fault)
         return app
+
+    @web.middleware
+    async def _flap(self, request: web.Request, handler) -> web.StreamResponse:
+        if request.path not in ("/fault", "/records", "/reset") and self.down():
+            return json_response({"object": "error", "error": {
+                "message": f"loopback {self.worker_id}: down (flapping)", "code": 503}}, 503)
+        return await handler(request)
 
     def reply_text(self, prompt: Any) -> str:
         if self.reader == "world":
@@ -162,6 +204,14 @@ class LoopbackWorker:
             if self.fail_mode == "garbage":  # "success" that no client can use
                 return json_response({"text": None, "meta_info": {"finish_reason": {"type": "stop"}}}
                                      if path == "/generate" else {"choices": []})
+            if self.fail_mode == "hang":  # held, then dropped: the caller's deadline decides
+                self.held += 1  # reported as waiting by /get_load, as a wedged scheduler's queue grows
+                try:
+                    await asyncio.sleep(self.hang_s)
+                finally:
+                    self.held -= 1
+                request.transport.close()
+                raise asyncio.CancelledError
             return json_response({"object": "error", "error": {
                 "message": f"loopback {self.worker_id}: injected failure on request {n}",
                 "code": int(self.fail_mode)}}, int(self.fail_mode))
@@ -174,6 +224,27 @@ class LoopbackWorker:
         self.records.clear()
         self.count = 0
         return json_response({"status": "ok"})
+
+    async def set_fault(self, request: web.Request) -> web.Response:
+        """POST /fault {"fail_every": 1, "fail_mode": "garbage"}: new fault knobs, from now on."""
+        try:
+            body = orjson.loads(await request.read())
+            if not isinstance(body, dict) or not set(body) <= set(FAULT_KNOBS):
+                raise ValueError(f"expected an object with keys from {sorted(FAULT_KNOBS)}")
+            old = {k: getattr(self, k) for k in FAULT_KNOBS}
+            for key, value in body.items():
+                setattr(self, key, FAULT_KNOBS[key](value))
+            try:
+                self.check_faults()
+            except ValueError:
+                for key, value in old.items():
+                    setattr(self, key, value)
+                raise
+        except (ValueError, TypeError, orjson.JSONDecodeError) as error:
+            return json_response({"object": "error", "error": {"message": f"POST /fault: {error}", "code": 400}}, 400)
+        self.count = 0  # fail_first / fail_every count from the change
+        self.flap_since = time.monotonic()
+        return json_response({k: getattr(self, k) for k in FAULT_KNOBS})
 
 
 def _shape(path: str, text: str, prompt_len: int) -> dict[str, Any]:
@@ -218,7 +289,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--delay-s", type=float, default=0.0, help="sleep before answering")
     ap.add_argument("--fail-first", type=int, default=0, help="fail the first N requests")
     ap.add_argument("--fail-every", type=int, default=0, help="fail every K-th request")
-    ap.add_argument("--fail-mode", default="500", help="an HTTP status, 'drop' the connection, or 'garbage' (HTTP 200, no completion)")
+    ap.add_argument("--fail-mode", default="500",
+                    help="an HTTP status, 'drop' the connection, 'garbage' (HTTP 200, no completion) or 'hang'")
+    ap.add_argument("--hang-s", type=float, default=600.0, help="fail-mode hang: hold a request this long, then drop it")
+    ap.add_argument("--flap-period-s", type=float, default=0.0, help="down (503 everywhere) / up for this long in turn")
     ap.add_argument("--needle", default=None, help="answer with a finding when this is in the prompt")
     ap.add_argument("--reader", choices=["world"], default=None,
                     help="answer as a reader of the synthetic world's prose (parser.testing.world_reader)")
@@ -226,7 +300,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     worker = LoopbackWorker(args.worker_id or f"loopback:{args.port}", delay_s=args.delay_s,
                             fail_first=args.fail_first, fail_every=args.fail_every,
-                            fail_mode=args.fail_mode, needle=args.needle, reader=args.reader,
+                            fail_mode=args.fail_mode, hang_s=args.hang_s,
+                            flap_period_s=args.flap_period_s, needle=args.needle, reader=args.reader,
                             keep_records=not args.no_records)
     print(f"parser.testing.loopback: {worker.worker_id} on http://{args.host}:{args.port}",
           flush=True)

@@ -52,22 +52,25 @@ def vllm_command(python: str, port: int) -> list[str]:
             "--enable-prompt-tokens-details"]
 
 
-def vllm_env() -> dict[str, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+def vllm_env(kv_cache_gib: float | None = None) -> dict[str, str]:
+    kv = str(kv_cache_gib) if kv_cache_gib is not None else os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": kv}
     env.pop("PYTHONPATH", None)  # the server runs vLLM's own environment, not this checkout
     return env
 
 
 @contextlib.contextmanager
-def vllm_server(python: str, log_path: Path, timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
+def vllm_server(python: str, log_path: Path, timeout_s: float = STARTUP_TIMEOUT_S,
+                kv_cache_gib: float | None = None) -> Iterator[str]:
     """Start the server, wait until `/health` answers, yield its URL; stop it on exit. Raises
-    RuntimeError with the log's tail if it exits or is not healthy within `timeout_s`."""
+    RuntimeError with the log's tail if it exits or is not healthy within `timeout_s`.
+    `kv_cache_gib` overrides `VLLM_CPU_KVCACHE_SPACE` (a second server beside the first)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(vllm_command(python, port), stdout=log, stderr=subprocess.STDOUT, env=vllm_env(),
-                                start_new_session=True)
+        proc = subprocess.Popen(vllm_command(python, port), stdout=log, stderr=subprocess.STDOUT,
+                                env=vllm_env(kv_cache_gib), start_new_session=True)
     try:
         while not healthy(url):
             if proc.poll() is not None or time.monotonic() - started > timeout_s:

@@ -18,6 +18,8 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from parser.fields import DataError, check_text, require_answers
+
 
 @dataclasses.dataclass
 class EpisodeInputs:
@@ -38,25 +40,36 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def episode_inputs(row: Mapping[str, Any]) -> EpisodeInputs:
-    """Read question, document, gold answers and a document id from a verl dataset row."""
+def episode_inputs(row: Mapping[str, Any], source: str | None = None) -> EpisodeInputs:
+    """Read question, document, gold answers and a document id from a verl dataset row, with the
+    field rules data prep and the eval loader apply (`parser.fields`): text where text belongs,
+    golds that can score. Errors name `source` (default: the row's index) and the field."""
     extra = _plain(row.get("extra_info")) or {}
+    if not isinstance(extra, dict):
+        raise DataError(f"{source or 'dataset row'}: field 'extra_info' must be a mapping, got {type(extra).__name__}")
     index = _plain(row.get("index", extra.get("index", "")))
-    where = f"dataset row index={index!r}"
+    where = source or f"dataset row index={index!r}"
     released = not extra.get("context")  # the release's layout: the document is a top-level column
     document = _plain(row.get("context")) if released else extra["context"]
-    if not document:
-        raise ValueError(f"{where}: the document is missing or empty (extra_info.context, or a top-level `context`)")
+    if document is None or document == "":
+        raise DataError(f"{where}: the document is missing or empty (extra_info.context, or a top-level `context`)")
+    document = check_text(document, "context" if released else "extra_info.context", where)
     question = extra.get("question")
+    field = "extra_info.question"
     if not question:
         messages = [m for m in _plain(row.get("raw_prompt", row.get("prompt"))) or [] if isinstance(m, dict)]
         candidates = messages[:1] if released else [m for m in messages if m.get("role") == "user"]
         if not candidates:
-            raise ValueError(f"{where}: no question (neither extra_info.question nor a user message in `prompt`)")
-        question = candidates[-1]["content"]
+            raise DataError(f"{where}: no question (neither extra_info.question nor a user message in `prompt`)")
+        question, field = candidates[-1].get("content"), "prompt[].content"
+    question = check_text(question, field, where)
     reward_model = _plain(row.get("reward_model")) or {}
+    if not isinstance(reward_model, dict):
+        raise DataError(f"{where}: field 'reward_model' must be a mapping, got {type(reward_model).__name__}")
+    field = "reward_model.ground_truth" if "ground_truth" in reward_model else "extra_info.answers"
     golds = reward_model.get("ground_truth", extra.get("answers"))
-    if golds is None or (not isinstance(golds, str) and len(golds) == 0):
-        raise ValueError(f"{where}: no gold answers (reward_model.ground_truth / extra_info.answers)")
+    if golds is None or (isinstance(golds, (str, list, tuple)) and len(golds) == 0):
+        raise DataError(f"{where}: no gold answers (reward_model.ground_truth / extra_info.answers)")
+    golds = require_answers([golds], field, where)[0] if isinstance(golds, str) else require_answers(golds, field, where)
     doc_id = str(extra.get("id") or extra.get("doc_id") or index)
-    return EpisodeInputs(question=str(question), document=str(document), golds=golds, doc_id=doc_id)
+    return EpisodeInputs(question=question, document=document, golds=golds, doc_id=doc_id)

@@ -1,6 +1,7 @@
-"""Serve configs -> command lines: every shipped config composes, and the commands carry the
-settings the subagent gateway depends on (checked against the installed sglang-router's own
-argument parser where one is installed). Starts no model and no router.
+"""Serve configs -> command lines: every shipped config composes, with either router, into
+commands whose every router flag (and choice value) the installed binary's own `--help` lists
+(`python -m smg launch --help`, `python -m sglang_router.launch_router --help`), so a flag
+renamed upstream fails here, not on a cluster. Starts no model and no router (only `--help`).
 
     .venv/bin/pytest tests/e2e/test_gateway_commands_on_cpu.py -q
 """
@@ -17,11 +18,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from parser.backends.base import ROUTING_HEADER
-from parser.gateway import (Gateway, flags, router_launch, routing_header,
-                            worker_launches)
+from parser.gateway import (ROUTER_KINDS, Gateway, check_router_flags, flags, reads_routing_key, router_help,
+                            router_launch, unknown_router_flags, worker_launches)
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVE_CONFIGS = ROOT / "configs" / "serve"
+CONFIG_NAMES = sorted(p.stem for p in SERVE_CONFIGS.glob("*.yaml"))
 
 
 def _config(name: str, overrides: list[str] = ()) -> dict:
@@ -34,32 +36,53 @@ def _value(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
-def _router_args(argv: list[str]):
-    """Parse a router command line with the installed sglang-router's own parser."""
-    router_args = pytest.importorskip("sglang_router.router_args")
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    router_args.RouterArgs.add_cli_args(parser, use_router_prefix=False)
-    for action in parser._actions:  # the same widening parser.gateway's shim does
-        if action.dest == "policy":
-            action.choices = [*action.choices, "consistent_hashing", "prefix_hash"]
-    start = argv.index("--worker-urls")
-    return parser.parse_args(argv[start:])
+def test_both_routers_are_installed_by_the_project():
+    assert set(ROUTER_KINDS) == {p.stem for p in (SERVE_CONFIGS / "router").glob("*.yaml")}
+    for kind in ROUTER_KINDS:
+        assert "--worker-urls" in router_help(kind)  # raises naming the extra when it is missing
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in SERVE_CONFIGS.glob("*.yaml")))
-def test_every_serve_config_composes_into_commands(name):
-    cfg = _config(name)
+@pytest.mark.parametrize("kind", ROUTER_KINDS)
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_every_router_flag_of_every_serve_config_is_in_the_binarys_help(name, kind):
+    cfg = _config(name, [f"router={kind}"])
     gateway = Gateway.from_config(cfg)
-    assert len(gateway.workers) == cfg["workers"]["num"]
+    assert gateway.router_kind == kind and len(gateway.workers) == cfg["workers"]["num"]
+    argv = gateway.router.argv
+    assert unknown_router_flags(argv, router_help(kind)) == [], f"{name} x {kind}"
+    assert _value(argv, "--policy") == cfg["router"]["policy"]
+    assert argv[argv.index("--worker-urls") + 1: argv.index("--policy")] == [w.url for w in gateway.workers]
     for launch in gateway.launches():
         assert "0.0.0.0" not in launch.argv, f"{name}: {launch.name} binds all interfaces"
         assert launch.url.startswith("http://127.0.0.1:")
-    args = _router_args(gateway.router.argv)
-    assert args.worker_urls == [w.url for w in gateway.workers]
-    assert args.host == "127.0.0.1" and args.prometheus_host == "127.0.0.1"
-    assert args.policy == cfg["router"]["policy"]
+    assert _value(argv, "--host") == _value(argv, "--prometheus-host") == "127.0.0.1"
+
+
+@pytest.mark.parametrize("kind", ROUTER_KINDS)
+def test_a_flag_the_binary_does_not_know_fails_before_anything_starts(kind, tmp_path):
+    cfg = _config("default", [f"router={kind}", "workers.kind=loopback", "workers.num=1", "workers.base_port=0",
+                              f"log_dir={tmp_path}", "+router.args.routing_key_overide=true"])
+    gateway = Gateway.from_config(cfg)
+    with pytest.raises(ValueError, match="--routing-key-overide is not a flag"):
+        gateway.start()
+    assert not gateway.group.procs, "nothing may start when the router would refuse its flags"
+    bad_choice = router_launch({**cfg["router"], "policy": "no_such_policy"}, ["http://127.0.0.1:1"])
+    with pytest.raises(ValueError, match="--policy no_such_policy: expected one of"):
+        check_router_flags(bad_choice, kind)
+
+
+def test_smg_is_the_default_and_reads_the_routing_key_on_every_policy():
+    cfg = _config("default")
+    launch = router_launch(cfg["router"], ["http://127.0.0.1:30001"])
+    assert launch.argv[1:4] == ["-m", "smg", "launch"]
+    assert "--routing-key-override" in launch.argv and _value(launch.argv, "--assignment-mode") == "min_group"
+    assert "--disable-tokenizer-autoload" in launch.argv  # never a hub download for HTTP workers
+    assert reads_routing_key(cfg["router"]) and Gateway.from_config(cfg).routing_header == ROUTING_HEADER
+    release = _config("default", ["router=sglang_router"])["router"]
+    assert router_launch(release, ["http://127.0.0.1:30001"]).argv[1:3] == ["-m", "sglang_router.launch_router"]
+    assert not reads_routing_key(release)  # 0.3.2 cache_aware routes on the text
+    assert reads_routing_key({**release, "policy": "manual"})
+    assert ROUTING_HEADER == "X-SMG-Routing-Key"  # what both routers' Rust cores read (smg: --routing-key-headers default)
 
 
 def test_subagent_workers_get_the_qwen35_subagent_settings():
@@ -77,15 +100,15 @@ def test_subagent_workers_get_the_qwen35_subagent_settings():
     assert "--tool-call-parser" not in argv  # subagents answer JSON; tool parsing is the lead's
 
 
-def test_cache_aware_router_knobs_reach_the_command():
-    cfg = _config("default", ["router.args.cache_threshold=0.5", "router.args.tokenizer_path=/models/qwen"])
+@pytest.mark.parametrize("kind", ROUTER_KINDS)
+def test_cache_aware_router_knobs_reach_the_command(kind):
+    cfg = _config("default", [f"router={kind}", "router.args.cache_threshold=0.5"])
     launch = router_launch(cfg["router"], ["http://127.0.0.1:30001", "http://127.0.0.1:30002"])
-    assert launch.argv[1:3] == ["-m", "sglang_router.launch_router"]
-    args = _router_args(launch.argv)
-    assert (args.cache_threshold, args.balance_abs_threshold, args.balance_rel_threshold) == (0.5, 64, 1.5)
-    assert args.tokenizer_path == "/models/qwen"
-    assert args.prometheus_port == 29000 and launch.metrics_url == "http://127.0.0.1:29000"
-    assert routing_header("cache_aware") is None
+    argv = launch.argv
+    assert (_value(argv, "--cache-threshold"), _value(argv, "--balance-abs-threshold"),
+            _value(argv, "--balance-rel-threshold")) == ("0.5", "64", "1.5")
+    assert _value(argv, "--prometheus-port") == "29000" and launch.metrics_url == "http://127.0.0.1:29000"
+    assert _value(argv, "--health-check-interval-secs") == "10" and _value(argv, "--cb-failure-threshold") == "5"
 
 
 def test_lead_and_yarn_configs():
@@ -102,23 +125,6 @@ def test_lead_and_yarn_configs():
     assert _value(yarn[0].argv, "--tp-size") == "4"
     assert [w.env["CUDA_VISIBLE_DEVICES"] for w in yarn] == ["0,1,2,3", "4,5,6,7"]
     assert yarn[0].env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] == "1"
-
-
-def test_header_keyed_policy_goes_through_the_shim_only_when_needed():
-    from parser.gateway import _installed_launcher_policies
-
-    pytest.importorskip("sglang_router", reason="needs the gateway extra: pip install 'parser-agents[gateway]'")
-    choices = _installed_launcher_policies()
-    cfg = _config("default", ["router.policy=consistent_hashing"])
-    launch = router_launch(cfg["router"], ["http://127.0.0.1:30001"])
-    if "consistent_hashing" in choices:  # a newer launcher takes it directly
-        assert launch.argv[1:3] == ["-m", "sglang_router.launch_router"]
-    else:  # 0.3.2: the Rust core has it, the argparse choices do not
-        assert launch.argv[1:4] == ["-m", "parser.gateway", "router"]
-    assert _router_args(launch.argv).policy == "consistent_hashing"
-    assert routing_header("consistent_hashing") == routing_header("manual") == ROUTING_HEADER == "X-SMG-Routing-Key"
-    smg = router_launch({**cfg["router"], "kind": "smg"}, ["http://127.0.0.1:30001"])
-    assert smg.argv[1] == "launch" and Path(smg.argv[0]).name == "smg"
 
 
 def test_flags_spell_values_like_the_servers_expect():

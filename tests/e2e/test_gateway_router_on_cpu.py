@@ -1,13 +1,22 @@
-"""The real sglang-router binary (PyPI `sglang-router`, the `gateway` extra) on 127.0.0.1 in front
-of 3 real HTTP workers (the project's loopback worker, one process each), driven by ParSer traffic.
+"""The real router binaries on 127.0.0.1 in front of 3 real HTTP workers (the project's loopback
+worker, one process each), driven by ParSer traffic: smg 1.13.0 (PyPI `smg`, the default) and
+sglang-router 0.3.2 (the authors' router), each with its shipped settings
+(configs/serve/router/<kind>.yaml; health checks every second here, to keep the tests short).
 
 Checks the gateway contract (scripts/serve_subagents.py, parser/gateway.py):
 - multi-round traffic: >= 99% of round-2+ requests reach the worker that served their chunk in
-  round 1, and no worker gets more than 1.5x the mean (cache_aware and manual; consistent_hashing
-  is measured for locality, its spread depends on where worker URLs fall on the hash ring);
-- a worker killed in the middle of a scatter round loses no request: the episode engine retries
-  through the gateway and the episode still ends with an answer.
-Only the lead model is scripted (the outer edge); router, workers, HTTP client, reader and
+  round 1, and no worker gets more than 1.5x the mean, for every policy ParSer ships (smg's
+  consistent_hashing is measured for locality only: its spread depends on the hash ring); the
+  same rounds straight to the workers give the router's added latency (printed);
+- smg reads the chunk's routing key from `X-SMG-Routing-Key`: with chunks so short that the
+  shared instructions dominate the text, it holds one sticky key per chunk and spreads them
+  evenly; the same traffic with the header renamed holds no key at all;
+- a worker killed in the middle of a scatter round loses no request (either router);
+- a worker answering HTTP 200 with garbage: smg passes it through (its circuit breaker stays
+  closed and the worker keeps its chunks), the engine never takes it for an answer (the calls
+  fail with a clear error after their retries, the episode still answers), and the client-side
+  `WorkerPool` over the same workers loses none.
+Only the lead model is scripted (the outer edge); routers, workers, HTTP client, reader and
 episode engine are the real ones. Figures are printed (run with -s to see them).
 
     .venv/bin/pytest tests/e2e/test_gateway_router_on_cpu.py -q -s
@@ -16,20 +25,22 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
+import re
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("sglang_router", reason="needs the gateway extra: pip install 'parser-agents[gateway]'")
-
-from parser.backends.base import ROUTING_HEADER, Completion, SamplingParams  # noqa: E402
-from parser.backends.http import HttpBackend  # noqa: E402
-from parser.chunking import Chunk  # noqa: E402
-from parser.config import EpisodeConfig  # noqa: E402
-from parser.episode import EpisodeEngine  # noqa: E402
-from parser.gateway import Gateway, ProcessGroup, router_launch, routing_header, worker_launches  # noqa: E402
-from parser.readers import SubagentReader  # noqa: E402
+from parser.backends.base import Completion, SamplingParams
+from parser.backends.http import HttpBackend
+from parser.backends.pool import WorkerPool
+from parser.chunking import Chunk
+from parser.config import EpisodeConfig
+from parser.episode import EpisodeEngine
+from parser.gateway import Gateway, ProcessGroup, router_launch, router_preset, worker_launches
+from parser.readers import SubagentReader
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,23 +55,30 @@ def _load_report():
 
 report = _load_report()
 
-
-# The router asks the hub for each worker's `model_path` ("loopback"); point it at a closed
-# local port so a test never talks to a hub, whatever the network.
+# The routers may ask a hub for a worker's `model_path` ("loopback"); point them at a closed local
+# port so a test never talks to a hub, whatever the network.
 NO_HUB = {"HF_ENDPOINT": "http://127.0.0.1:9"}
 
 
-def _router_cfg(policy: str, **router_args) -> dict:
-    return {"kind": "sglang_router", "policy": policy, "env": NO_HUB,
-            "args": {"log_level": "warn", "assignment_mode": "min_group",
-                     "health_check_interval_secs": 1, **router_args}}
+def _router_cfg(kind: str, policy: str | None = None, **args) -> dict:
+    cfg = router_preset(kind)
+    return {**cfg, "policy": policy or cfg["policy"], "env": {**cfg["env"], **NO_HUB}, "port": 0,
+            "prometheus_port": 0, "args": {**cfg["args"], "log_level": "warn", "health_check_interval_secs": 1, **args}}
 
 
-def _gateway(policy: str, tmp_path: Path, delay_s: float, **router_args) -> Gateway:
+def _gateway(kind: str, tmp_path: Path, delay_s: float, **router_args) -> Gateway:
     cfg = {"workers": {"kind": "loopback", "num": 3, "local_args": {"delay_s": delay_s}},
-           "router": _router_cfg(policy, **router_args),
-           "log_dir": str(tmp_path / f"logs-{policy}"), "ready_timeout_s": 60}
+           "router": _router_cfg(kind, **router_args),
+           "log_dir": str(tmp_path / f"logs-{kind}"), "ready_timeout_s": 60}
     return Gateway.from_config(cfg)
+
+
+def _metric(metrics_url: str, name: str) -> dict[str, float]:
+    """One Prometheus series of the router, by its label set (`worker="..."` -> the worker URL)."""
+    with urllib.request.urlopen(metrics_url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode(errors="replace")
+    found = re.findall(rf'^{name}(?:\{{([^}}]*)\}})? ([0-9.eE+-]+)$', text, re.MULTILINE)
+    return {re.sub(r'^worker="([^"]+)"$', r"\1", labels): float(v) for labels, v in found}
 
 
 @pytest.fixture(scope="module")
@@ -78,32 +96,67 @@ def loopback_workers(tmp_path_factory):
         group.stop()
 
 
-@pytest.mark.parametrize("policy", ["cache_aware", "manual", "consistent_hashing"])
-def test_chunks_stay_on_their_worker_across_rounds(policy, loopback_workers, tmp_path):
-    workload = report.Workload(chunks=48, rounds=4, chunk_words=300)
+def _run_through_router(cfg: dict, worker_urls: list[str], tmp_path: Path, workload, routing_header=None,
+                        direct: bool = False):
+    """(per-round stats, smg's sticky-key counters at the end); `direct`: every round also straight
+    to the workers (gateway_report's --direct)."""
     group = ProcessGroup(tmp_path)
-    router = router_launch(_router_cfg(policy), loopback_workers)
+    router = router_launch(cfg, worker_urls)
     try:
         group.start(router)
         group.wait_ready(router, 60)
-        header = routing_header(policy) or ROUTING_HEADER
 
         async def go():
-            async with HttpBackend(router.url, routing_header=header) as backend:
-                return await report.run_workload(backend, workload, num_workers=3)
+            extra = {"routing_header": routing_header} if routing_header else {}
+            pool = WorkerPool([HttpBackend(u) for u in worker_urls]) if direct else None
+            try:
+                async with HttpBackend(router.url, **extra) as backend:
+                    return await report.run_workload(backend, workload, num_workers=len(worker_urls), direct=pool)
+            finally:
+                if pool is not None:
+                    await pool.aclose()
 
         stats = asyncio.run(go())
+        keys = {name: sum(_metric(router.metrics_url, name).values())
+                for name in ("smg_manual_policy_cache_entries", "smg_routing_key_source_total")} if cfg["kind"] == "smg" else {}
     finally:
         group.stop()
+    return stats, keys
+
+
+@pytest.mark.parametrize("kind,policy", [("smg", "cache_aware"), ("smg", "manual"), ("smg", "consistent_hashing"),
+                                         ("sglang_router", "cache_aware"), ("sglang_router", "manual")])
+def test_chunks_stay_on_their_worker_across_rounds(kind, policy, loopback_workers, tmp_path):
+    workload = report.Workload(chunks=48, rounds=4, chunk_words=300)
+    stats, _ = _run_through_router(_router_cfg(kind, policy), loopback_workers, tmp_path, workload, direct=True)
     for s in stats:
-        print(f"[{policy}] {s.line()}")
+        print(f"[{kind} {policy}] {s.line()}")
     total = report.summary(stats)
-    print(f"[{policy}] summary {total}")
+    print(f"[{kind} {policy}] summary {total}")
     assert total["failed"] == 0 and total["requests"] == 48 * 4
     assert all(len(s.per_worker) == 3 for s in stats), "a worker got no traffic"
     assert total["locality_round2plus"] >= 0.99
     if policy != "consistent_hashing":
         assert total["max_spread"] <= 1.5
+    # the same rounds straight to the workers, interleaved: what the router adds (figures, not a bound)
+    assert total["direct_failed"] == 0 and all(total[k] > 0 for k in ("p50_ms", "direct_p50_ms", "p99_ms"))
+    assert sum(s.requests for s in stats if s.path == "direct") == 48 * 4
+
+
+def test_smg_pins_chunks_by_the_routing_key_header(loopback_workers, tmp_path):
+    """25-word chunks: the shared instructions are most of every prompt's text, so text routing
+    cannot tell chunks apart; smg's routing-key override (the shipped default) can."""
+    workload = report.Workload(chunks=48, rounds=3, chunk_words=25)
+    assert report.instruction_share(workload) > 0.3
+    keyed, keys = _run_through_router(_router_cfg("smg"), loopback_workers, tmp_path / "keyed", workload)
+    total = report.summary(keyed)
+    print(f"[smg, X-SMG-Routing-Key] summary {total}; {keys}")
+    assert keys == {"smg_manual_policy_cache_entries": 48, "smg_routing_key_source_total": 48 * 3}
+    assert total["locality_round2plus"] == 1.0 and total["max_spread"] <= 1.1
+    unkeyed, keys = _run_through_router(_router_cfg("smg"), loopback_workers, tmp_path / "renamed", workload,
+                                        routing_header="X-Not-A-Routing-Key")
+    print(f"[smg, header renamed] summary {report.summary(unkeyed)}; {keys}")
+    assert keys == {"smg_manual_policy_cache_entries": 0, "smg_routing_key_source_total": 0}, "smg pinned keys it was never sent"
 
 
 class ScriptedLead:
@@ -117,7 +170,7 @@ class ScriptedLead:
 
     async def generate(self, prompt, sampling: SamplingParams, *, routing_key=None, request_id=None) -> Completion:
         self.turn += 1
-        if self.turn == 2:
+        if self.turn == 2 and self.on_second_scatter is not None:
             asyncio.get_running_loop().call_later(self.delay_s, self.on_second_scatter)
         if self.turn <= 2:
             query = ["Where was the treaty signed?", "Who signed the treaty?"][self.turn - 1]
@@ -130,13 +183,20 @@ class ScriptedLead:
         pass
 
 
-def test_worker_killed_mid_round_loses_no_request(tmp_path, tiny_tokenizer):
-    chunks = [Chunk(index=i, text=f"Document {i + 1}:\n" + " ".join(["filler"] * 200) + (" needle-lisbon" if i == 5 else ""),
-                    paragraph_ids=(i + 1,), num_tokens=210) for i in range(12)]
-    # router retries off: a dead worker's requests reach the client as 5xx, so the engine's
-    # own retries are what is under test
-    with _gateway("cache_aware", tmp_path, delay_s=0.3, disable_retries=True,
-                  health_failure_threshold=1, cb_failure_threshold=2) as gw:
+CHUNKS = [Chunk(index=i, text=f"Document {i + 1}:\n" + " ".join(["filler"] * 200) + (" needle-lisbon" if i == 5 else ""),
+                paragraph_ids=(i + 1,), num_tokens=210) for i in range(12)]
+
+
+def _episode(backend, tokenizer, lead):
+    reader = SubagentReader(backend, tokenizer, max_new_tokens=32)
+    engine = EpisodeEngine(lead, tokenizer, reader, EpisodeConfig(max_turns=4, lead_thinking=False, max_attempts=4,
+                                                                  retry_backoff_s=0.2, request_timeout_s=10))
+    return engine.run("Where and by whom was the treaty signed?", CHUNKS, doc_id="doc-faults")
+
+
+@pytest.mark.parametrize("kind", ["smg", "sglang_router"])
+def test_worker_killed_mid_round_loses_no_request(kind, tmp_path, tiny_tokenizer):
+    with _gateway(kind, tmp_path, delay_s=0.3) as gw:
         killed = []
 
         def kill_worker1():
@@ -145,20 +205,52 @@ def test_worker_killed_mid_round_loses_no_request(tmp_path, tiny_tokenizer):
 
         async def go():
             async with HttpBackend(gw.url) as backend:
-                reader = SubagentReader(backend, tiny_tokenizer, max_new_tokens=32)
-                engine = EpisodeEngine(ScriptedLead(kill_worker1, delay_s=0.15), tiny_tokenizer, reader,
-                                       EpisodeConfig(max_turns=4, lead_thinking=False, max_attempts=6,
-                                                     retry_backoff_s=0.2, request_timeout_s=30))
-                return await engine.run("Where and by whom was the treaty signed?", chunks, doc_id="doc-kill")
+                return await _episode(backend, tiny_tokenizer, ScriptedLead(kill_worker1, delay_s=0.15))
 
         trajectory = asyncio.run(go())
+        router_retries = sum(_metric(gw.metrics_url, "smg_worker_retries_total").values())
     assert killed, "the worker was never killed"
     assert trajectory.stop_reason == "answer" and trajectory.answer == "Lisbon"
     calls = [c for t in trajectory.turns for q in t.queries for c in q.calls]
-    assert len(calls) == 2 * len(chunks)
+    assert len(calls) == 2 * len(CHUNKS)
     assert [c.status for c in calls if c.status == "failed"] == []
-    retried = [c for c in calls if c.attempts > 1]
-    print(f"[failover] {len(retried)} of {len(calls)} subagent requests needed a retry; "
-          f"max attempts {max(c.attempts for c in calls)}")
-    assert retried, "no request hit the dead worker: the kill did not land mid-round"
-    assert all(c.chunk_index >= 0 for c in retried)
+    client_retries = sum(c.attempts - 1 for c in calls)
+    print(f"[{kind} kill] every call answered: the router re-sent {router_retries:.0f} requests, "
+          f"the client {client_retries}")
+    assert router_retries + client_retries > 0, "nobody re-sent anything: the kill did not land mid-round"
+
+
+def test_a_garbage_200_passes_through_smg_and_only_the_client_pool_routes_around_it(tmp_path, tiny_tokenizer):
+    with _gateway("smg", tmp_path, delay_s=0.0) as gw:
+        bad = gw.workers[1].url
+        urllib.request.urlopen(urllib.request.Request(
+            bad + "/fault", data=b'{"fail_every": 1, "fail_mode": "garbage"}', method="POST"), timeout=5).read()
+
+        async def through(backend):
+            try:
+                return await _episode(backend, tiny_tokenizer, ScriptedLead(None, 0.0))
+            finally:
+                await backend.aclose()
+
+        via_router = asyncio.run(through(HttpBackend(gw.url)))
+        cb_state = _metric(gw.metrics_url, "smg_worker_cb_state")[bad]
+        health = _metric(gw.metrics_url, "smg_worker_health")[bad]
+        with urllib.request.urlopen(bad + "/records", timeout=5) as resp:
+            garbage_served = len(json.loads(resp.read()))
+        via_pool = asyncio.run(through(WorkerPool([HttpBackend(w.url) for w in gw.workers])))
+
+    router_calls = [c for t in via_router.turns for q in t.queries for c in q.calls]
+    failed = [c for c in router_calls if c.status == "failed"]
+    print(f"[smg garbage] through the router: {len(failed)} of {len(router_calls)} calls failed after "
+          f"{sorted({c.attempts for c in failed})} attempts; the garbage worker answered {garbage_served} "
+          f"requests; its breaker {cb_state} (0 = closed), health {health}")
+    assert via_router.stop_reason == "answer", "a garbage worker must never end the episode"
+    assert failed and all(c.attempts == 4 and "HTTP 200 but" in c.error for c in failed)
+    assert all(c.status != "finding" for c in failed) and not any(c.raw for c in failed)
+    assert cb_state == 0 and health == 1, "smg noticed the garbage: update docs/scaling.md's fault table"
+    assert garbage_served >= 4 * len(failed)  # every retry of a failed key went back to the garbage worker
+
+    pool_calls = [c for t in via_pool.turns for q in t.queries for c in q.calls]
+    print(f"[pool garbage] {sum(c.status == 'failed' for c in pool_calls)} failed, "
+          f"{sum(c.attempts > 1 for c in pool_calls)} retried of {len(pool_calls)}")
+    assert via_pool.answer == "Lisbon" and not [c for c in pool_calls if c.status == "failed"]

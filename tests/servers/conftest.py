@@ -20,6 +20,20 @@ import pytest
 
 from parser.testing.vllm_server import MAX_MODEL_LEN, SERVED_NAME, vllm_command, vllm_env, vllm_server
 
+# Per test, fixtures included: the first test of a session (and of test_vllm_behind_smg.py, which may
+# start a second server) waits for vLLM to become healthy, measured at 440-460 s on the shared 2
+# cores under load 20-34, and an episode then takes minutes more; pyproject's 600 s is too tight.
+SERVER_TEST_TIMEOUT_S = 2400
+
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:  # every item of the session comes here: only this folder's get the longer bound
+        if HERE in Path(str(item.fspath)).resolve().parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SERVER_TEST_TIMEOUT_S))
+
 
 @pytest.fixture(scope="session")
 def vllm(tmp_path_factory):

@@ -29,15 +29,7 @@ from parser.protocol import protocol_for
 from parser.readers import SubagentReader
 from parser.tools import QueryAgents
 
-# A document where one paragraph holds the answer; the rest is distinct filler.
-NEEDLE = "The lighthouse keeper of Varnholm was Edda Quist, appointed in 1887."
-QUESTION = "Who was the lighthouse keeper of Varnholm?"
-
-
-def document(paragraphs: int) -> str:
-    filler = [f"Paragraph {i}: the weather station at post {i} logged {i % 7 + 2} days of rain in season {i}." for i in range(paragraphs)]
-    filler.insert(paragraphs // 2, NEEDLE)
-    return "\n\n".join(filler)
+from varnholm import NEEDLE, QUESTION, document, episode_config
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +39,6 @@ def smollm2():
 
 def run(coro):
     return asyncio.run(coro)
-
-
-def episode_config(**overrides) -> EpisodeConfig:
-    return EpisodeConfig(**{"max_turns": 3, "max_tokens_per_turn": 64, "lead_temperature": 0.0, "lead_thinking": False,
-                            "subagent_temperature": 0.0, "subagent_max_tokens": 48, "constrain_lead": True,
-                            "constrain_subagents": True, "retry_backoff_s": 0.1, **overrides})
 
 
 async def run_episode(lead, subagent, tokenizer, config, chunks):

@@ -1,0 +1,166 @@
+"""HttpBackend reads bounded bodies and decompresses nothing it did not ask for.
+
+    .venv/bin/pytest tests/test_http_bounds_on_cpu.py -q
+
+A real aiohttp server on 127.0.0.1 stands in for a hostile or broken model server: a gzip
+bomb, a reply far over the bound, a Content-Length that lies, an encoding nobody asked for.
+Memory is measured with tracemalloc (the server runs in this process too, in a thread; it only
+ever holds one 1 MB chunk).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import tracemalloc
+import zlib
+
+import orjson
+import pytest
+from aiohttp import web
+
+from parser.backends.base import BackendError, SamplingParams
+from parser.backends.http import HttpBackend
+from parser.serve import ServerHandle
+
+SP = SamplingParams(max_new_tokens=8, temperature=0.0)
+MB = 1 << 20
+BOMB = web.AppKey("bomb", bytes)
+META = b'", "meta_info": {"finish_reason": {"type": "stop"}, "prompt_tokens": 1}}'
+
+
+def bomb(decompressed_mb: int) -> bytes:
+    """A gzip body of an SGLang reply whose text is `decompressed_mb` MB of 'a' (~0.1% of it on the wire)."""
+    squeeze = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts = [squeeze.compress(b'{"text": "')]
+    parts += [squeeze.compress(b"a" * MB) for _ in range(decompressed_mb)]
+    return b"".join(parts + [squeeze.compress(META), squeeze.flush()])
+
+
+async def gzip_bomb(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[BOMB], headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+
+
+async def huge(request: web.Request) -> web.StreamResponse:
+    """A valid SGLang reply with a 48 MB text, streamed in 1 MB chunks."""
+    response = web.StreamResponse(status=500 if request.path.startswith("/huge500") else 200)
+    await response.prepare(request)
+    await response.write(b'{"text": "')
+    for _ in range(48):
+        await response.write(b"a" * MB)
+    await response.write(META)
+    return response
+
+
+async def liar(request: web.Request) -> web.StreamResponse:
+    """Declares 10 GB, sends 10 bytes, then stalls."""
+    response = web.StreamResponse(headers={"Content-Length": str(10 << 30)})
+    await response.prepare(request)
+    await response.write(b'{"text": "')
+    await asyncio.sleep(30)
+    return response
+
+
+async def brotli(request: web.Request) -> web.Response:
+    return web.Response(body=b"\x1b\x00\x00", headers={"Content-Encoding": "br"})
+
+
+async def echo_headers(request: web.Request) -> web.Response:
+    text = orjson.dumps({str(k): v for k, v in request.headers.items()}).decode()
+    return web.json_response({"text": text, "meta_info": {"finish_reason": {"type": "stop"}}})
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    app = web.Application()
+    app[BOMB] = bomb(200)
+    for path, handler in (("/bomb", gzip_bomb), ("/huge", huge), ("/huge500", huge), ("/liar", liar), ("/brotli", brotli), ("/echo", echo_headers)):
+        app.router.add_post(path + "/generate", handler)
+    with ServerHandle(app) as handle:
+        yield handle
+
+
+def generate(url: str, **kwargs):
+    backend = HttpBackend(url, **kwargs)
+
+    async def once():
+        try:
+            return await backend.generate("x", SP)
+        finally:
+            await backend.aclose()
+
+    return asyncio.run(once())
+
+
+def peak_bytes(fn):
+    tracemalloc.start()
+    try:
+        try:
+            fn()
+        except BackendError as error:
+            return tracemalloc.get_traced_memory()[1], error
+        return tracemalloc.get_traced_memory()[1], None
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_gzip_bomb_is_not_inflated_past_the_bound(hostile):
+    """aiohttp decompressed by itself: a 200 KB reply became a 200 MB completion."""
+    assert len(hostile._app[BOMB]) < 1 * MB
+    peak, error = peak_bytes(lambda: generate(hostile.url + "/bomb"))
+    assert error is not None and "max_response_bytes" in str(error) and "decompressed" in str(error)
+    assert error.retryable is False
+    assert peak < 80 * MB, f"{peak / MB:.0f} MB"
+
+
+def test_a_reply_over_the_bound_is_refused_while_reading(hostile):
+    peak, error = peak_bytes(lambda: generate(hostile.url + "/huge", max_response_bytes=8 * MB))
+    assert error is not None and "max_response_bytes=8388608" in str(error)
+    assert peak < 24 * MB, f"{peak / MB:.0f} MB"
+
+
+def test_the_default_bound_refuses_a_48_mb_reply(hostile):
+    with pytest.raises(BackendError, match="max_response_bytes"):
+        generate(hostile.url + "/huge")
+
+
+def test_an_error_body_is_cut_not_held(hostile):
+    peak, error = peak_bytes(lambda: generate(hostile.url + "/huge500", max_response_bytes=4 * MB))
+    assert error is not None and error.status == 500 and error.retryable is True
+    assert len(str(error)) < 800 and peak < 16 * MB
+
+
+def test_a_lying_content_length_is_refused_before_reading(hostile):
+    started = time.perf_counter()
+    with pytest.raises(BackendError, match="Content-Length 10737418240") as error:
+        generate(hostile.url + "/liar", timeout_s=10)
+    assert error.value.retryable is False and time.perf_counter() - started < 5
+
+
+def test_an_encoding_nobody_asked_for_is_refused(hostile):
+    with pytest.raises(BackendError, match="Content-Encoding 'br'") as error:
+        generate(hostile.url + "/brotli")
+    assert error.value.retryable is False
+
+
+def test_the_client_asks_for_an_uncompressed_reply(hostile):
+    sent = orjson.loads(generate(hostile.url + "/echo").text)
+    assert sent.get("Accept-Encoding") == "identity"
+
+
+def test_a_gzip_reply_within_the_bound_still_works(hostile):
+    """A proxy that compresses anyway is decoded here."""
+    app = web.Application()
+    small = zlib.compress(orjson.dumps({"text": "fine", "meta_info": {"finish_reason": {"type": "stop"}}}), wbits=31)
+
+    async def compressed(request):
+        return web.Response(body=small, headers={"Content-Encoding": "gzip"})
+
+    app.router.add_post("/generate", compressed)
+    with ServerHandle(app) as handle:
+        assert generate(handle.url).text == "fine"
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True])
+def test_a_response_bound_that_cannot_work_is_refused(value):
+    with pytest.raises(ValueError, match="max_response_bytes"):
+        HttpBackend("http://127.0.0.1:1", max_response_bytes=value)

@@ -1,0 +1,111 @@
+"""Every entry point of a record applies the rules data prep applies (`parser.fields`).
+
+    .venv/bin/pytest tests/test_input_validation_on_cpu.py -q
+
+The verl parquet checker (`data_prep.verl_parquet.read_rl_parquet`, the agent loop's own row
+reader) read wrong types straight through: a list as the document, a dict as the question,
+golds that normalize to nothing. Each probe writes a real parquet file and expects an error
+naming the file, the row and the field.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data_prep.verl_parquet import read_rl_parquet, rl_row
+from parser.fields import DataError
+
+GOOD = {"question": "Who directed Zorvan?", "answers": ["Miro Tal"], "context": "Document 1:\nZorvan is by Miro Tal.",
+        "index": 0, "id": "q0", "num_docs": 1}
+
+
+def ours(**extra_info):
+    row = rl_row(GOOD, "hotpotqa")
+    row["extra_info"] = {**row["extra_info"], **extra_info}
+    return row
+
+
+def released(**fields):
+    return {"data_source": "hotpotqa", "prompt": [{"role": "user", "content": "Who directed Zorvan?"}],
+            "context": GOOD["context"], "reward_model": {"style": "rule", "ground_truth": ["Miro Tal"]},
+            "extra_info": {"index": 3}, **fields}
+
+
+def write(tmp_path, *rows, name="train.parquet"):
+    path = tmp_path / name
+    pq.write_table(pa.Table.from_pylist(list(rows)), path)
+    return path
+
+
+@pytest.mark.parametrize("row, message", [
+    (ours(context=["Document 1:", "a list"]), "field 'extra_info.context' must be a string, got list"),
+    (released(context=12345), "field 'context' must be a string, got int"),
+    (released(context=b"Document 1:\nbytes"), "field 'context' must be a string, got bytes"),
+    (ours(context="   "), "field 'extra_info.context' is empty"),
+    (ours(question={"text": "q"}), "field 'extra_info.question' must be a string, got dict"),
+    (released(prompt=[{"role": "user", "content": None}]), r"field 'prompt\[\].content' must be a string, got NoneType"),
+    (released(reward_model={"ground_truth": {"Miro Tal": 1}}), "field 'reward_model.ground_truth' must be a non-empty list"),
+    (released(reward_model={"ground_truth": ["Miro Tal", "the"]}), r"reward_model.ground_truth\[1\] = 'the' normalizes to nothing"),
+    (released(reward_model={"ground_truth": [""]}), r"reward_model.ground_truth\[0\] = '' normalizes to nothing"),
+    (released(reward_model={"ground_truth": "?!"}), r"normalizes to nothing"),
+    (released(reward_model={"ground_truth": [1.5]}), r"reward_model.ground_truth\[0\] must be a string, got float"),
+    (released(reward_model="rule"), "field 'reward_model' must be a mapping"),
+])
+def test_the_parquet_checker_refuses_what_data_prep_refuses(tmp_path, row, message):
+    path = write(tmp_path, row)  # (one type per parquet column: the bad row is the file)
+    with pytest.raises(DataError, match=message) as error:
+        read_rl_parquet(path)
+    assert str(error.value).startswith(f"{path} row 0:")
+
+
+def test_the_parquet_checker_still_reads_both_layouts_and_numeric_golds(tmp_path):
+    (mine,) = read_rl_parquet(write(tmp_path, rl_row(GOOD, "hotpotqa"), name="ours.parquet"))
+    (theirs,) = read_rl_parquet(write(tmp_path, released(reward_model={"ground_truth": [1999]})))
+    assert (mine.golds, theirs.golds) == (["Miro Tal"], ["1999"])
+    assert theirs.question == "Who directed Zorvan?" and theirs.document == GOOD["context"]
+
+
+# -- the eval loader --------------------------------------------------------------------------------
+def eval_row(**fields):
+    return {"id": "q0_L1", "question": "Who directed Zorvan?", "answers": ["Miro Tal"], "context": GOOD["context"],
+            "length": 1, **fields}
+
+
+@pytest.mark.parametrize("bad, message", [
+    (eval_row(answers={"Miro Tal": 1}), "field 'answers' must be a non-empty list of strings, got dict"),
+    (eval_row(answers=[]), "field 'answers' must be a non-empty list"),
+    (eval_row(answers=["the"]), r"answers\[0\] = 'the' normalizes to nothing"),
+    (eval_row(answers=[""]), r"answers\[0\] = '' normalizes to nothing"),
+    (eval_row(answers=[None]), r"answers\[0\] must be a string, got NoneType"),
+    (eval_row(answers=[["Miro", "Tal"]]), r"answers\[0\] must be a string, got list"),
+    (eval_row(context=["Document 1:", "a list"]), "field 'context' must be a string, got list"),
+    (eval_row(context=""), "field 'context' is empty"),
+    (eval_row(question=["q"]), "field 'question' must be a string, got list"),
+    (eval_row(question="  "), "field 'question' is empty"),
+    ({**eval_row(), "question": None, "input": 7}, "field 'input' must be a string, got int"),
+    ({k: v for k, v in eval_row().items() if k != "answers"}, "missing field 'answers'"),
+])
+def test_the_eval_loader_refuses_what_data_prep_refuses(tmp_path, bad, message):
+    """The file loader accepted these (a dict's keys became the golds, "the" matched every
+    prediction, a list became the document)."""
+    import orjson
+
+    from eval.datasets import load_subsets
+
+    path = tmp_path / "eval_1.jsonl"
+    path.write_bytes(orjson.dumps(eval_row(id="ok_L1")) + b"\n" + orjson.dumps(bad) + b"\n")
+    with pytest.raises(DataError, match=message) as error:
+        load_subsets({"name": "x", "source": "files", "lengths": [1], "path": str(tmp_path / "eval_{length}.jsonl")})
+    assert str(error.value).startswith(f"{path}:2:")
+
+
+def test_the_eval_loader_reads_memagent_rows_and_numeric_golds(tmp_path):
+    import orjson
+
+    from eval.datasets import load_subsets
+
+    path = tmp_path / "eval_1.json"
+    path.write_bytes(orjson.dumps([{"index": 4, "input": "When?", "answers": [1999], "context": GOOD["context"], "num_docs": 1}]))
+    (subset,) = load_subsets({"name": "x", "source": "files", "lengths": [1], "path": str(tmp_path / "eval_{length}.json")})
+    assert subset.samples[0].answers == ["1999"] and subset.samples[0].question == "When?"
