@@ -16,14 +16,13 @@ which need a GPU. This is the same shape on a CPU, built from verl's own parts:
 
     actor_rollout_ref.rollout.name=parser_cpu   # with VERL_USE_EXTERNAL_MODULES=parser.verl.cpu
 
-Concurrent requests decode as one batch (the backend's worker). A request never mixes weight
-versions: a weight load waits for the requests in flight and holds new ones until it is done,
-and new requests also wait while verl has paused the replica (`abort_all_requests` ...
-`resume_generation`).
+A request never mixes weight versions: a weight load waits for the running generation and
+new requests wait while verl has paused the replica (`abort_all_requests` ... `resume_generation`).
 """
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any, Optional
 
 import ray
@@ -70,11 +69,7 @@ class TransformersRolloutServer:
         self.backend = TransformersBackend(model, tokenizer, name=server_name(replica_rank), seed=seed)
         self.response_length = int(rollout_config.response_length)
         self.global_steps: Optional[int] = None
-        # One weight version per request, many requests at once (the backend batches them): a
-        # weight load waits for the requests in flight and holds new ones until it is done.
-        self._weights = asyncio.Condition()
-        self._in_flight = 0
-        self._loading = False
+        self._weights_lock = threading.Lock()  # one weight version per request
         self._open = asyncio.Event()
         self._open.set()
 
@@ -86,17 +81,13 @@ class TransformersRolloutServer:
         sampling = sampling_from_verl(sampling_params, self.response_length)
         stop_ids = {int(t) for t in sampling_params.get("stop_token_ids") or ()}
         ids = [int(t) for t in prompt_ids]
-        async with self._weights:
-            await self._weights.wait_for(lambda: not self._loading)
-            self._in_flight += 1
-            version = self.global_steps
-        try:
-            self.backend.eos_ids |= stop_ids  # the lead's end-of-turn ids (same for every request)
-            completion = await asyncio.wrap_future(self.backend.submit(ids, sampling, key=request_id))
-        finally:
-            async with self._weights:
-                self._in_flight -= 1
-                self._weights.notify_all()
+
+        def run():
+            with self._weights_lock:
+                self.backend.eos_ids |= stop_ids  # the lead's end-of-turn ids (same for every request)
+                return self.backend.generate_ids(ids, sampling, key=request_id), self.global_steps
+
+        completion, version = await asyncio.to_thread(run)
         return TokenOutput(
             token_ids=completion.token_ids,
             log_probs=completion.logprobs,
@@ -105,26 +96,19 @@ class TransformersRolloutServer:
         )
 
     async def load_weights(self, weights: dict[str, torch.Tensor], global_steps: Optional[int]) -> None:
-        def load():
-            model = self.backend.model
-            missing, unexpected = model.load_state_dict(weights, strict=False)
-            tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
-            if unexpected or set(missing) - tied:
-                raise RuntimeError(f"weight sync: unexpected {unexpected}, missing {sorted(set(missing) - tied)}")
-            if tied:
-                model.tie_weights()
-            self.backend._entries.clear()  # cached prefixes were computed with the old weights
+        def run():
+            with self._weights_lock:
+                model = self.backend.model
+                missing, unexpected = model.load_state_dict(weights, strict=False)
+                tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+                if unexpected or set(missing) - tied:
+                    raise RuntimeError(f"weight sync: unexpected {unexpected}, missing {sorted(set(missing) - tied)}")
+                if tied:
+                    model.tie_weights()
+                self.backend._entries.clear()  # cached prefixes were computed with the old weights
+                self.global_steps = global_steps
 
-        async with self._weights:
-            self._loading = True
-            await self._weights.wait_for(lambda: self._in_flight == 0)
-        try:  # on the backend's worker thread, which owns the model
-            await asyncio.to_thread(self.backend.run_exclusive, load)
-            self.global_steps = global_steps
-        finally:
-            async with self._weights:
-                self._loading = False
-                self._weights.notify_all()
+        await asyncio.to_thread(run)
 
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
