@@ -110,6 +110,30 @@ def cache_dir() -> Path:
     return path
 
 
+def cached_directory(kind: str, key: str, out: Path, build, cache: bool = True) -> Path:
+    """`out` becomes a copy of what `build(directory)` writes, built once per (`kind`, `key`) under
+    the asset cache and published atomically (a concurrent builder's copy wins; no torn result).
+    `cache=False` builds straight into `out`."""
+    import random
+
+    out = Path(out)
+    if not cache:
+        build(out)
+        return out
+    cached = cache_dir() / kind / key
+    if not cached.is_dir():
+        staging = Path(f"{cached}.tmp-{random.getrandbits(32):08x}")
+        build(staging)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            staging.rename(cached)
+        except OSError:  # another process published it first
+            shutil.rmtree(staging)
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(cached, out)
+    return out
+
+
 def _lock(name: str):
     from filelock import FileLock  # a transformers dependency
 

@@ -125,14 +125,13 @@ def build(out: str | Path, gateway_url: str, steps: int = 200, cache: bool = Tru
     cached under the asset cache, keyed by the recorded episodes (they change whenever the
     prompts, tokenizer or episode settings do), so reruns skip the ~1 minute of fitting."""
     import hashlib
-    import shutil
 
     import torch
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from parser.testing import byte_bpe_tokenizer
-    from parser.testing.assets import cache_dir
+    from parser.testing.assets import cached_directory
     from parser.verl.train import CONFIG_DIR
 
     out = Path(out)
@@ -144,22 +143,13 @@ def build(out: str | Path, gateway_url: str, steps: int = 200, cache: bool = Tru
     tokenizer = byte_bpe_tokenizer()
     sequences = asyncio.run(record_episodes(settings, tokenizer, int(config.data.max_response_length)))
     key = hashlib.sha256(repr((sequences, steps)).encode()).hexdigest()[:16]
-    cached = cache_dir() / "cpu_smoke_lead" / key
-    lead = out / "lead"
-    if not (cache and cached.is_dir()):
-        model, loss = teach_lead(tokenizer, sequences, steps=steps)
-        staging = Path(f"{cached}.tmp-{random.getrandbits(32):08x}") if cache else lead
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        if cache:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                staging.rename(cached)
-            except OSError:  # another process published it first
-                shutil.rmtree(staging)
-    if cache:
-        shutil.rmtree(lead, ignore_errors=True)
-        shutil.copytree(cached, lead)
+
+    def fit(directory: Path) -> None:
+        model, _ = teach_lead(tokenizer, sequences, steps=steps)
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    lead = cached_directory("cpu_smoke_lead", key, out / "lead", fit, cache=cache)
     train, val = write_data(out / "data")
     return {"lead": str(lead), "train_files": str(train), "val_files": str(val),
             "episode_tokens": str(len(sequences[0][0]))}

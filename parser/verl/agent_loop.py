@@ -51,7 +51,7 @@ from parser.readers import reader_for_episode
 from parser.trajectory import Trajectory
 from parser.verl.metrics import trajectory_metrics
 from parser.verl.rows import EpisodeInputs, episode_inputs  # noqa: F401  (EpisodeInputs: the row's reading)
-from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, score_answer
+from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, episode_reward
 from parser.verl.server_manager import ServerManagerBackend
 
 AGENT_NAME = "parser_agent"  # configs/train/agent_loop.yaml `name`; the dataset's agent_name
@@ -88,6 +88,10 @@ class _WorkerState:
         self.backend, self.subagent_tokenizer = build_backend(settings["subagent"])
         subagents = Models(lead=None, lead_tokenizer=None, subagent=self.backend, subagent_tokenizer=self.subagent_tokenizer)
         self.reader = reader_for_episode(settings.get("reader"), subagents, self.config, self.protocol)
+        if "reward" not in settings:
+            raise ValueError("parser.reward is not set: the episode reward's name (parser.verl.reward.REWARDS); "
+                             "compose from configs/train/parser_base.yaml")
+        self.reward = episode_reward(settings["reward"])
         self.engines: dict[tuple[int, tuple], EpisodeEngine] = {}
 
     def engine(self, server_manager: Any, lead_tokenizer: Any, sampling_params: Mapping[str, Any]) -> EpisodeEngine:
@@ -179,7 +183,7 @@ class ParserAgentLoop(AgentLoopBase):
                 f"lead prompt has {len(trajectory.prompt_ids)} tokens > actor_rollout_ref.rollout.prompt_length="
                 f"{self.prompt_length} (data.max_prompt_length); raise it — a cut system prompt is not trainable"
             )
-        reward = score_answer(trajectory.answer, inputs.golds, state.protocol)
+        reward = state.reward(trajectory, inputs.golds, state.protocol)
         state.protocol.mask_invalid_turns(trajectory, reward)
         return to_agent_loop_output(
             trajectory, reward, self.response_length, with_logprobs=bool(sampling_params.get("logprobs")),
