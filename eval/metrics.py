@@ -15,7 +15,9 @@ scored on their answer alone.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import math
 from typing import Any, Callable, Mapping, Sequence
 
 from parser.release import strip_trailing_markers
@@ -24,7 +26,7 @@ from parser.reward import exact_match, release_sub_em, sub_em
 
 @dataclasses.dataclass(frozen=True)
 class Metric:
-    """A per-sample score. Tables average it over samples, then over runs (`eval.report.run_averaged`);
+    """A per-sample score. Tables average it over samples, then over runs (`run_averaged` below);
     the report reads `percent` (print 100 x mean) and `higher_is_better` (which value is the best
     in a column, bolded in the Markdown table)."""
 
@@ -60,3 +62,15 @@ def completion_text(record: Mapping[str, Any] | None) -> str | None:
 
 def score(prediction: str | None, golds: Sequence[str], completion: str | None = None) -> dict[str, float]:
     return {m.name: m.fn(prediction, list(golds), completion) for m in METRICS}
+
+
+def mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def run_averaged(rows: Sequence[Mapping[str, Any]], field: str) -> float:
+    """Mean over samples within each run, then over runs (the paper's "average of 3 runs")."""
+    by_run: dict[int, list[float]] = collections.defaultdict(list)
+    for r in rows:
+        by_run[int(r["run"])].append(float(r[field]))
+    return mean([mean(v) for v in by_run.values()])

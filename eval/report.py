@@ -18,9 +18,14 @@ Reads every `results.jsonl` / `timings.jsonl` under the given paths (run directo
 - `figures/*.png`: accuracy vs length, each controlled analysis, all of them side by side
   (`controlled_sensitivity.png`, the paper's Figure 2 layout), speedup and steps vs length.
 - `viewer/*.html`: the trajectory viewer of every run directory (`eval.viewer`).
+- `rl.md`: Table 7's layout (w/o RL / w/ RL sub-rows) when rows carry a `variant`; with
+  `--train-log`, `figures/training_curve.png` and (`--summary`) the learning run's
+  `summary.json` (`eval.learning`).
 - `report.md`: all tables in one page, with the figure paths.
 
     python -m eval.report outputs/eval/hqa_parser4b outputs/eval/hqa_memagent4b --out reports/hqa --paper
+    python -m eval.report runs/learn/eval --out runs/learn/report --train-log runs/learn/train_metrics.jsonl \
+        --summary runs/learn/summary.json --require-learning     # Table 7 in miniature (make learn)
 """
 from __future__ import annotations
 
@@ -28,13 +33,15 @@ import argparse
 import collections
 import csv
 import io
+import json
 import math
 import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from eval import paper_numbers
-from eval.metrics import BY_NAME, PRIMARY
+from eval import learning, paper_numbers
+from eval.metrics import BY_NAME, PRIMARY, run_averaged
+from eval.metrics import mean as _mean
 from eval.store import RESULTS, TIMINGS, read_jsonl
 
 DATASET_TITLES = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2WikiMultiHopQA", "synthetic": "Synthetic world"}
@@ -60,18 +67,6 @@ def load(run_dirs: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict[str,
         rows += list(read_jsonl(d / RESULTS))
         timings += list(read_jsonl(d / TIMINGS))
     return rows, timings
-
-
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else math.nan
-
-
-def run_averaged(rows: Sequence[dict[str, Any]], field: str) -> float:
-    """Mean over samples within each run, then over runs (the paper's "average of 3 runs")."""
-    by_run: dict[int, list[float]] = collections.defaultdict(list)
-    for r in rows:
-        by_run[int(r["run"])].append(float(r[field]))
-    return _mean([_mean(v) for v in by_run.values()])
 
 
 # ----------------------------------------------------------------------------- accuracy
@@ -437,7 +432,8 @@ def _save(fig: Any, path: Path) -> Path:
 
 # ----------------------------------------------------------------------------- main
 
-def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool = False, viewer: bool = True) -> dict[str, Any]:
+def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool = False, viewer: bool = True,
+                 train_log: str | Path | None = None) -> dict[str, Any]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     run_dirs = find_run_dirs(paths)
@@ -513,8 +509,17 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
         (out / "reading.csv").write_text(table_to_csv(r_header, r_body))
         sections.append(r_md)
 
+    rl = learning.rl_tables(rows)
+    if rl:
+        rl_md = learning.rl_markdown(rl)
+        (out / "rl.md").write_text(rl_md)
+        sections.insert(1, rl_md)
+
     fig_dir = out / "figures"
     figures = plot_accuracy(tables, fig_dir) + plot_controlled(controlled, fig_dir) + plot_latency(latency, speed, fig_dir)
+    steps = learning.read_train_log(train_log) if train_log else None
+    if steps:
+        figures.append(learning.plot_training_curve(steps, fig_dir / "training_curve.png"))
     sections.append("## Figures\n\n" + "\n".join(f"- ![{p.stem}](figures/{p.name}) `{p}`" for p in figures) + "\n")
 
     pages = []
@@ -525,8 +530,9 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
             pages.append(write_viewer(d, out / "viewer" / f"{_slug(d)}.html"))
         sections.append("## Trajectory viewer\n\n" + "\n".join(f"- `{p}`" for p in pages) + "\n")
     (out / "report.md").write_text("\n".join(sections))
-    return {"run_dirs": run_dirs, "tables": tables, "reading": reading, "latency": latency, "speedups": speed, "tokens": tokens,
-            "controlled": controlled, "figures": figures, "viewer": pages, "report": out / "report.md"}
+    return {"run_dirs": run_dirs, "tables": tables, "reading": reading, "latency": latency, "speedups": speed,
+            "tokens": tokens, "controlled": controlled, "figures": figures, "viewer": pages, "report": out / "report.md",
+            "rl": rl, "rows": rows, "train_steps": steps}
 
 
 def _join_csv(parts: Sequence[str]) -> str:
@@ -554,9 +560,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--out", default="reports/latest", help="where tables, figures and viewer pages go")
     ap.add_argument("--paper", action="store_true", help="print the paper's published numbers beside ours")
     ap.add_argument("--no-viewer", action="store_true", help="skip the per-run trajectory viewer pages")
+    ap.add_argument("--train-log", help="verl's file-logger JSONL of the training run: plot its curve")
+    ap.add_argument("--summary", help="write the learning run's summary.json here (needs --train-log and "
+                                      "rows with variant w/o RL and w/ RL)")
+    ap.add_argument("--require-learning", action="store_true",
+                    help="exit 1 unless the summary shows learning (eval.learning's thresholds)")
     args = ap.parse_args(argv)
-    result = build_report(args.paths, args.out, with_paper=args.paper, viewer=not args.no_viewer)
+    if (args.summary or args.require_learning) and not args.train_log:
+        ap.error("--summary and --require-learning need --train-log")
+    result = build_report(args.paths, args.out, with_paper=args.paper, viewer=not args.no_viewer,
+                          train_log=args.train_log)
     print(Path(result["report"]).read_text())
+    if args.summary or args.require_learning:
+        figures = learning.summary(result["rows"], result["train_steps"])
+        if args.summary:
+            Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.summary).write_text(json.dumps(figures, indent=2) + "\n")
+        print(json.dumps(figures, indent=2))
+        problems = learning.learning_failures(figures)
+        print("learning: " + ("yes" if not problems else "NO: " + "; ".join(problems)))
+        if args.require_learning and problems:
+            raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -69,8 +69,10 @@ def seed_everything(seed: int) -> None:
 
 
 def row_label(cfg: DictConfig) -> str:
-    """The table row: `report.row`, which defaults to the method config's `label`."""
-    return cfg.report.row
+    """The table row: `report.row` (default: the method config's `label`), then `report.variant`
+    if set ("ParSer w/ RL"), so every table keeps the variants apart."""
+    variant = cfg.report.get("variant")
+    return f"{cfg.report.row} {variant}" if variant else cfg.report.row
 
 
 def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, cfg: DictConfig,
@@ -84,6 +86,7 @@ def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, c
         "condition_index": subset.condition_index,
         "method": cfg.method.name,
         "row": row_label(cfg),
+        "variant": cfg.report.get("variant"),
         "backbone": cfg.report.backbone,
         "question": sample.question,
         "answers": sample.answers,

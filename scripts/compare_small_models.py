@@ -37,7 +37,6 @@ import orjson  # noqa: E402
 
 from data_prep.synthetic_world import build_synthetic_eval  # noqa: E402
 from parser.backends.models import build_models  # noqa: E402
-from parser.chunking import chunk_document  # noqa: E402
 from parser.config import episode_preset  # noqa: E402
 from parser.methods import Sample, build_method  # noqa: E402
 from parser.reward import normalize_answer, sub_em  # noqa: E402
@@ -79,7 +78,7 @@ async def run_model(name: str, samples: list[Sample], episode: dict, concurrency
     async def one(sample: Sample) -> None:
         async with slots:
             result = await method.run(sample)
-        chunks = {c.index: c.text for c in chunk_document(sample.context, models.subagent_tokenizer, episode["chunk_size"])}
+        chunks = {c.index: c.text for c in method.protocol.chunk(sample.context, models.subagent_tokenizer)}
         record = result.record
         for turn in record["turns"]:
             for query in turn["queries"]:

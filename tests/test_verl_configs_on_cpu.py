@@ -173,7 +173,7 @@ def test_naive_weight_sync_is_rejected():
 
 # ----------------------------------------------------------------------------- schema, CPU, staleness
 @pytest.mark.parametrize("name,engine", [*((n, "megatron") for n in SHIPPED), ("train/memagent_4b", "megatron"),
-                                         ("train/cpu_smoke", "dp")])
+                                         ("train/cpu_smoke", "dp"), ("train/cpu_learn", "dp")])
 def test_every_key_set_in_our_yaml_exists_in_verls_schema(name, engine):
     from parser.verl.config_checks import unknown_keys, verl_schema
 
@@ -219,16 +219,19 @@ def test_the_launch_check_refuses_a_typo_in_a_users_own_config(tmp_path):
     prepare(fixed)  # the right spelling passes
 
 
-def test_cpu_smoke_is_the_4b_run_on_the_cpu_engine():
+@pytest.mark.parametrize("name", ["train/cpu_smoke", "train/cpu_learn"])
+def test_cpu_runs_are_the_4b_run_on_the_cpu_engine(name):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    smoke = prepare(compose_config("train/cpu_smoke", [GATEWAY, "actor_rollout_ref.model.path=/m",
+    smoke = prepare(compose_config(name, [GATEWAY, "actor_rollout_ref.model.path=/m",
                                                        "data.train_files=/t", "data.val_files=/v"]))
     validate_config(config=smoke, use_reference_policy=need_reference_policy(smoke), use_critic=need_critic(smoke))
     full = prepare(compose_config("train/parser_4b", [GATEWAY]))
     # same composition: algorithm, loop, sampler, reward, trainer mode
-    for key in ("algorithm", "reward.custom_reward_function", "trainer.v1.sampler", "actor_rollout_ref.rollout.agent.agent_loop_config_path"):
+    for key in ("algorithm", "reward.custom_reward_function", "trainer.v1.sampler.custom_sampler",
+                "trainer.v1.sampler.max_off_policy_threshold", "trainer.v1.sampler.max_off_policy_strategy",
+                "actor_rollout_ref.rollout.agent.agent_loop_config_path"):
         assert OmegaConf.select(smoke, key) == OmegaConf.select(full, key), key
     assert smoke.trainer.v1.trainer_mode == "separate_async" and smoke.actor_rollout_ref.hybrid_engine is False
     assert smoke.actor_rollout_ref.actor.use_kl_loss and smoke.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-mean"

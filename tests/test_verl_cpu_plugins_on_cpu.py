@@ -135,3 +135,37 @@ def test_backend_string_fix_drops_only_an_exact_repeat():
     assert _dedupe_backend("cpu:gloo,cpu:gloo") == "cpu:gloo"
     assert _dedupe_backend("cpu:gloo,cuda:nccl") == "cpu:gloo,cuda:nccl"
     assert _dedupe_backend("gloo") == "gloo" and _dedupe_backend(None) is None
+
+
+def test_decoupled_ppo_keeps_a_real_copy_of_pi_old_on_cpu():
+    """separate_async keeps the last sync's weights (π_old) with verl's `fsdp2_sharded_save_to_cpu`
+    and restores them for later mini-batches' old log-probs. On a CPU its `.cpu()` returned the
+    live shard itself, so an optimizer step changed the kept π_old too (the trainer smoke's
+    step-1 rollout-vs-actor gap, 0.004-0.006). With parser.verl.cpu loaded, restore gives π_old back."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import parser.verl.cpu  # noqa: F401  (the plug-ins, as verl loads them)
+    from verl.utils import fsdp_utils
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+        before = {n: p.full_tensor().clone() for n, p in model.named_parameters()}
+        kept, spec = fsdp_utils.fsdp2_sharded_save_to_cpu(model)  # what save_model_to_cpu(0) calls
+        with torch.no_grad():  # an optimizer step: in place, as AdamW's
+            for p in model.parameters():
+                p.add_(1.0)
+        assert all(not torch.equal(p.full_tensor(), before[n]) for n, p in model.named_parameters())
+        fsdp_utils.fsdp2_sharded_load_from_cpu(model, kept, spec)  # restore_model_from_cpu(0)
+        for n, p in model.named_parameters():
+            assert torch.equal(p.full_tensor(), before[n]), n
+    finally:
+        dist.destroy_process_group()

@@ -158,3 +158,24 @@ def test_rollout_actor_gap_is_tiny_with_equal_weights(setup):
             "prompts": batch["prompts"], "responses": batch["responses"], "attention_mask": batch["attention_mask"]})
     metrics = compute_offpolicy_metrics(actor, batch["rollout_log_probs"], batch["response_mask"])
     assert 0 <= metrics["log_ppl_abs_diff"] < 1e-4
+
+
+def test_a_rewarded_trajectory_gets_a_positive_advantage_on_every_lead_token(setup):
+    """The sign that makes GRPO learn: verl's advantages from our reward placement (rm_scores on
+    the last response token) are > 0 on each lead token of the right trajectory and < 0 on the
+    wrong one's, and the loss's gradient raises the right trajectory's log-probs."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    model, actor_config, batch = setup
+    mask = batch["response_mask"].bool()
+    advantages, _ = compute_grpo_outcome_advantage(batch["rm_scores"], batch["response_mask"], index=batch["uid"])
+    rewards = batch["rm_scores"].sum(-1)
+    for row in range(len(rewards)):
+        lead = advantages[row][mask[row]]
+        assert lead.numel() > 0
+        assert bool((lead > 0).all()) if rewards[row] > 0 else bool((lead < 0).all()), row
+    _, _, padded, _ = response_grads(model, actor_config, batch, batch["response_mask"])
+    # gradient descent on the loss moves a log-prob against its gradient: up for the rewarded rows
+    for row in range(len(rewards)):
+        direction = -padded[row][mask[row]]
+        assert bool((direction > 0).all()) if rewards[row] > 0 else bool((direction < 0).all()), row

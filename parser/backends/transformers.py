@@ -147,6 +147,7 @@ class TransformersBackend:
         max_queued_requests: int = 4096,  # waiting requests beyond which generate raises (retryable)
         logprobs_before_temperature: bool = False,
         name: str = "transformers",
+        seed: int = 0,  # of the sampler for requests without a seed (SamplingParams.seed)
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -162,7 +163,7 @@ class TransformersBackend:
         self.eos_ids = _eos_ids(model, tokenizer)
         self._entries: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
         self._entries_lock = threading.Lock()
-        self._rng = torch.Generator().manual_seed(0)  # for requests without a seed (worker thread only)
+        self._rng = torch.Generator().manual_seed(int(seed))  # for requests without a seed (worker thread only)
         self._grammars: Any = None  # parser.backends.grammar.Grammars, built on first constraint
         self._grammars_lock = threading.Lock()
         self._batchable = batchable(model.config)

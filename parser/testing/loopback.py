@@ -6,7 +6,8 @@ landing on the same worker?). Each request is recorded with the routing-key head
 of the prompt's reusable prefix (what a RadixCache would share: everything before the last
 "Query:", per the subagent prompt's instructions -> chunk -> query order) and this worker's
 id. It answers with the subagent's abstention, or with a finding when the prompt contains
-`needle`.
+`needle`, or (`reader="world"`) as a reader of the synthetic world's prose would
+(`parser.testing.world_reader`: the frozen subagents of the CPU learning run).
 
 Faults, for retry tests and the router fault table (`scripts/gateway_faults.py`): a delay;
 failing the first N or every K-th request with an HTTP status, by dropping the connection
@@ -20,6 +21,7 @@ mid-run); a frozen or killed process is the harness's business (SIGSTOP / SIGKIL
 
     python -m parser.testing.loopback --port 31001 --worker-id w1
     python -m parser.testing.loopback --port 31002 --worker-id w2 --fail-every 10 --fail-mode drop
+    python -m parser.testing.loopback --port 31003 --reader world      # reads synthetic-world chunks
     curl -X POST 127.0.0.1:31001/fault -d '{"fail_every": 1, "fail_mode": "garbage"}'
 
 In-process: `with start_loopback("w1") as h: h.url; h.worker.records`.
@@ -86,7 +88,7 @@ class LoopbackWorker:
     def __init__(self, worker_id: str = "loopback-0", *, delay_s: float = 0.0,
                  fail_first: int = 0, fail_every: int = 0, fail_mode: str = "500",
                  hang_s: float = 600.0, flap_period_s: float = 0.0,
-                 needle: str | None = None, needle_answer: str | None = None,
+                 needle: str | None = None, needle_answer: str | None = None, reader: str | None = None,
                  routing_header: str = ROUTING_HEADER, request_id_header: str = "X-Request-Id",
                  prefix_marker: str = PREFIX_MARKER, keep_records: bool = True, keep_prompts: bool = False):
         self.worker_id = worker_id
@@ -100,6 +102,9 @@ class LoopbackWorker:
         self.check_faults()
         self.needle = needle
         self.needle_answer = needle_answer
+        if reader not in (None, "world"):
+            raise ValueError(f"reader={reader!r}: expected None or 'world'")
+        self.reader = reader
         self.routing_header = routing_header
         self.request_id_header = request_id_header
         self.prefix_marker = prefix_marker
@@ -154,6 +159,10 @@ class LoopbackWorker:
         return await handler(request)
 
     def reply_text(self, prompt: Any) -> str:
+        if self.reader == "world":
+            from parser.testing.world_reader import reply_to_prompt
+
+            return reply_to_prompt(prompt)
         text = prompt if isinstance(prompt, str) else (
             orjson.dumps(prompt).decode() if prompt and isinstance(prompt[0], dict) else "")
         if self.needle and self.needle in text:
@@ -285,12 +294,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hang-s", type=float, default=600.0, help="fail-mode hang: hold a request this long, then drop it")
     ap.add_argument("--flap-period-s", type=float, default=0.0, help="down (503 everywhere) / up for this long in turn")
     ap.add_argument("--needle", default=None, help="answer with a finding when this is in the prompt")
+    ap.add_argument("--reader", choices=["world"], default=None,
+                    help="answer as a reader of the synthetic world's prose (parser.testing.world_reader)")
     ap.add_argument("--no-records", action="store_true", help="keep no per-request records")
     args = ap.parse_args(argv)
     worker = LoopbackWorker(args.worker_id or f"loopback:{args.port}", delay_s=args.delay_s,
                             fail_first=args.fail_first, fail_every=args.fail_every,
                             fail_mode=args.fail_mode, hang_s=args.hang_s,
-                            flap_period_s=args.flap_period_s, needle=args.needle,
+                            flap_period_s=args.flap_period_s, needle=args.needle, reader=args.reader,
                             keep_records=not args.no_records)
     print(f"parser.testing.loopback: {worker.worker_id} on http://{args.host}:{args.port}",
           flush=True)

@@ -90,6 +90,12 @@ def byte_bpe_tokenizer():
     with Qwen's pre-tokenizer, chat control tokens as single tokens, eos=`<|im_end|>`,
     pad=`<|endoftext|>`, and the real Qwen3.5 chat template (from the asset cache). Built once
     per process; every byte string round-trips."""
+    return bpe_tokenizer(_corpus_lines(), TINY_VOCAB_SIZE)
+
+
+def bpe_tokenizer(lines: list[str], vocab_size: int):
+    """`byte_bpe_tokenizer`'s recipe on other text: a tokenizer whose merges fit `lines` (e.g.
+    the CPU learning run's prompts and world, so its names are a few tokens, not one per letter)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -103,12 +109,12 @@ def byte_bpe_tokenizer():
     ])
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB_SIZE - len(CONTROL_TOKENS) - len(TAG_TOKENS),
+        vocab_size=vocab_size - len(CONTROL_TOKENS) - len(TAG_TOKENS),
         min_frequency=1,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    backend.train_from_iterator(_corpus_lines(), trainer=trainer)
+    backend.train_from_iterator(lines, trainer=trainer)
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in CONTROL_TOKENS])
     backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in TAG_TOKENS])
     tok = PreTrainedTokenizerFast(

@@ -58,7 +58,7 @@ from parser.retry import RetryingBackend, RetryPolicy
 from parser.trajectory import Trajectory
 from parser.verl.metrics import trajectory_metrics
 from parser.verl.rows import EpisodeInputs, episode_inputs  # noqa: F401  (EpisodeInputs: the row's reading)
-from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, gold_answers, score_answer
+from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, episode_reward, gold_answers
 from parser.verl.server_manager import ServerManagerBackend
 
 AGENT_NAME = "parser_agent"  # configs/train/agent_loop.yaml `name`; the dataset's agent_name
@@ -95,6 +95,10 @@ class _WorkerState:
         self.backend, self.subagent_tokenizer = build_backend(settings["subagent"])
         subagents = Models(lead=None, lead_tokenizer=None, subagent=self.backend, subagent_tokenizer=self.subagent_tokenizer)
         self.reader = reader_for_episode(settings.get("reader"), subagents, self.config, self.protocol)
+        if "reward" not in settings:
+            raise ValueError("parser.reward is not set: the episode reward's name (parser.verl.reward.REWARDS); "
+                             "compose from configs/train/parser_base.yaml")
+        self.reward = episode_reward(settings["reward"])
         self.engines: dict[tuple[int, tuple], EpisodeEngine] = {}
         self.info_gain = InfoGainConfig.from_settings(settings.get("info_gain"))
         self.gain_scorers: dict[tuple[int, int], GainScorer] = {}
@@ -201,7 +205,7 @@ class ParserAgentLoop(AgentLoopBase):
                 f"lead prompt has {len(trajectory.prompt_ids)} tokens > actor_rollout_ref.rollout.prompt_length="
                 f"{self.prompt_length} (data.max_prompt_length); raise it — a cut system prompt is not trainable"
             )
-        reward = score_answer(trajectory.answer, inputs.golds, state.protocol)
+        reward = state.reward(trajectory, inputs.golds, state.protocol)
         state.protocol.mask_invalid_turns(trajectory, reward)
         output = to_agent_loop_output(
             trajectory, reward, self.response_length, with_logprobs=bool(sampling_params.get("logprobs")),

@@ -117,6 +117,9 @@ FREE_FORM = (
     "actor_rollout_ref.rollout.engine_kwargs",
     "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs",
     "trainer.v1.sampler.sampler_kwargs",
+    # FSDPEngineConfig.mixed_precision: a dict field of verl's dataclass that its YAML omits
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision",
+    "actor_rollout_ref.ref.fsdp_config.mixed_precision",
 )
 
 

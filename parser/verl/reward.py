@@ -17,7 +17,7 @@ No verl import: this module is loaded by verl's reward workers and by plain test
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from parser.config import EpisodeConfig
 from parser.protocol import Protocol, protocol_for
@@ -46,6 +46,21 @@ def score_answer(answer: str | None, ground_truth: Any, protocol: Protocol) -> f
     if not golds:
         raise ValueError("reward: no gold answers (reward_model.ground_truth is empty)")
     return protocol.exact_match(answer, golds)
+
+
+def exact_match_reward(trajectory: Any, ground_truth: Any, protocol: Protocol) -> float:
+    """The paper's episode reward: exact match of the trajectory's final answer."""
+    return score_answer(trajectory.answer, ground_truth, protocol)
+
+
+# `parser.reward` in a training config names one of these: (trajectory, ground truth, protocol) -> reward.
+REWARDS: dict[str, Callable[..., float]] = {"exact_match": exact_match_reward}
+
+
+def episode_reward(name: str) -> Callable[..., float]:
+    if name not in REWARDS:
+        raise ValueError(f"parser.reward={name!r}: unknown reward; known: {sorted(REWARDS)}")
+    return REWARDS[name]
 
 
 def compute_score(

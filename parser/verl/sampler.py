@@ -17,6 +17,22 @@ verl hands a custom sampler no `filter_groups_metric` (custom samplers "own thei
 so dynamic sampling is passed through `sampler_kwargs` from `algorithm.filter_groups` — one
 switch for both paths.
 
+Dynamic sampling is bounded here (`sampler_kwargs.max_filtered_groups_per_step`). verl 0.9.1's
+async buffer evicts every finished group whose rewards are all equal and asks for a new one,
+with no limit: once the policy solves (or fails) every prompt it is given, no group is ever
+sampleable and the trainer waits forever while the rollout keeps generating — what the CPU
+smoke run did on its one-question set after 5 steps (13 minutes without a step, rollout busy).
+Past the bound, uniform groups are trained on as they are (GRPO gives them zero advantage, so
+they only add the KL term) and `parser/grpo/filter_budget_spent` says so.
+
+Guards logged every step, so a run that silently stops learning shows it:
+- `parser/staleness/dropped_fraction`: groups evicted as too stale / groups finished (sampled +
+  evicted) — with `max_off_policy_strategy: drop` a slow trainer can throw most rollouts away;
+  `parser/staleness/dropped_groups/sum` counts them.
+- `parser/weights/{oldest,newest}_version/{min,max}`: the weight versions (trainer steps) the
+  sampled trajectories were generated with; `parser/weights/unversioned/sum` the ones whose
+  rollout reported none — a rollout that never receives new weights keeps reporting the old one.
+
 With `parser.info_gain.enable` (InfoMem, `sampler_kwargs.info_gain: ${parser.info_gain}`) the
 buffer also composes each finished GRPO group's reward before verl classifies or samples it
 (`parser.verl.info_gain`: the gain of successful trajectories, normalised in the group, added to
@@ -25,6 +41,7 @@ the EM in `rm_scores`) and logs `parser/info_gain/*` per step.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any
 
 import torch
@@ -40,11 +57,21 @@ from parser.verl.metrics import group_metrics, step_metrics
 logger = logging.getLogger(__name__)
 
 
+STALE_KEY = "training/off_policy/evicted_samples"  # verl's count of groups dropped as too stale
+EVICTED_KEYS = (STALE_KEY, "training/filter_groups/evicted_samples", "training/rollout_failure/evicted_samples")
+
+
 class ParserReplayBuffer(ReplayBufferAsync):
     def __init__(self, *args: Any, sampler_kwargs: Any = None, **kwargs: Any):
         sampler_kwargs = dict(sampler_kwargs or {})
         if sampler_kwargs.get("dynamic_sampling"):
             kwargs.setdefault("filter_groups_metric", str(sampler_kwargs.get("filter_groups_metric") or "reward"))
+        bound = sampler_kwargs.get("max_filtered_groups_per_step")
+        if bound is None or int(bound) < 0:
+            raise ValueError("trainer.v1.sampler.sampler_kwargs.max_filtered_groups_per_step must be set (>= 0): "
+                             "without a bound, dynamic sampling waits forever once every group's rewards are equal")
+        self.max_filtered_groups = int(bound)
+        self.filtered: Counter = Counter()  # global step -> uniform groups evicted and regenerated
         settings = sampler_kwargs.get("info_gain")
         self.info_gain = InfoGainConfig.from_settings(
             OmegaConf.to_container(settings, resolve=True) if isinstance(settings, DictConfig) else settings)
@@ -54,10 +81,21 @@ class ParserReplayBuffer(ReplayBufferAsync):
     def _terminal_eviction_reasons(self, global_steps: int, partition_id: str):
         # verl calls this on every poll, right after syncing the metadata and before it evicts,
         # classifies (dynamic sampling) or selects groups: the one point that sees each finished
-        # group before anything reads its reward
+        # group before anything reads its reward (InfoMem composes it here)
         if partition_id == "train" and self.info_gain.enable:
             self._compose_finished_groups(partition_id)
-        return super()._terminal_eviction_reasons(global_steps, partition_id)
+        stale, uniform, failed, counts = super()._terminal_eviction_reasons(global_steps, partition_id)
+        room = self.max_filtered_groups - self.filtered[global_steps]
+        if len(uniform) > room:  # over budget: the rest are sampled as they are
+            cache = self._dapo_classification_cache[partition_id]
+            uniform = set(sorted(uniform)[:max(room, 0)])
+            counts = Counter(cache[uid] for uid in uniform)
+        return stale, uniform, failed, counts
+
+    def _evict_terminal_groups(self, global_steps: int, partition_id: str, eviction_reasons):
+        evicted = super()._evict_terminal_groups(global_steps, partition_id, eviction_reasons)
+        self.filtered[global_steps] += evicted[2]
+        return evicted
 
     def _compose_finished_groups(self, partition_id: str) -> None:
         """InfoMem's group step (parser.verl.info_gain): EM -> composed reward in `rm_scores`."""
@@ -89,10 +127,35 @@ class ParserReplayBuffer(ReplayBufferAsync):
             metrics.update(mask_metrics(data["extra_fields"], data["response_mask"]))
             metrics.update(group_metrics(rewards_by_group(batch.keys, data["extra_fields"], batch.tags),
                                          metrics.get(DAPO_FILTERED_REWARD_COUNTS_KEY)))
+            metrics.update(staleness_metrics(metrics, batch_size))
+            metrics.update(version_metrics(batch.tags))
+            metrics["parser/grpo/filter_budget_spent"] = float(self.filtered[global_steps] >= self.max_filtered_groups
+                                                               and self.filter_groups_metric is not None)
             if self.info_gain.enable:
                 scores = [float(r.sum()) for r in _unbind(data["rm_scores"])]
                 metrics.update(info_gain_metrics(batch.keys, _rows(data["extra_fields"]), scores, batch.tags))
         return batch, metrics
+
+
+def staleness_metrics(eviction_metrics: dict[str, Any], sampled_groups: int) -> dict[str, float]:
+    """Groups dropped as too stale, and their share of the groups that finished for this sample."""
+    stale = float(eviction_metrics.get(STALE_KEY, 0))
+    finished = sampled_groups + sum(float(eviction_metrics.get(k, 0)) for k in EVICTED_KEYS)
+    return {"parser/staleness/dropped_groups/sum": stale,
+            "parser/staleness/dropped_fraction": stale / finished if finished else 0.0}
+
+
+def version_metrics(tags: list[dict] | None) -> dict[str, float]:
+    """The weight versions the sampled trajectories were generated with (verl's tags)."""
+    rows = [t for t in tags or [] if not t.get("is_padding")]
+    low = [t.get("min_global_steps") for t in rows]
+    high = [t.get("max_global_steps") for t in rows]
+    known = [(lo, hi) for lo, hi in zip(low, high) if lo is not None and hi is not None]
+    out = {"parser/weights/unversioned/sum": float(len(rows) - len(known))}
+    if known:
+        out.update({"parser/weights/oldest_version/min": float(min(lo for lo, _ in known)),
+                    "parser/weights/newest_version/max": float(max(hi for _, hi in known))})
+    return out
 
 
 def _rows(extra_fields: Any) -> list[Any]:

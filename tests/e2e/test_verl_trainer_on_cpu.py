@@ -37,7 +37,10 @@ from parser.testing.loopback import start_loopback  # noqa: E402
 from parser.testing import verl_smoke as smoke  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-RUN_TIMEOUT_S = 420
+RUN_TIMEOUT_S = 900  # one launch: 150-330 s at load 10-15; at load 35 it ran past 420 s
+
+# each module's first test builds the runs (trainer launches): the suite's 600 s default is too short
+pytestmark = pytest.mark.timeout(2400)
 
 
 # The second launch resumes with InfoMem on (parser.info_gain; the policy, i.e. the CPU rollout
@@ -101,7 +104,9 @@ def test_parser_metrics_logged_every_step(runs):
         "turns/mean", "turns/max", "lead_tokens_per_turn", "queries_per_turn", "replies_per_query",
         "invalid_action_rate", "subagent_failures/sum", "subagent_failure_rate", "answered", "truncated",
         "reward/mean", "grpo/solve_all", "grpo/solve_none", "mask/mismatched_trajectories/sum",
-        "mask/lead_token_fraction")}
+        "mask/lead_token_fraction", "staleness/dropped_fraction", "staleness/dropped_groups/sum",
+        "weights/unversioned/sum", "weights/oldest_version/min", "weights/newest_version/max",
+        "grpo/filter_budget_spent")}
     for run in (runs["first"], runs["again"]):
         for step, metrics in run["steps"].items():
             assert expected <= set(metrics), (step, expected - set(metrics))
@@ -125,6 +130,26 @@ def test_infomem_gain_is_scored_and_logged_by_the_resumed_run(runs):
         assert metrics["critic/score/max"] > 1.0  # a composed reward above the EM's 1
     for step in runs["first"]["steps"].values():  # off in the first launch (the paper's reward)
         assert not any(key.startswith("parser/info_gain/") for key in step)
+
+
+def test_guards_against_silent_non_learning_are_logged_every_step(runs):
+    """Rollouts carry the weight version they were generated with; the staleness-drop share is a
+    metric; and where the actor and the rollout hold the same weights (step 1, and any step whose
+    trajectories were all generated after the last sync) their log-probs agree — both float32,
+    so a gap would mean the rollout server is generating with other weights than it was sent."""
+    steps = {**runs["first"]["steps"], **runs["again"]["steps"]}
+    for step, metrics in steps.items():
+        assert metrics["parser/weights/unversioned/sum"] == 0, step
+        assert metrics["parser/weights/newest_version/max"] <= step - 1, step  # never ahead of the trainer
+        assert 0.0 <= metrics["parser/staleness/dropped_fraction"] <= 1.0
+        assert "parser/grpo/filter_budget_spent" in metrics
+    fresh = [s for s, m in steps.items() if m["training/off_policy/trajectory_staleness_worst/max"] == 0]
+    assert 1 in fresh
+    for step in fresh:
+        assert steps[step]["rollout_corr/log_ppl_abs_diff"] < 1e-3, (step, steps[step]["rollout_corr/log_ppl_abs_diff"])
+    synced = [s for s in fresh if s > 1]
+    if synced:  # generated entirely after a sync: the rollout reported the synced version
+        assert all(steps[s]["parser/weights/oldest_version/min"] >= 1 for s in synced)
 
 
 def test_rollout_masks_cover_exactly_the_lead_tokens(runs):

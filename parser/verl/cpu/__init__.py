@@ -13,6 +13,7 @@ process and in Ray's runtime env, when the config says `trainer.device: cpu`.
 | SGLang rollout server | `rollout.CpuRolloutReplica` (transformers, TP 1) | `RolloutReplicaRegistry` (`rollout.name=parser_cpu`) |
 | nccl weight sync | `weight_sync.GlooCheckpointEngine` | `CheckpointEngineRegistry` (`checkpoint_engine.backend=cpu_gloo`) |
 | GPUs in Ray | logical GPUs (`ray_init.num_gpus`) | `ray_kwargs.ray_init` |
+| π_old kept in host memory (Decoupled PPO) | a real copy of each shard (`_snapshot_copies_on_cpu`) | `verl.utils.fsdp_utils` save helper |
 
 Config-only differences (configs/train/cpu_smoke.yaml): sdpa attention (flash-attention-2 is
 GPU-only), `fsdp2` strategy (FSDP1 needs a GPU), rollout tensor parallel 1, TransferQueue
@@ -23,6 +24,14 @@ The one change below verl: verl builds its process-group backend as
 which on a CPU is "cpu:gloo,cpu:gloo", and torch rejects a repeated device. `_accept_repeated_cpu_gloo`
 wraps `torch.distributed.init_process_group` to drop an exact repeat of a device:backend pair
 (nothing else changes), only in processes that loaded this module.
+
+And one below verl's separate_async trainer: with `parameter_sync_step > 1` it keeps the weights
+of the last sync (π_old) with `fsdp2_sharded_save_to_cpu`, which "moves" each shard to the CPU
+with `.cpu()` — on a CPU that returns the shard itself, not a copy, so the optimizer step then
+updates the kept π_old too and every later mini-batch of the cycle computed its old log-probs
+with the new weights (measured: step 1 of train/cpu_smoke, second mini-batch, the answer token's
+log-prob 0.44 off the rollout's at equal weights). `_snapshot_copies_on_cpu` wraps the helper to
+clone a shard that came back as the live tensor; on a GPU nothing changes.
 """
 from __future__ import annotations
 
@@ -63,6 +72,26 @@ def _accept_repeated_cpu_gloo() -> None:
     torch.distributed.init_process_group = init_process_group
 
 
+def _snapshot_copies_on_cpu() -> None:
+    from verl.utils import fsdp_utils
+
+    save = fsdp_utils.fsdp2_sharded_save_to_cpu
+    if getattr(save, "_parser_cpu", False):
+        return
+
+    @functools.wraps(save)
+    def fsdp2_sharded_save_to_cpu(model):
+        state, spec = save(model)
+        live = {name: (p._local_tensor if hasattr(p, "_local_tensor") else p) for name, p in model.named_parameters()}
+        for name, (tensor, shard_spec) in state.items():
+            if name in live and tensor.untyped_storage().data_ptr() == live[name].untyped_storage().data_ptr():
+                state[name] = (tensor.clone(), shard_spec)
+        return state, spec
+
+    fsdp2_sharded_save_to_cpu._parser_cpu = True
+    fsdp_utils.fsdp2_sharded_save_to_cpu = fsdp2_sharded_save_to_cpu
+
+
 class FSDP2OnCPU(FSDPEngineWithLMHead):
     """verl's FSDP2 engine, without the CPU-offload policy it forces on forward-only models
     (the reference): that policy pins host memory, which needs an accelerator, and offloading
@@ -85,4 +114,5 @@ def _register_fsdp_on_cpu() -> None:
 
 
 _accept_repeated_cpu_gloo()
+_snapshot_copies_on_cpu()
 _register_fsdp_on_cpu()

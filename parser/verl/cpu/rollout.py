@@ -65,7 +65,9 @@ class TransformersRolloutServer:
         path = getattr(model_config, "local_path", None) or model_config.path
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
-        self.backend = TransformersBackend(model, tokenizer, name=server_name(replica_rank))
+        # rollout.seed: the sampling stream of a run, one per replica
+        seed = int(getattr(rollout_config, "seed", 0) or 0) + replica_rank
+        self.backend = TransformersBackend(model, tokenizer, name=server_name(replica_rank), seed=seed)
         self.response_length = int(rollout_config.response_length)
         self.global_steps: Optional[int] = None
         self._weights_lock = threading.Lock()  # one weight version per request
