@@ -119,6 +119,21 @@ def test_step_metrics_gain_spread_and_changed_groups():
     assert info_gain_metrics([], [], []) == {}
 
 
+def test_trajectories_generated_without_infomem_are_counted_apart():
+    """A run resumed with InfoMem on first samples groups its earlier launch generated (verl keeps
+    the replay buffer in the checkpoint): they carry no record, are trained on EM and are counted
+    as unrecorded, not as successes that failed to score."""
+    keys = ["u1_0_0", "u1_1_0", "u2_0_0", "u2_1_0"]
+    rows = [_row(1.0, 0.3), _row(0.0), {"reward_extra_info": {"acc": 1.0}}, {"reward_extra_info": {"acc": 0.0}}]
+    scores = compose_groups(keys, rows, InfoGainConfig(enable=True))
+    assert scores[2:] == [1.0, 0.0]  # EM as it was
+    metrics = info_gain_metrics(keys, rows, scores)
+    assert metrics["parser/info_gain/unrecorded/sum"] == 2.0
+    assert metrics["parser/info_gain/scored_fraction"] == 1.0
+    only_old = info_gain_metrics(keys[2:], rows[2:], scores[2:])
+    assert only_old["parser/info_gain/unrecorded/sum"] == 2.0 and "parser/info_gain/scored_fraction" not in only_old
+
+
 def test_the_replay_buffer_reads_the_settings_verl_hands_it(needle_loopback, model_dir):
     from parser.verl.sampler import ParserReplayBuffer
 

@@ -83,11 +83,15 @@ def info_gain_metrics(keys: Sequence[str], rows: Sequence[Any], scores: Sequence
     |---|---|
     | parser/info_gain/gain/mean, gain/std | raw gain of the successful trajectories that have one |
     | parser/info_gain/groups_changed | sampled groups where composition changed some reward / groups |
-    | parser/info_gain/scored_fraction | successes with a gain / successes |
+    | parser/info_gain/scored_fraction | successes with a gain / successes that carry a record |
     | parser/info_gain/bonus_abs/mean | mean |R - EM| over successes (the shaping actually applied) |
     | parser/info_gain/failures/sum | trajectories whose scoring failed after retries |
+    | parser/info_gain/unrecorded/sum | trajectories generated without InfoMem (no record): trained on EM |
+
+    `unrecorded`: verl checkpoints the replay buffer with the weights, so a run resumed with
+    InfoMem turned on first trains on groups the earlier launch generated under EM alone.
     """
-    gains, bonuses, successes, scored, failures = [], [], 0, 0, 0
+    gains, bonuses, successes, scored, failures, unrecorded = [], [], 0, 0, 0, 0
     changed = groups = 0
     for sessions in final_outputs(keys).values():
         rows_of = [r for r in sessions.values() if not (tags and tags[r].get("is_padding"))]
@@ -100,7 +104,10 @@ def info_gain_metrics(keys: Sequence[str], rows: Sequence[Any], scores: Sequence
             if acc is None:
                 continue
             group_changed |= abs(float(scores[r]) - acc) > CHANGED_TOL
-            failures += bool(isinstance(record, dict) and str(record.get("error") or "").startswith(SCORING_FAILED))
+            if not isinstance(record, dict):
+                unrecorded += 1
+                continue
+            failures += str(record.get("error") or "").startswith(SCORING_FAILED)
             if acc >= SUCCESS:
                 successes += 1
                 bonuses.append(abs(float(scores[r]) - acc))
@@ -110,7 +117,8 @@ def info_gain_metrics(keys: Sequence[str], rows: Sequence[Any], scores: Sequence
         changed += group_changed
     if not groups:
         return {}
-    out = {f"{PREFIX}/groups_changed": changed / groups, f"{PREFIX}/failures/sum": float(failures)}
+    out = {f"{PREFIX}/groups_changed": changed / groups, f"{PREFIX}/failures/sum": float(failures),
+           f"{PREFIX}/unrecorded/sum": float(unrecorded)}
     if successes:
         out[f"{PREFIX}/scored_fraction"] = scored / successes
         out[f"{PREFIX}/bonus_abs/mean"] = sum(bonuses) / len(bonuses)
