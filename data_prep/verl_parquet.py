@@ -22,8 +22,9 @@ AGENT_NAME = "parser_agent"
 ABILITY = "long_context_qa"
 
 
-def rl_row(row: dict[str, Any], data_source: str, split: str = "train") -> dict[str, Any]:
-    """One verl row from one eval row (`data_prep.packing.record_from_layout`)."""
+def rl_row(row: dict[str, Any], data_source: str, split: str = "train", agent_name: str = AGENT_NAME) -> dict[str, Any]:
+    """One verl row from one eval row (`data_prep.packing.record_from_layout`), for the agent
+    loop `agent_name` (configs/train/agent_loop.yaml: parser_agent, or memagent_agent)."""
     meta = row.get("meta") or {}
     return {
         "data_source": data_source,
@@ -42,13 +43,14 @@ def rl_row(row: dict[str, Any], data_source: str, split: str = "train") -> dict[
             "evidence_order": list(row.get("evidence_order", [])),
             "type": meta.get("type") or "",
         },
-        "agent_name": AGENT_NAME,
+        "agent_name": agent_name,
     }
 
 
-def write_rl_parquet(path: str | Path, rows: Iterable[dict[str, Any]], data_source: str, split: str = "train") -> Path:
+def write_rl_parquet(path: str | Path, rows: Iterable[dict[str, Any]], data_source: str, split: str = "train",
+                     agent_name: str = AGENT_NAME) -> Path:
     """Write verl rows atomically (row groups of 256 keep peak memory flat for 32K x 28K-token rows)."""
-    table = pa.Table.from_pylist([rl_row(r, data_source, split) for r in rows])
+    table = pa.Table.from_pylist([rl_row(r, data_source, split, agent_name) for r in rows])
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, row_group_size=256)
     return Path(path)

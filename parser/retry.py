@@ -3,7 +3,8 @@
 Every method reaches its models through `RetryPolicy.call`: the episode engine's lead
 generations (ParSer, agentic RAG, the DCI agent and subagent), ParSer's subagent reads
 (`parser.tools.QueryAgents`), and the backends of the baselines and the knowledge filter
-(`RetryingBackend`: full-context, MemAgent/ReMemR1, `data_prep.knowledge_filter`). The gateway
+(`RetryingBackend`: full-context, MemAgent/ReMemR1, `data_prep.knowledge_filter`, InfoMem's
+answer scoring). The gateway
 report's traffic uses the same tenacity policy (`retrying`).
 
 The rule, stated once:
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
@@ -106,7 +107,7 @@ class RetryPolicy:
 
 
 class RetryingBackend:
-    """A `Backend` whose `generate` follows `policy` (for methods that hold a backend, not an engine)."""
+    """A `Backend` (and `Scorer`) whose calls follow `policy` (for code that holds a backend, not an engine)."""
 
     def __init__(self, backend: Any, policy: RetryPolicy):
         self.backend, self.policy = backend, policy
@@ -117,6 +118,13 @@ class RetryingBackend:
         completion, _ = await self.policy.call(
             lambda: self.backend.generate(prompt, sampling, routing_key=routing_key, request_id=request_id))
         return completion
+
+    async def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], *, routing_key: str | None = None,
+                    request_id: str | None = None) -> list[float]:
+        """`Scorer.score` under the same policy (answer scoring, `parser.info_gain`)."""
+        scores, _ = await self.policy.call(
+            lambda: self.backend.score(prompt_ids, continuation_ids, routing_key=routing_key, request_id=request_id))
+        return scores
 
     async def aclose(self) -> None:
         await self.backend.aclose()

@@ -12,6 +12,12 @@ HTTP client see the same wire format as in production:
     POST /v1/chat/completions   OpenAI chat; renders the tokenizer's chat template and honours
                                 `chat_template_kwargs` (e.g. {"enable_thinking": false})
 
+Answer scoring (`parser.backends.scoring`) in each server's dialect, by the backend's `score`:
+SGLang's `return_logprob` + `logprob_start_len` on /generate (`max_new_tokens: 0` generates
+nothing; `meta_info.input_token_logprobs`), vLLM's `prompt_logprobs: 0` on /v1/completions
+(`choices[0].prompt_logprobs`; `rank` is not computed and comes back null), and OpenAI's `echo`
+with `max_tokens: 0` and `logprobs` (echo with generation is refused).
+
 Constrained decoding is read in each server's dialect and handed to the backend
 (`SamplingParams.json_schema` / `.regex`): SGLang's `sampling_params.json_schema` / `regex`,
 vLLM's `structured_outputs: {json | regex}`, OpenAI's `response_format: {type: json_schema}`.
@@ -347,6 +353,44 @@ class ModelServer:
             return str(token_id)
         return self.tokenizer.decode([token_id])
 
+    def _logprob_block(self, token_ids: list[int], logprobs: list[float | None]) -> dict[str, Any]:
+        """OpenAI completions' `logprobs` object for these tokens."""
+        tokens = [self._token_text(t) for t in token_ids]
+        offsets, pos = [], 0
+        for tok in tokens:
+            offsets.append(pos)
+            pos += len(tok)
+        return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": None, "text_offset": offsets}
+
+    # -------------------------------------------------------------- scoring (input logprobs)
+    async def _prompt_ids(self, prompt: str | list[int], field: str) -> list[int]:
+        """The prompt as checked token ids (a text prompt is tokenised off the event loop)."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise BadRequest(f"{field}: this server has no tokenizer to score a text prompt; send token ids")
+            await self._count(prompt, field, 0)  # the cheap size cut before tokenising
+            prompt = list(await asyncio.to_thread(self.tokenizer.encode, prompt, add_special_tokens=False))
+        await self._count(prompt, field, 0)
+        return prompt
+
+    async def _input_logprobs(self, request: web.Request, ids: list[int], start: int, field: str) -> list[float | None]:
+        """log p(ids[i] | ids[:i]) for i >= start (None at `start`, as SGLang and vLLM give it), by
+        the backend's `score` (one forward pass)."""
+        if not 0 <= start < len(ids):
+            raise BadRequest(f"{field}: logprob start {start} is outside the prompt's {len(ids)} tokens")
+        score = getattr(self.backend, "score", None)
+        if score is None:
+            raise BadRequest(f"{field}: this server's backend ({type(self.backend).__name__}) cannot score input tokens")
+        if start + 1 == len(ids):
+            return [None]
+        self.inflight_tokens += len(ids)
+        try:
+            values = await score(ids[: start + 1], ids[start + 1:], routing_key=request.headers.get(ROUTING_HEADER),
+                                 request_id=request.headers.get("X-Request-Id"))
+        finally:
+            self.inflight_tokens -= len(ids)
+        return [None, *values]
+
     async def generate(self, request: web.Request) -> web.Response:
         body = await read_json(request, self.limits.body_timeout_s)
         text, ids = body.get("text"), body.get("input_ids")
@@ -363,8 +407,20 @@ class ModelServer:
                              default_max=128, seed_key="sampling_seed", logprobs=want_logprobs)
         if body.get("stream"):
             raise BadRequest("/generate: stream=true is not supported by parser.serve")
+        field = "/generate: " + ("input_ids" if ids is not None else "text")
+        start = _number(body, "logprob_start_len", -1, int, "/generate")
         t0 = time.perf_counter()
-        comp = await self._run(request, prompt, sampling, "/generate: " + ("input_ids" if ids is not None else "text"))
+        input_lps = None
+        if want_logprobs and start >= 0:  # SGLang's input logprobs (-1, its default: none)
+            if sampling.temperature != 1.0:  # SGLang scales them by it; the backend scores at 1
+                raise BadRequest("/generate: sampling_params.temperature: input logprobs are given at temperature 1 "
+                                 f"only on parser.serve, got {sampling.temperature}")
+            prompt = await self._prompt_ids(prompt, field)
+            input_lps = await self._input_logprobs(request, prompt, start, field)
+        if input_lps is not None and sampling.max_new_tokens == 0:  # scoring only: nothing to generate
+            comp = Completion(text="", finish_reason="length", prompt_tokens=len(prompt))
+        else:
+            comp = await self._run(request, prompt, sampling, field)
         n_out = len(comp.token_ids)
         reason: dict[str, Any] = ({"type": "length", "length": n_out}
                                   if comp.finish_reason == "length" else {"type": "stop"})
@@ -379,6 +435,8 @@ class ModelServer:
         if want_logprobs:
             lps = comp.logprobs or []
             meta["output_token_logprobs"] = [[lp, tid, None] for lp, tid in zip(lps, comp.token_ids)]
+        if input_lps is not None:
+            meta["input_token_logprobs"] = [[lp, tid, None] for lp, tid in zip(input_lps, prompt[start:])]
         return json_response({"text": comp.text, "output_ids": comp.token_ids, "meta_info": meta})
 
     def _usage(self, comp: Completion) -> dict[str, Any]:
@@ -399,23 +457,38 @@ class ModelServer:
         logprobs = body.get("logprobs")
         sampling = _sampling(body, "/v1/completions", self.limits, max_key="max_tokens", default_max=16,
                              seed_key="seed", logprobs=logprobs is not None and logprobs is not False)
-        comp = await self._run(request, prompt, sampling, "/v1/completions: prompt")
-        lp_block = None
-        if sampling.return_logprobs:
-            tokens = [self._token_text(t) for t in comp.token_ids]
-            offsets, pos = [], 0
-            for tok in tokens:
-                offsets.append(pos)
-                pos += len(tok)
-            lp_block = {"tokens": tokens, "token_logprobs": list(comp.logprobs or []),
-                        "top_logprobs": None, "text_offset": offsets}
+        field = "/v1/completions: prompt"
+        # input logprobs two ways: vLLM's `prompt_logprobs`, or OpenAI's `echo` with max_tokens 0
+        prompt_logprobs = _number(body, "prompt_logprobs", None, int, "/v1/completions")
+        if prompt_logprobs not in (None, 0):
+            raise BadRequest(f"/v1/completions.prompt_logprobs: only 0 (the prompt tokens' own logprobs) is supported, "
+                             f"got {prompt_logprobs}")
+        echo = bool(body.get("echo"))
+        if echo and sampling.max_new_tokens != 0:
+            raise BadRequest("/v1/completions.echo: only with max_tokens 0 (scoring the prompt) on parser.serve")
+        extra: dict[str, Any] = {}
+        if prompt_logprobs is not None or (echo and sampling.return_logprobs):
+            prompt = await self._prompt_ids(prompt, field)
+            scores = await self._input_logprobs(request, prompt, 0, field)
+            if prompt_logprobs is not None:
+                extra["prompt_logprobs"] = [None] + [
+                    {str(t): {"logprob": lp, "rank": None, "decoded_token": self._token_text(t)}}
+                    for t, lp in zip(prompt[1:], scores[1:])]
+        if echo or (prompt_logprobs is not None and sampling.max_new_tokens == 0):
+            text = prompt if isinstance(prompt, str) else (self.tokenizer.decode(prompt) if self.tokenizer else "")
+            comp = Completion(text=text if echo else "", finish_reason="length",
+                              prompt_tokens=len(prompt) if isinstance(prompt, list) else 0)
+            lp_block = self._logprob_block(prompt, scores) if echo and sampling.return_logprobs else None
+        else:
+            comp = await self._run(request, prompt, sampling, field)
+            lp_block = self._logprob_block(comp.token_ids, comp.logprobs or []) if sampling.return_logprobs else None
         return json_response({
             "id": "cmpl-" + uuid.uuid4().hex,
             "object": "text_completion",
             "created": int(time.time()),
             "model": self.model_name,
-            "choices": [{"index": 0, "text": comp.text, "logprobs": lp_block,
-                         "finish_reason": comp.finish_reason, **_token_ids_field(body, comp)}],
+            "choices": [{"index": 0, "text": comp.text, "logprobs": lp_block, "finish_reason": comp.finish_reason,
+                         **_token_ids_field(body, comp), **extra}],
             "usage": self._usage(comp),
         })
 

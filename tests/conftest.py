@@ -98,3 +98,23 @@ def tiny_backend(tiny_qwen3_5_model, tiny_tokenizer):
     from parser.backends.transformers import TransformersBackend
 
     return TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def needle_loopback():
+    """The verl tests' subagents: a loopback HTTP worker that answers the needle's chunk with its
+    finding (tests/verl_fakes.py's document and answer)."""
+    from verl_fakes import ANSWER, NEEDLE
+
+    from parser.testing.loopback import start_loopback
+
+    with start_loopback("subagent-w1", needle=NEEDLE, needle_answer=ANSWER) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_qwen3_5_model, tiny_tokenizer, tmp_path_factory):
+    """The tiny Qwen3.5 lead saved where verl's workers load it (actor_rollout_ref.model.path)."""
+    from verl_fakes import save_tiny_model
+
+    return save_tiny_model(tiny_qwen3_5_model, tiny_tokenizer, str(tmp_path_factory.mktemp("tiny-lead")))

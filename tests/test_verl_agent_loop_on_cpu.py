@@ -21,43 +21,29 @@ pytest.importorskip("verl")
 from verl_fakes import (  # noqa: E402
     ANSWER,
     NEEDLE,
+    QUESTIONS,
     SCRIPT,
     WRONG_SCRIPT,
     ScriptedServerManager,
     TinyModelServerManager,
     dataset_row,
     run_verl_worker,
-    save_tiny_model,
     train_config,
 )
 
-from parser.testing.loopback import start_loopback  # noqa: E402
 from parser.verl.metrics import step_metrics  # noqa: E402
 from parser.verl.reward import ANSWER_KEY, compute_score  # noqa: E402
 
-QUESTIONS = ["Who directed the film Zorvan?", "Which person directed Zorvan?"]
-
 
 @pytest.fixture(scope="module")
-def loopback():
-    with start_loopback("subagent-w1", needle=NEEDLE, needle_answer=ANSWER) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_qwen3_5_model, tiny_tokenizer, tmp_path_factory):
-    return save_tiny_model(tiny_qwen3_5_model, tiny_tokenizer, str(tmp_path_factory.mktemp("tiny-lead")))
-
-
-@pytest.fixture(scope="module")
-def scripted(loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
+def scripted(needle_loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
     """Two prompts x two trajectories (one right, one wrong answer per group), through verl."""
-    loopback.worker.records.clear()
-    config = train_config(loopback.url, model_dir)
+    needle_loopback.worker.records.clear()
+    config = train_config(needle_loopback.url, model_dir)
     manager = ScriptedServerManager(tiny_qwen3_5_model, tiny_tokenizer, scripts=[SCRIPT, WRONG_SCRIPT])
     rows = [dataset_row(i // 2, QUESTIONS[i // 2]) for i in range(4)]
     out = run_verl_worker(config, manager, rows)
-    return out, manager, list(loopback.worker.records), config
+    return out, manager, list(needle_loopback.worker.records), config
 
 
 def _trajectories(out, manager):
@@ -232,18 +218,18 @@ def test_compute_score_refuses_rows_without_the_extracted_answer():
         compute_score("synthetic", "... Miro Tal ...", [ANSWER], {"index": 0})
 
 
-def test_validation_is_greedy(loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
-    config = train_config(loopback.url, model_dir)
+def test_validation_is_greedy(needle_loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
+    config = train_config(needle_loopback.url, model_dir)
     manager = ScriptedServerManager(tiny_qwen3_5_model, tiny_tokenizer)
     out = run_verl_worker(config, manager, [dataset_row(0)], validate=True)
     assert {r.sampling_params["temperature"] for r in manager.requests} == {0}
     assert out.batch["rm_scores"].sum().item() == 1.0
 
 
-def test_free_running_tiny_model_and_response_length_cut(loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
+def test_free_running_tiny_model_and_response_length_cut(needle_loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
     """A random-weight lead: whatever it emits, the episode runs to its end, the mask is 1 on
     exactly the tokens the server produced, and rollout.response_length is never exceeded."""
-    config = train_config(loopback.url, model_dir, [
+    config = train_config(needle_loopback.url, model_dir, [
         "parser.episode.max_turns=2", "parser.episode.max_tokens_per_turn=12", "data.max_response_length=40",
     ])
     manager = TinyModelServerManager(tiny_qwen3_5_model, tiny_tokenizer)
@@ -261,7 +247,7 @@ def test_free_running_tiny_model_and_response_length_cut(loopback, model_dir, ti
     assert stats["turns"] == len(produced)
 
 
-def test_v1_path_output_and_replay_buffer_metrics(loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
+def test_v1_path_output_and_replay_buffer_metrics(needle_loopback, model_dir, tiny_qwen3_5_model, tiny_tokenizer):
     """The v1 (TransferQueue) trainer stores `AgentLoopOutput.as_dict()`; our replay buffer reads
     the sampled rows' extra_fields back into step metrics. Built as verl's worker builds it."""
     import hydra
@@ -272,9 +258,10 @@ def test_v1_path_output_and_replay_buffer_metrics(loopback, model_dir, tiny_qwen
     from parser.verl.agent_loop import close_worker_state
     from parser.verl.sampler import ParserReplayBuffer, metrics_from_extra_fields
 
-    config = train_config(loopback.url, model_dir)
+    config = train_config(needle_loopback.url, model_dir)
     manager = ScriptedServerManager(tiny_qwen3_5_model, tiny_tokenizer)
-    (entry,) = OmegaConf.load(config.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+    (entry,) = [e for e in OmegaConf.load(config.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+                if e.name == "parser_agent"]
 
     async def one():
         loop = hydra.utils.instantiate(

@@ -25,7 +25,7 @@ from parser.verl.config_checks import TrainConfigError, check_train_config  # no
 from parser.verl.train import CONFIG_DIR, prepare  # noqa: E402
 
 SHIPPED = sorted(f"train/{p.stem}" for p in (CONFIG_DIR / "train").glob("parser_*.yaml") if p.stem != "parser_base")
-TABLE9 = [name for name in SHIPPED if not name.endswith("_release")]  # the paper's runs
+TABLE9 = [name for name in SHIPPED if not name.endswith(("_release", "_infomem"))]  # the paper's runs
 GATEWAY = "parser.gateway_url=http://127.0.0.1:30000"
 
 
@@ -34,9 +34,36 @@ def compose_config(name: str, overrides: list[str] = ()):  # type: ignore[assign
         return compose(config_name=name, overrides=list(overrides))
 
 
-def test_shipped_configs_are_the_4b_and_9b_runs_and_the_release_run():
-    assert SHIPPED == ["train/parser_4b", "train/parser_4b_release", "train/parser_9b"]
+def test_shipped_configs_are_the_4b_and_9b_runs_and_the_release_and_infomem_runs():
+    assert SHIPPED == ["train/parser_4b", "train/parser_4b_infomem", "train/parser_4b_release", "train/parser_9b"]
     assert TABLE9 == ["train/parser_4b", "train/parser_9b"]  # the release run: tests/test_release_protocol_on_cpu.py
+
+
+def test_infomem_is_off_in_the_paper_presets_and_the_4b_run_plus_the_gain_in_its_own():
+    from parser.info_gain import InfoGainConfig
+
+    for name in SHIPPED:
+        if name != "train/parser_4b_infomem":
+            assert not compose_config(name, [GATEWAY]).parser.info_gain.enable, name
+    infomem = prepare(compose_config("train/parser_4b_infomem", [GATEWAY]))
+    plain = prepare(compose_config("train/parser_4b", [GATEWAY]))
+    config = InfoGainConfig.from_settings(OmegaConf.to_container(infomem.parser.info_gain))
+    assert config.enable and (config.beta, config.normalization, config.scorer) == (0.2, "zscore", "subagent")
+    # the replay buffer, which composes the groups, gets the same settings
+    assert infomem.trainer.v1.sampler.sampler_kwargs.info_gain == infomem.parser.info_gain
+    # dynamic sampling still judges groups by their EM (parser/verl/info_gain.py says why)
+    assert infomem.algorithm.filter_groups.metric == "acc" and infomem.trainer.v1.sampler.sampler_kwargs.filter_groups_metric == "acc"
+    a, b = _flat(OmegaConf.to_container(infomem)), _flat(OmegaConf.to_container(plain))
+    assert {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)} == {
+        "parser.info_gain.enable", "trainer.v1.sampler.sampler_kwargs.info_gain.enable",
+        "algorithm.filter_groups.metric", "trainer.v1.sampler.sampler_kwargs.filter_groups_metric",
+        "trainer.experiment_name", "trainer.default_local_dir", "actor_rollout_ref.rollout.trace.experiment_name"}
+
+
+def _flat(tree, prefix=""):
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}.{key}" if prefix else key).items()}
 
 
 @pytest.mark.parametrize("name", TABLE9)
@@ -145,8 +172,8 @@ def test_naive_weight_sync_is_rejected():
 
 
 # ----------------------------------------------------------------------------- schema, CPU, staleness
-@pytest.mark.parametrize("name,engine", [*((n, "megatron") for n in SHIPPED), ("train/cpu_smoke", "dp"),
-                                         ("train/cpu_learn", "dp")])
+@pytest.mark.parametrize("name,engine", [*((n, "megatron") for n in SHIPPED), ("train/memagent_4b", "megatron"),
+                                         ("train/cpu_smoke", "dp"), ("train/cpu_learn", "dp")])
 def test_every_key_set_in_our_yaml_exists_in_verls_schema(name, engine):
     from parser.verl.config_checks import unknown_keys, verl_schema
 
@@ -248,3 +275,32 @@ def test_the_releases_dropless_staleness_is_one_override():
                                sampler_kwargs={})
     assert (buffer.max_off_policy_threshold, buffer.max_off_policy_strategy) == (2, "wait")
     assert compose_config("train/parser_4b", [GATEWAY]).trainer.v1.sampler.max_off_policy_strategy == "drop"
+
+
+def test_bad_info_gain_settings_fail_before_launch():
+    for override, needle in (("parser.info_gain.normalization=rank", "normalization"),
+                             ("+parser.info_gain.betta=0.1", "unknown key"),
+                             ("actor_rollout_ref.rollout.name=trtllm", "prompt_logprobs")):
+        config = compose_config("train/parser_4b_infomem", [GATEWAY, "parser.info_gain.scorer=policy", override])
+        with pytest.raises(TrainConfigError, match=needle):
+            prepare(config)
+
+
+def test_memagent_preset_is_the_same_trainer_with_the_memory_agent_as_policy():
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from parser.info_gain import InfoGainConfig
+
+    config = prepare(compose_config("train/memagent_4b"))  # no gateway: memory agents read alone
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    assert config.parser.memagent.method == "memagent" and config.algorithm.filter_groups.metric == "acc"
+    assert not config.parser.info_gain.enable  # outcome reward; InfoMem is one override
+    assert InfoGainConfig.from_settings(OmegaConf.to_container(config.parser.info_gain)).scorer == "policy"
+    plain = prepare(compose_config("train/parser_4b", [GATEWAY]))
+    for key in ("trainer.use_v1", "trainer.v1.trainer_mode", "algorithm.adv_estimator", "actor_rollout_ref.actor.optim",
+                "actor_rollout_ref.rollout.n", "trainer.v1.sampler.custom_sampler"):
+        assert OmegaConf.select(config, key) == OmegaConf.select(plain, key), key
+    prompt, response = config.actor_rollout_ref.rollout.prompt_length, config.actor_rollout_ref.rollout.response_length
+    assert prompt >= config.parser.memagent.chunk_size + config.parser.memagent.max_memory_tokens
+    assert response >= config.parser.memagent.max_memory_tokens

@@ -105,6 +105,30 @@ def test_rollout_server_reports_versions_and_uses_the_weights_it_is_sent(lead_di
     assert before.log_probs[0] != pytest.approx(after.log_probs[0], abs=1e-4)
 
 
+def test_rollout_server_answers_verls_prompt_logprobs_as_a_forward_pass_would(lead_dir):
+    """verl's `prompt_logprobs: 0` (InfoMem's policy scorer, verl's distillation teacher): one row
+    per prompt token in verl's layout (row p: token p+1), the last a dummy."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from parser.verl.cpu.rollout import TransformersRolloutServer
+
+    path, tok = lead_dir
+    server = TransformersRolloutServer(SimpleNamespace(response_length=64), SimpleNamespace(path=str(path)), 0)
+    ids = tok.encode("Question: who wrote the letter? Answer: Ada", add_special_tokens=False)
+    out = asyncio.run(server.generate(ids, {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}, request_id="s"))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        ref = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    assert out.extra_fields["prompt_ids"] == [[t] for t in ids[1:]] + [[0]]
+    rows = out.extra_fields["prompt_logprobs"]
+    assert len(rows) == len(ids) and rows[-1] == [0.0]
+    assert [r[0] for r in rows[:-1]] == pytest.approx([float(ref[p, ids[p + 1]]) for p in range(len(ids) - 1)], abs=1e-4)
+    with pytest.raises(ValueError, match="prompt_logprobs=5"):
+        asyncio.run(server.generate(ids, {"max_tokens": 1, "prompt_logprobs": 5}, request_id="s"))
+
+
 def test_backend_string_fix_drops_only_an_exact_repeat():
     from parser.verl.cpu import _dedupe_backend
 

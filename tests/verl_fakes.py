@@ -25,6 +25,7 @@ SCRIPT = [
 ]
 # A sibling in the same GRPO group that answers wrongly (reward 0), so advantages are non-zero.
 WRONG_SCRIPT = [SCRIPT[0], ("I will guess.\n</think>\n\n<answer>Anna Berg</answer>", "stop")]
+QUESTIONS = ["Who directed the film Zorvan?", "Which person directed Zorvan?"]
 
 
 def document(n_filler: int = 8) -> str:
@@ -61,6 +62,17 @@ def sequence_logprobs(model: Any, prompt_ids: list[int], token_ids: list[int]) -
     with torch.inference_mode():
         logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
     return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(token_ids)[:, None])[:, 0].tolist()
+
+
+def prompt_logprobs_output(model: Any, ids: list[int], version: int):
+    """What verl's SGLang/vLLM rollout server answers to `prompt_logprobs: 0`: one row per token
+    (row p holds token p+1's id and logprob), a dummy last row, and one generated token."""
+    from verl.workers.rollout.replica import TokenOutput
+
+    lps = sequence_logprobs(model, ids[:1], ids[1:])
+    extra = {"global_steps": version, "prompt_ids": [[t] for t in ids[1:]] + [[0]],
+             "prompt_logprobs": [[lp] for lp in lps] + [[0.0]]}
+    return TokenOutput(token_ids=[ids[-1]], log_probs=None, stop_reason="length", extra_fields=extra)
 
 
 class TinyModelServerManager:
@@ -107,6 +119,7 @@ class ScriptedServerManager:
         self.script_of: dict[str, int] = {}
         self.group_counts: dict[tuple[int, ...], int] = {}
         self.first_version = 7
+        self.scored: list[list[int]] = []  # prompt_logprobs requests
 
     def script_ids(self, request_id: str, turn: int, prompt_ids: list[int]) -> tuple[list[int], str]:
         if request_id not in self.script_of:
@@ -121,6 +134,9 @@ class ScriptedServerManager:
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any):
         from verl.workers.rollout.replica import TokenOutput
 
+        if sampling_params.get("prompt_logprobs") is not None:  # a scoring request (InfoMem's policy scorer)
+            self.scored.append(list(prompt_ids))
+            return prompt_logprobs_output(self.model, list(prompt_ids), self.first_version)
         self.requests.append(Request(request_id, list(prompt_ids), dict(sampling_params)))
         turn = self.turns.get(request_id, 0)
         self.turns[request_id] = turn + 1

@@ -1,6 +1,8 @@
 """The one small async interface between the episode engine and any model.
 
-Both roles (lead agent, chunk-reading subagents) go through `Backend.generate`. Real
+Both roles (lead agent, chunk-reading subagents) go through `Backend.generate`; an answer-conditioned
+reward scores a given continuation through `Scorer.score` (`parser.backends.scoring` has the
+conventions), which every real backend serves too. Real
 implementations live beside this file: `http` (SGLang `/generate`, OpenAI-compatible
 servers, the sglang-router gateway), `transformers` (in-process CPU, the embedded default)
 and `sglang_engine` (in-process GPU). verl's server manager is adapted to it in
@@ -96,3 +98,19 @@ class Backend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    async def score(
+        self,
+        prompt_ids: Sequence[int],
+        continuation_ids: Sequence[int],
+        *,
+        routing_key: str | None = None,
+        request_id: str | None = None,
+    ) -> list[float]:
+        """log p(continuation_ids[i] | prompt_ids + continuation_ids[:i]) for each i: one forward
+        pass at temperature 1, nothing sampled. Token ids only (the scorer's own tokens); raises
+        `BackendError` like `generate`, and never returns a value the server did not give."""
+        ...

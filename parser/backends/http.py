@@ -26,6 +26,10 @@ Three wire formats, chosen by `api`:
              rather than silently ignored.
 `model: null` asks `GET /v1/models` once for the served model's name.
 
+`score(prompt_ids, continuation_ids)` (parser.backends.scoring) asks the same server for the
+log-probs of given tokens: SGLang's `/generate` input logprobs (`logprob_start_len`, zero new
+tokens), vLLM's `prompt_logprobs`, or, on a generic server, an OpenAI `echo` with `max_tokens: 0`.
+
 Every request carries the routing key (`X-SMG-Routing-Key: doc_id:chunk_index` by default,
 `parser.backends.base.ROUTING_HEADER`; the header name is a knob) for the SGLang Model Gateway's
 consistent-hashing policy) so a gateway can pin a chunk to one worker, and the trajectory's
@@ -48,18 +52,21 @@ here, within the same bound. A body over the bound is a non-retryable `BackendEr
     backend = HttpBackend("http://127.0.0.1:30000", api="sglang")
     backend = HttpBackend("http://127.0.0.1:8000", api="completions", server="vllm")  # model from /v1/models
     out = await backend.generate("Hello", SamplingParams(max_new_tokens=16))
+    logprobs = await backend.score(prompt_ids, answer_ids)   # parser.backends.scoring
     await backend.aclose()
 """
 from __future__ import annotations
 
 import asyncio
 import zlib
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 import aiohttp
 import orjson
 
 from parser.backends.base import ROUTING_HEADER, BackendError, Completion, Prompt, SamplingParams
+from parser.backends.scoring import (SCORE_TEMPERATURE, check_request, echo_token_logprobs, sglang_input_logprobs,
+                                     vllm_prompt_logprobs)
 
 Api = Literal["sglang", "completions", "chat"]
 Server = Literal["sglang", "vllm", "generic"]
@@ -190,15 +197,8 @@ class HttpBackend:
             payload["model"] = await self.served_model()
         if self.extra_body:
             payload.update(self.extra_body)
-        headers = self.headers
-        if routing_key is not None or (request_id is not None and self.request_id_header):
-            headers = dict(headers)
-            if routing_key is not None:
-                headers[self.routing_header] = routing_key
-            if request_id is not None and self.request_id_header:
-                headers[self.request_id_header] = request_id
         meta: dict[str, str | None] = {}
-        body = await self._request("POST", self.url, orjson.dumps(payload), headers, meta)
+        body = await self._request("POST", self.url, orjson.dumps(payload), self._headers(routing_key, request_id), meta)
         try:
             completion = _PARSE[self.api](body, sampling, self.url)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:  # 200 with a broken body
@@ -208,6 +208,59 @@ class HttpBackend:
             raise BackendError(f"POST {self.url}: HTTP 200 but 'text' is {type(completion.text).__name__}", retryable=True)
         completion.worker = meta.get("worker")
         return completion
+
+    # ------------------------------------------------------------------ score
+    async def score(
+        self,
+        prompt_ids: Sequence[int],
+        continuation_ids: Sequence[int],
+        *,
+        routing_key: str | None = None,
+        request_id: str | None = None,
+    ) -> list[float]:
+        """Log-probs of `continuation_ids` after `prompt_ids` (parser.backends.scoring): SGLang's
+        input logprobs, vLLM's prompt logprobs, or an OpenAI echo; a chat API cannot score."""
+        prompt, continuation = check_request(prompt_ids, continuation_ids, f"HttpBackend({self.url})")
+        ids = prompt + continuation
+        params = {"temperature": SCORE_TEMPERATURE, "top_p": 1.0}
+        if self.api == "sglang":
+            payload: dict[str, Any] = {"input_ids": ids, "return_logprob": True, "logprob_start_len": len(prompt) - 1,
+                                       "sampling_params": {**params, "top_k": -1, "max_new_tokens": 0}}
+        elif self.api == "completions":
+            payload = {"prompt": ids, **params, "model": await self.served_model()}
+            if self.server == "vllm":  # vLLM's extension; it samples one token it then drops
+                payload.update(prompt_logprobs=0, max_tokens=1)
+            else:  # the OpenAI legacy way: echo the prompt with its logprobs, generate nothing
+                payload.update(echo=True, logprobs=0, max_tokens=0)
+        else:
+            raise BackendError("HttpBackend(api='chat'): a chat server renders the template itself and scores no "
+                               "given tokens; score with api='completions' (vLLM) or api='sglang'", retryable=False)
+        body = await self._request("POST", self.url, orjson.dumps(payload), self._headers(routing_key, request_id))
+        where = f"POST {self.url}"
+        try:
+            if self.api == "sglang":
+                out = body[0] if isinstance(body, list) and body else body
+                meta = _field(out, "meta_info", self.url)
+                _finish_kind(meta, self.url)
+                return sglang_input_logprobs(meta, continuation, where)
+            choice = _field(body, "choices", self.url)[0]
+            if self.server == "vllm":
+                return vllm_prompt_logprobs(choice.get("prompt_logprobs"), continuation, where)
+            return echo_token_logprobs(choice.get("logprobs"), len(prompt), continuation, where)
+        except (KeyError, IndexError, TypeError, AttributeError) as error:  # 200 with a broken body
+            raise BackendError(f"{where}: HTTP 200 but no scores ({type(error).__name__}: {error}): {str(body)[:200]}",
+                               retryable=True) from error
+
+    def _headers(self, routing_key: str | None, request_id: str | None) -> Mapping[str, str]:
+        """The client's headers plus this request's routing key and request id, when given."""
+        if routing_key is None and (request_id is None or not self.request_id_header):
+            return self.headers
+        headers = dict(self.headers)
+        if routing_key is not None:
+            headers[self.routing_header] = routing_key
+        if request_id is not None and self.request_id_header:
+            headers[self.request_id_header] = request_id
+        return headers
 
     async def _request(self, method: str, url: str, data: bytes | None, headers: Mapping[str, str],
                        meta: dict[str, str | None] | None = None) -> Any:
@@ -395,16 +448,7 @@ def _parse_sglang(out: Any, s: SamplingParams, url: str) -> Completion:
     if isinstance(out, list):  # a server that answers batch-shaped even for one prompt
         out = out[0] if out else {}
     meta = _field(out, "meta_info", url)
-    reason = meta.get("finish_reason")
-    kind = reason.get("type") if isinstance(reason, dict) else reason
-    if kind == "abort":  # the server gave up on the request (e.g. prompt too long, OOM)
-        code = reason.get("status_code") if isinstance(reason, dict) else None
-        raise BackendError(
-            f"POST {url}: request aborted by the server: "
-            f"{reason.get('message') if isinstance(reason, dict) else reason}",
-            retryable=not (isinstance(code, int) and 400 <= code < 500),
-            status=code,
-        )
+    kind = _finish_kind(meta, url)
     triples = meta.get("output_token_logprobs") or []
     token_ids = out.get("output_ids") or [int(t[1]) for t in triples]
     return Completion(
@@ -449,6 +493,21 @@ def _parse_chat(out: Any, s: SamplingParams, url: str) -> Completion:
         prompt_tokens=prompt_tokens,
         cached_tokens=cached,
     )
+
+
+def _finish_kind(meta: dict[str, Any], url: str) -> str | None:
+    """SGLang's finish-reason type; an abort (the server gave up: prompt too long, OOM) raises."""
+    reason = meta.get("finish_reason")
+    kind = reason.get("type") if isinstance(reason, dict) else reason
+    if kind == "abort":
+        code = reason.get("status_code") if isinstance(reason, dict) else None
+        raise BackendError(
+            f"POST {url}: request aborted by the server: "
+            f"{reason.get('message') if isinstance(reason, dict) else reason}",
+            retryable=not (isinstance(code, int) and 400 <= code < 500),
+            status=code,
+        )
+    return kind
 
 
 _PARSE = {"sglang": _parse_sglang, "completions": _parse_completions, "chat": _parse_chat}

@@ -18,19 +18,33 @@ a retryable `BackendError`. The retry of a key that just failed on a worker goes
 worker whenever one is up, even if the cooldown has already run out.
 
     pool = WorkerPool([HttpBackend(url) for url in urls])
+
+`score` (answer scoring, `parser.backends.base.Scorer`) is routed and failed over the same way.
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import time
-from typing import Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from parser.backends.base import Backend, BackendError, Completion, Prompt, SamplingParams
 
 
 def _score(key: str, worker: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"{worker}:{key}".encode(), digest_size=8).digest(), "big")
+
+
+def _check_completion(completion: Any) -> str | None:
+    if not isinstance(completion.text, str):
+        return f"response text is {type(completion.text).__name__}, not a string"
+    return None
+
+
+def _check_scores(scores: Any) -> str | None:
+    if not isinstance(scores, list):
+        return f"scores are {type(scores).__name__}, not a list"
+    return None
 
 
 class WorkerPool:
@@ -81,11 +95,23 @@ class WorkerPool:
     async def generate(
         self, prompt: Prompt, sampling: SamplingParams, *, routing_key: str | None = None, request_id: str | None = None
     ) -> Completion:
+        return await self._call(routing_key, request_id, lambda backend: backend.generate(
+            prompt, sampling, routing_key=routing_key, request_id=request_id), _check_completion)
+
+    async def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], *, routing_key: str | None = None,
+                    request_id: str | None = None) -> list[float]:
+        """`Scorer.score` on the key's worker, with the same failover as `generate`."""
+        return await self._call(routing_key, request_id, lambda backend: backend.score(
+            prompt_ids, continuation_ids, routing_key=routing_key, request_id=request_id), _check_scores)
+
+    async def _call(self, routing_key: str | None, request_id: str | None,
+                    call: Callable[[Any], Awaitable[Any]], check: Callable[[Any], str | None]) -> Any:
+        """One request on the key's worker; every kind of failure in the module docstring marks it down."""
         key = routing_key or request_id
         worker = self.pick(key)
         started = time.monotonic()
         try:
-            completion = await self.backends[worker].generate(prompt, sampling, routing_key=routing_key, request_id=request_id)
+            result = await call(self.backends[worker])
         except BackendError as error:
             if error.retryable:
                 self._failed(worker, key)
@@ -97,13 +123,14 @@ class WorkerPool:
         except Exception as error:  # noqa: BLE001 - a 200 the backend could not parse: garbage from this worker
             self._failed(worker, key)
             raise BackendError(f"worker {worker}: unusable response ({type(error).__name__}: {error})", retryable=True) from error
-        if not isinstance(completion.text, str):
+        problem = check(result)
+        if problem is not None:
             self._failed(worker, key)
-            raise BackendError(f"worker {worker}: response text is {type(completion.text).__name__}, not a string", retryable=True)
+            raise BackendError(f"worker {worker}: {problem}", retryable=True)
         self._strikes[worker] = 0
         if key is not None:
             self._failed_on.pop(key, None)
-        return completion
+        return result
 
     async def aclose(self) -> None:
         for backend in self.backends:

@@ -7,6 +7,7 @@ routing key has nothing to pin here (the gateway uses it when there are several 
 
     backend = SGLangEngineBackend(model_path="Qwen/Qwen3.5-4B", mem_fraction_static=0.7)
     c = await backend.generate(token_ids, SamplingParams(max_new_tokens=512, return_logprobs=True))
+    logprobs = await backend.score(prompt_ids, answer_ids)   # input logprobs, zero new tokens
 
 `sglang` is imported inside the constructor, so CPU installs never need it (`gpu` extra).
 Keyword arguments go to `sglang.Engine` (= `sglang.srt.server_args.ServerArgs` fields).
@@ -23,9 +24,10 @@ Must never: be imported on CPU installs at module import time (sglang is GPU-onl
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Sequence
 
 from parser.backends.base import BackendError, Completion, Prompt, SamplingParams
+from parser.backends.scoring import SCORE_TEMPERATURE, check_request, sglang_input_logprobs
 
 
 class SGLangEngineBackend:
@@ -72,6 +74,36 @@ class SGLangEngineBackend:
         except Exception as e:  # the engine's subprocesses died or timed out
             raise BackendError(f"sglang.Engine failed: {type(e).__name__}: {e}", retryable=True) from e
         return parse_output(out, sampling, worker=self.name)
+
+    async def score(
+        self,
+        prompt_ids: Sequence[int],
+        continuation_ids: Sequence[int],
+        *,
+        routing_key: str | None = None,
+        request_id: str | None = None,
+    ) -> list[float]:
+        """Input logprobs of `continuation_ids` (parser.backends.scoring): one prefill, zero new tokens."""
+        prompt, continuation = check_request(prompt_ids, continuation_ids, "SGLangEngineBackend")
+        rid = f"{request_id or 'score'}-{uuid.uuid4().hex[:12]}"
+        try:
+            out = await self.engine.async_generate(
+                input_ids=prompt + continuation,
+                sampling_params={"max_new_tokens": 0, "temperature": SCORE_TEMPERATURE, "top_p": 1.0, "top_k": -1},
+                return_logprob=True,
+                logprob_start_len=len(prompt) - 1,
+                rid=rid,
+            )
+        except (ValueError, TypeError) as e:
+            raise BackendError(f"sglang.Engine rejected the scoring request: {e}", retryable=False) from e
+        except Exception as e:  # the engine's subprocesses died or timed out
+            raise BackendError(f"sglang.Engine failed: {type(e).__name__}: {e}", retryable=True) from e
+        if isinstance(out, list):
+            out = out[0] if out else {}
+        meta = out.get("meta_info") if isinstance(out, dict) else None
+        if not isinstance(meta, dict):
+            raise BackendError(f"sglang.Engine: unexpected scoring output {str(out)[:200]!r}", retryable=True)
+        return sglang_input_logprobs(meta, continuation, "sglang.Engine")
 
     async def aclose(self) -> None:
         shutdown = getattr(self.engine, "shutdown", None)

@@ -31,6 +31,10 @@ unset) and what verl's actor recomputes. `logprobs_before_temperature=True` give
 log_softmax(logits) instead. Sampling order: temperature, top-k, top-p, then a draw from a
 per-request `torch.Generator` seeded with `SamplingParams.seed`.
 
+Scoring (`score(prompt_ids, continuation_ids)`, parser.backends.scoring): the log-probs of given
+tokens from a teacher-forced pass at temperature 1 (log_softmax of the raw logits), the cache-free
+analogue of SGLang's input logprobs, run on the worker between two decode steps (`run_exclusive`).
+
 Output conventions (SGLang's): `token_ids` include the EOS/<|im_end|> token that ended the
 turn, `text` does not (special tokens are skipped, tags like <think>/<tool_call> are kept); a
 stop string ends generation and is cut from `text`, while `token_ids` keep the tokens
@@ -72,6 +76,7 @@ import torch
 
 from parser.backends.base import BackendError, Completion, Prompt, SamplingParams
 from parser.backends.kv_slots import SlotBatch, SoloRows, batchable, use_gqa_sdpa
+from parser.backends.scoring import check_request
 from parser.chat_format import CHATML
 
 try:  # transformers >= 5: layer-wise caches
@@ -82,6 +87,7 @@ except ImportError:  # pragma: no cover - older transformers: no hybrid models, 
 
     DynamicLayer = DynamicSlidingWindowLayer = LinearAttentionCacheLayerMixin = ()  # type: ignore[assignment]
 
+SCORE_SLICE = 256  # continuation tokens per forward when scoring (bounds the logits held at once)
 # Rows decode in groups by capacity (positions: prompt + max_new_tokens), 1024 * 4^k: a round's
 # subagents share one group, while a much longer prompt (a lead's) gets its own instead of
 # stretching every row's attention and zeroed buffer to its length.
@@ -513,6 +519,39 @@ class TransformersBackend:
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    # ------------------------------------------------------------------ scoring
+    async def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], *,
+                    routing_key: str | None = None, request_id: str | None = None) -> list[float]:
+        """log p of each continuation token after the prompt (parser.backends.scoring), off the event loop."""
+        return await asyncio.to_thread(self.score_ids, prompt_ids, continuation_ids)
+
+    def score_ids(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int]) -> list[float]:
+        """Blocking `score` (thread-safe): one teacher-forced pass at temperature 1 on the worker,
+        between two decode steps (`run_exclusive`)."""
+        prompt, continuation = check_request(prompt_ids, continuation_ids, "TransformersBackend")
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit and len(prompt) + len(continuation) > limit:
+            raise BackendError(f"TransformersBackend: {len(prompt)} + {len(continuation)} tokens to score exceed "
+                               f"max_position_embeddings {limit}", retryable=False)
+        return self.run_exclusive(lambda: self._teacher_forced(prompt, continuation))
+
+    def _teacher_forced(self, prompt: list[int], continuation: list[int]) -> list[float]:
+        """The prompt once (its last logits predict the first continuation token), then the
+        continuation in slices of SCORE_SLICE tokens through a fresh KV cache, so a long
+        continuation never holds more than SCORE_SLICE x vocabulary logits at once."""
+        cache = DynamicCache(config=self.model.config)
+        previous = self._forward(cache, prompt)[None]
+        values: list[float] = []
+        for start in range(0, len(continuation), SCORE_SLICE):
+            piece = continuation[start:start + SCORE_SLICE]
+            x = torch.tensor([piece], dtype=torch.long, device=self.device)
+            logits = self.model(input_ids=x, past_key_values=cache, use_cache=True).logits[0].float().to("cpu")
+            predicting = torch.cat([previous, logits[:-1]])  # row j predicts piece[j]
+            chosen = torch.log_softmax(predicting, -1).gather(-1, torch.tensor(piece)[:, None])
+            values.extend(chosen[:, 0].tolist())
+            previous = logits[-1:]
+        return values
 
 
 # ---------------------------------------------------------------------- helpers

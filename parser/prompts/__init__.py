@@ -107,6 +107,16 @@ BASELINE_FIELDS = {
 
 BASELINES = PromptSet("baselines", BASELINE_FIELDS)
 
+# The answer-scoring prompts (`prompts/scoring/<version>/`): what the InfoMem scorer reads before
+# the gold answer (`parser.info_gain`), with and without the gathered findings. Gains computed
+# under two versions are not comparable, so any change is a new version.
+SCORING_FIELDS = {
+    "info_gain": {"question", "evidence"},
+    "info_gain_no_evidence": {"question"},
+}
+
+SCORING = PromptSet("scoring", SCORING_FIELDS)
+
 
 def render(name: str, version: str = DEFAULT_VERSION, **fields: Any) -> str:
     return LEAD.render(name, version, **fields)

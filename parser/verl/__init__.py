@@ -8,7 +8,8 @@ into one documented verl extension point, so no verl file is copied or patched:
 | `agent_loop` | `actor_rollout_ref.rollout.agent.agent_loop_config_path` (+ dataset `agent_name`) | run the core `EpisodeEngine` for one trajectory |
 | `server_manager` | the agent loop's `self.server_manager` | verl's rollout client as a `parser.backends.base.Backend` |
 | `reward` | `reward.custom_reward_function` | `compute_score`: EM on the extracted answer |
-| `sampler` | `trainer.v1.sampler.custom_sampler` | verl's async replay buffer, plus per-step ParSer metrics |
+| `sampler` | `trainer.v1.sampler.custom_sampler` | verl's async replay buffer, plus per-step ParSer metrics and InfoMem's group step |
+| `info_gain` | (pure functions) | InfoMem in verl: compose a GRPO group's rewards from EM and gains, its step metrics |
 | `metrics` | (pure functions) | trajectory stats -> logged step metrics |
 | `config_checks` / `train` | `verl.trainer.main_ppo.run_ppo` | fail fast on bad configs, then launch |
 | `cpu/` | platform, engine, rollout and checkpoint-engine registries | the same trainer on a CPU (CI, laptops) |

@@ -26,6 +26,11 @@ Dataset row (`data_prep.verl_parquet`): `prompt` = chat messages holding only th
 gold answers. The authors' released parquet (a top-level `context`, the question in `prompt[0]`)
 loads as it is (`parser.verl.rows`). Unknown columns are accepted and ignored.
 
+With `parser.info_gain.enable` (InfoMem, configs/train/parser_4b_infomem.yaml) a successful
+trajectory also carries its answer-conditioned evidence gain in `extra_fields["info_gain"]`,
+scored by the policy or the frozen subagent model (`parser.info_gain`, `parser.verl.info_gain`);
+the reward here stays EM, and the replay buffer composes the group's rewards.
+
 The protocol object (`parser.protocol`) is chosen once per worker from `parser.episode.protocol`
 and handed to the chunking, the reader, the engine, the reward and the mask, exactly as eval's
 `parser.methods.parser.ParSerMethod` does. With `release` (configs/train/parser_4b_release.yaml)
@@ -45,13 +50,15 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from parser.backends import build_backend
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
+from parser.info_gain import SUCCESS, GainRecord, GainScorer, InfoGainConfig, evidence_text, matched_gold
 from parser.backends.models import Models
 from parser.protocol import protocol_for
 from parser.readers import reader_for_episode
+from parser.retry import RetryingBackend, RetryPolicy
 from parser.trajectory import Trajectory
 from parser.verl.metrics import trajectory_metrics
 from parser.verl.rows import EpisodeInputs, episode_inputs  # noqa: F401  (EpisodeInputs: the row's reading)
-from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, episode_reward
+from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, episode_reward, gold_answers
 from parser.verl.server_manager import ServerManagerBackend
 
 AGENT_NAME = "parser_agent"  # configs/train/agent_loop.yaml `name`; the dataset's agent_name
@@ -93,6 +100,8 @@ class _WorkerState:
                              "compose from configs/train/parser_base.yaml")
         self.reward = episode_reward(settings["reward"])
         self.engines: dict[tuple[int, tuple], EpisodeEngine] = {}
+        self.info_gain = InfoGainConfig.from_settings(settings.get("info_gain"))
+        self.gain_scorers: dict[tuple[int, int], GainScorer] = {}
 
     def engine(self, server_manager: Any, lead_tokenizer: Any, sampling_params: Mapping[str, Any]) -> EpisodeEngine:
         stop_ids = self.protocol.chat.stop_token_ids(lead_tokenizer)
@@ -101,6 +110,19 @@ class _WorkerState:
         if key not in self.engines:
             self.engines[key] = EpisodeEngine(lead, lead_tokenizer, self.reader, self.config, self.protocol)
         return self.engines[key]
+
+
+    def gain_scorer(self, server_manager: Any, lead_tokenizer: Any) -> GainScorer:
+        """InfoMem's scorer for this worker: the policy through verl's rollout servers, or the
+        frozen subagent model through the gateway client (`parser.info_gain.scorer`)."""
+        key = (id(asyncio.get_running_loop()), id(server_manager) if self.info_gain.scorer == "policy" else 0)
+        if key not in self.gain_scorers:
+            if self.info_gain.scorer == "policy":
+                scorer, tokenizer = ServerManagerBackend(server_manager, {}), lead_tokenizer
+            else:
+                scorer, tokenizer = self.backend, self.subagent_tokenizer
+            self.gain_scorers[key] = GainScorer(RetryingBackend(scorer, RetryPolicy.of(self.config)), tokenizer, self.info_gain)
+        return self.gain_scorers[key]
 
 
 _STATE: dict[str, _WorkerState] = {}
@@ -185,7 +207,17 @@ class ParserAgentLoop(AgentLoopBase):
             )
         reward = state.reward(trajectory, inputs.golds, state.protocol)
         state.protocol.mask_invalid_turns(trajectory, reward)
-        return to_agent_loop_output(
+        output = to_agent_loop_output(
             trajectory, reward, self.response_length, with_logprobs=bool(sampling_params.get("logprobs")),
             protocol_key=state.protocol.key, weight_versions=weight_versions,
         )
+        if state.info_gain.enable:  # InfoMem: only a successful trajectory's evidence is scored
+            if reward >= SUCCESS:
+                gold = matched_gold(trajectory.answer, gold_answers(inputs.golds), state.protocol.exact_match)
+                record = await state.gain_scorer(self.server_manager, self.tokenizer).gain(
+                    inputs.question, evidence_text(trajectory), gold, request_id=request_id)
+            else:
+                record = GainRecord(gain=None, scorer=state.info_gain.scorer, prompt_version=state.info_gain.prompt_version,
+                                    error="not a successful trajectory")
+            output.extra_fields["info_gain"] = record.to_dict()
+        return output

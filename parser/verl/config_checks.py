@@ -75,13 +75,37 @@ def check_train_config(config: Any, require_gateway: bool = True) -> None:
         problems.append("no `parser:` block (compose from configs/train/parser_base.yaml)")
     else:
         per_turn = int(parser_cfg.episode.max_tokens_per_turn)
-        if per_turn > int(rollout.response_length):
+        if per_turn > int(rollout.response_length) and not parser_cfg.get("memagent"):
             problems.append(f"parser.episode.max_tokens_per_turn={per_turn} > rollout.response_length={rollout.response_length}")
-        if require_gateway and not parser_cfg.get("gateway_url"):
+        if require_gateway and not parser_cfg.get("gateway_url") and not parser_cfg.get("memagent"):  # memory agents read alone
             problems.append("parser.gateway_url is not set: the subagents' gateway URL "
                             "(export PARSER_GATEWAY_URL=http://host:port or pass parser.gateway_url=...)")
+        problems += _info_gain_problems(parser_cfg.get("info_gain"), rollout)
     if problems:
         raise TrainConfigError("training config rejected:\n  - " + "\n  - ".join(problems))
+
+
+# The rollout servers that answer verl's `prompt_logprobs` (InfoMem's policy scorer).
+PROMPT_LOGPROB_ROLLOUTS = ("sglang", "vllm", "parser_cpu")
+
+
+def _info_gain_problems(settings: Any, rollout: Any) -> list[str]:
+    """`parser.info_gain` (InfoMem): values the agent loop and the replay buffer would refuse
+    minutes in, and a policy scorer on a rollout server that cannot score."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from parser.info_gain import InfoGainConfig
+
+    if settings is None:
+        return []
+    try:
+        config = InfoGainConfig.from_settings(OmegaConf.to_container(settings) if isinstance(settings, DictConfig) else settings)
+    except (TypeError, ValueError) as error:
+        return [str(error)]
+    if config.enable and config.scorer == "policy" and rollout.name not in PROMPT_LOGPROB_ROLLOUTS:
+        return [f"parser.info_gain.scorer=policy needs a rollout server that answers prompt_logprobs "
+                f"({', '.join(PROMPT_LOGPROB_ROLLOUTS)}); actor_rollout_ref.rollout.name={rollout.name}"]
+    return []
 
 
 # Subtrees whose keys verl passes through without a schema (free-form by design), and ParSer's own.

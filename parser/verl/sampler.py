@@ -32,6 +32,11 @@ Guards logged every step, so a run that silently stops learning shows it:
 - `parser/weights/{oldest,newest}_version/{min,max}`: the weight versions (trainer steps) the
   sampled trajectories were generated with; `parser/weights/unversioned/sum` the ones whose
   rollout reported none — a rollout that never receives new weights keeps reporting the old one.
+
+With `parser.info_gain.enable` (InfoMem, `sampler_kwargs.info_gain: ${parser.info_gain}`) the
+buffer also composes each finished GRPO group's reward before verl classifies or samples it
+(`parser.verl.info_gain`: the gain of successful trajectories, normalised in the group, added to
+the EM in `rm_scores`) and logs `parser/info_gain/*` per step.
 """
 from __future__ import annotations
 
@@ -39,9 +44,14 @@ import logging
 from collections import Counter
 from typing import Any
 
+import torch
 import transfer_queue as tq
+from omegaconf import DictConfig, OmegaConf
+from tensordict import TensorDict
 from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY, ReplayBufferAsync
 
+from parser.info_gain import InfoGainConfig
+from parser.verl.info_gain import compose_groups, final_outputs, info_gain_metrics
 from parser.verl.metrics import group_metrics, step_metrics
 
 logger = logging.getLogger(__name__)
@@ -62,9 +72,18 @@ class ParserReplayBuffer(ReplayBufferAsync):
                              "without a bound, dynamic sampling waits forever once every group's rewards are equal")
         self.max_filtered_groups = int(bound)
         self.filtered: Counter = Counter()  # global step -> uniform groups evicted and regenerated
+        settings = sampler_kwargs.get("info_gain")
+        self.info_gain = InfoGainConfig.from_settings(
+            OmegaConf.to_container(settings, resolve=True) if isinstance(settings, DictConfig) else settings)
+        self._composed: set[str] = set()  # uids whose rm_scores hold the composed reward
         super().__init__(*args, sampler_kwargs=sampler_kwargs, **kwargs)
 
     def _terminal_eviction_reasons(self, global_steps: int, partition_id: str):
+        # verl calls this on every poll, right after syncing the metadata and before it evicts,
+        # classifies (dynamic sampling) or selects groups: the one point that sees each finished
+        # group before anything reads its reward (InfoMem composes it here)
+        if partition_id == "train" and self.info_gain.enable:
+            self._compose_finished_groups(partition_id)
         stale, uniform, failed, counts = super()._terminal_eviction_reasons(global_steps, partition_id)
         room = self.max_filtered_groups - self.filtered[global_steps]
         if len(uniform) > room:  # over budget: the rest are sampled as they are
@@ -78,11 +97,32 @@ class ParserReplayBuffer(ReplayBufferAsync):
         self.filtered[global_steps] += evicted[2]
         return evicted
 
+    def _compose_finished_groups(self, partition_id: str) -> None:
+        """InfoMem's group step (parser.verl.info_gain): EM -> composed reward in `rm_scores`."""
+        live = set(self.finished_keys[partition_id]) | set(self.running_keys[partition_id]) | set(self.pending_keys[partition_id])
+        self._composed &= live  # groups already cleared from TransferQueue are forgotten
+        todo = set(self.finished_keys[partition_id]) - self._composed
+        keys = [key for key in self.partitions[partition_id] if key.split("_")[0] in todo]
+        if keys:
+            data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["extra_fields", "rm_scores"])
+            scores = compose_groups(keys, _rows(data["extra_fields"]), self.info_gain)
+            new = []
+            for score, row in zip(scores, _unbind(data["rm_scores"])):
+                row = row.clone()
+                if score is not None:  # the reward sits on the last response token, as verl put it
+                    row.zero_()
+                    row[-1] = score
+                new.append(row)
+            tq.kv_batch_put(keys=keys, partition_id=partition_id,
+                            fields=TensorDict({"rm_scores": torch.nested.as_nested_tensor(new, layout=torch.jagged)},
+                                              batch_size=len(keys)))
+        self._composed |= todo
+
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         batch, metrics = super().sample(global_steps, partition_id, batch_size)
         if partition_id == "train" and batch.keys:
-            data = tq.kv_batch_get(keys=batch.keys, partition_id=partition_id,
-                                   select_fields=["extra_fields", "response_mask"])
+            fields = ["extra_fields", "response_mask"] + (["rm_scores"] if self.info_gain.enable else [])
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=partition_id, select_fields=fields)
             metrics.update(metrics_from_extra_fields(data["extra_fields"]))
             metrics.update(mask_metrics(data["extra_fields"], data["response_mask"]))
             metrics.update(group_metrics(rewards_by_group(batch.keys, data["extra_fields"], batch.tags),
@@ -91,6 +131,9 @@ class ParserReplayBuffer(ReplayBufferAsync):
             metrics.update(version_metrics(batch.tags))
             metrics["parser/grpo/filter_budget_spent"] = float(self.filtered[global_steps] >= self.max_filtered_groups
                                                                and self.filter_groups_metric is not None)
+            if self.info_gain.enable:
+                scores = [float(r.sum()) for r in _unbind(data["rm_scores"])]
+                metrics.update(info_gain_metrics(batch.keys, _rows(data["extra_fields"]), scores, batch.tags))
         return batch, metrics
 
 
@@ -120,6 +163,11 @@ def _rows(extra_fields: Any) -> list[Any]:
     return extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
 
 
+def _unbind(tensor: Any) -> list[Any]:
+    """Per-trajectory rows of a TransferQueue field (kept unpadded: a jagged nested tensor)."""
+    return tensor.unbind(0) if getattr(tensor, "is_nested", False) else list(tensor)
+
+
 def mask_metrics(extra_fields: Any, response_mask: Any) -> dict[str, float]:
     """What the trainer will learn from, checked against what the engine generated.
 
@@ -130,7 +178,7 @@ def mask_metrics(extra_fields: Any, response_mask: Any) -> dict[str, float]:
     """
     rows = _rows(extra_fields)
     # TransferQueue keeps each trajectory's response unpadded (a jagged nested tensor)
-    masks = response_mask.unbind(0) if getattr(response_mask, "is_nested", False) else list(response_mask)
+    masks = _unbind(response_mask)
     mismatched = lead = total = 0
     for row, mask in zip(rows, masks):
         stats = row.get("parser_stats") if isinstance(row, dict) else None
@@ -147,15 +195,17 @@ def mask_metrics(extra_fields: Any, response_mask: Any) -> dict[str, float]:
 
 
 def rewards_by_group(keys: list[str], extra_fields: Any, tags: list[dict] | None = None) -> dict[str, list[float]]:
-    """uid -> rewards of the sampled trajectories (verl keys them `{uid}_{session}_{i}`), padding skipped."""
+    """uid -> rewards of the sampled trajectories (verl keys them `{uid}_{session}_{i}`; a
+    trajectory of several outputs counts once, by its last), padding skipped."""
     rows = _rows(extra_fields)
     groups: dict[str, list[float]] = {}
-    for i, (key, row) in enumerate(zip(keys, rows)):
-        if tags and tags[i].get("is_padding"):
-            continue
-        info = (row or {}).get("reward_extra_info") or {} if isinstance(row, dict) else {}
-        if "acc" in info:
-            groups.setdefault(key.rsplit("_", 2)[0], []).append(float(info["acc"]))
+    for uid, sessions in final_outputs(keys).items():
+        for i in sessions.values():
+            if tags and tags[i].get("is_padding"):
+                continue
+            info = (rows[i] or {}).get("reward_extra_info") or {} if isinstance(rows[i], dict) else {}
+            if "acc" in info:
+                groups.setdefault(uid, []).append(float(info["acc"]))
     return groups
 
 
@@ -165,7 +215,7 @@ def metrics_from_extra_fields(extra_fields: Any) -> dict[str, float]:
     rows = [r for r in rows if isinstance(r, dict)]
     stats = [r.get("parser_stats") for r in rows if r.get("parser_stats")]
     rewards = [r["reward_extra_info"]["acc"] for r in rows if "acc" in (r.get("reward_extra_info") or {})]
-    if len(stats) < len(rows):
+    if stats and len(stats) < len(rows):  # (a memory agent's rows carry none at all)
         logger.warning("%d of %d sampled trajectories carry no parser_stats (not from parser_agent?)",
                        len(rows) - len(stats), len(rows))
     return step_metrics(stats, rewards)

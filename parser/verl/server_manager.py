@@ -28,14 +28,21 @@ Who decides what:
   manager reports them per call in `TokenOutput.extra_fields`; the adapter pools them per
   request id and the agent loop takes them with `take_weight_versions(request_id)`.
 
+- scoring (`score`, the InfoMem scorer `parser.info_gain` with `scorer: policy`): verl's own
+  `prompt_logprobs` request (what its distillation teacher sends; SGLang and vLLM rollout servers
+  both answer it, and so does the CPU rollout server), one token generated and ignored.
+
 It never raises on model output. An `aborted` stop reason (a weight sync interrupted the
 request and partial rollout is off) is a transport failure: `BackendError(retryable=True)`.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
+from uuid import uuid4
 
 from parser.backends.base import BackendError, Completion, Prompt, SamplingParams
+from parser.backends.scoring import SCORE_TEMPERATURE, check_request
 
 # verl's sampling keys that the adapter passes through untouched.
 POLICY_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "logprobs")
@@ -120,5 +127,50 @@ class ServerManagerBackend:
             cached_tokens=int(extra.get("num_cached_tokens") or 0),
         )
 
+    async def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], *, routing_key: str | None = None,
+                    request_id: str | None = None) -> list[float]:
+        """The policy as a `Scorer`: verl's `prompt_logprobs` (its distillation teacher's path)
+        on a fresh request id. See `policy_prompt_logprobs` for why the base client is called."""
+        prompt, continuation = check_request(prompt_ids, continuation_ids, "ServerManagerBackend")
+        ids = prompt + continuation
+        params = {"max_tokens": 1, "temperature": SCORE_TEMPERATURE, "top_p": 1.0, "top_k": -1, "prompt_logprobs": 0}
+        output = await policy_prompt_logprobs(self.server_manager, uuid4().hex, ids, params)
+        if getattr(output, "stop_reason", None) in ("aborted", "abort"):
+            raise BackendError("verl rollout aborted a scoring request (weight sync?)", retryable=True)
+        extra = getattr(output, "extra_fields", None) or {}
+        rows, row_ids = extra.get("prompt_logprobs"), extra.get("prompt_ids")
+        if not isinstance(rows, list) or not isinstance(row_ids, list) or len(rows) != len(ids) or len(row_ids) != len(ids):
+            raise BackendError(f"verl rollout: no prompt_logprobs for the {len(ids)} tokens sent (rollout "
+                               f"{type(self.server_manager).__name__}; got {str(extra)[:200]})", retryable=False)
+        # verl's contract (vLLM's and SGLang's extractors alike): row p is token p+1's, the last a dummy
+        window = range(len(prompt) - 1, len(ids) - 1)
+        named = [int(row_ids[p][0]) for p in window]
+        if named != continuation:
+            raise BackendError(f"verl rollout: prompt_logprobs name tokens {named[:8]}..., not the continuation "
+                               f"{continuation[:8]}...", retryable=False)
+        values = [rows[p][0] for p in window]
+        if any(v is None or not math.isfinite(float(v)) for v in values):
+            raise BackendError(f"verl rollout: a continuation token has no finite logprob ({values[:8]})", retryable=False)
+        return [float(v) for v in values]
+
     async def aclose(self) -> None:
         """Nothing to close: verl owns the client."""
+
+
+async def policy_prompt_logprobs(server_manager: Any, request_id: str, prompt_ids: list[int], params: dict[str, Any]) -> Any:
+    """One `generate` that keeps the server's `prompt_logprobs`.
+
+    verl 0.9.1's separate_async trainer hands agent loops a `FullyAsyncLLMServerClient`, whose
+    `generate` (the partial-rollout resume loop) rebuilds the `TokenOutput` and keeps only the
+    weight-version and cache fields of `extra_fields`: the rollout server's `prompt_logprobs` and
+    `prompt_ids` are dropped. A one-token scoring request has nothing to resume, so it goes
+    through the base `LLMServerClient.generate` (load balancer, sticky session, the server's output
+    as it is); an abort comes back as a stop reason and is retried by the caller.
+    """
+    try:
+        from verl.workers.rollout.llm_server import LLMServerClient
+    except ImportError:  # pragma: no cover - verl is installed wherever a server manager exists
+        LLMServerClient = None  # type: ignore[assignment]
+    if LLMServerClient is not None and isinstance(server_manager, LLMServerClient):
+        return await LLMServerClient.generate(server_manager, request_id, prompt_ids=prompt_ids, sampling_params=params)
+    return await server_manager.generate(request_id, prompt_ids=prompt_ids, sampling_params=params)

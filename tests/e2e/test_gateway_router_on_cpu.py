@@ -254,3 +254,37 @@ def test_a_garbage_200_passes_through_smg_and_only_the_client_pool_routes_around
     print(f"[pool garbage] {sum(c.status == 'failed' for c in pool_calls)} failed, "
           f"{sum(c.attempts > 1 for c in pool_calls)} retried of {len(pool_calls)}")
     assert via_pool.answer == "Lisbon" and not [c for c in pool_calls if c.status == "failed"]
+
+
+@pytest.mark.parametrize("kind", ["smg", "sglang_router"])
+def test_answer_scoring_passes_through_the_gateway(kind, tmp_path, tiny_tokenizer, tiny_qwen3_model):
+    """`score` through the router to two parser.serve workers (tiny Qwen3, the same seeded weights
+    as in process): SGLang's input-logprob fields reach the worker and its answer comes back
+    unchanged, equal to a plain forward pass, whichever worker a key lands on. Either router's
+    OpenAI completions route takes text prompts only: a token-id prompt (vLLM's prompt_logprobs
+    way) is refused with a 4xx, a clear non-retryable error (docs/info_gain.md)."""
+    import torch
+
+    from parser.backends.base import BackendError
+
+    cfg = {"workers": {"kind": "parser_serve", "num": 2, "cpu_model": "tiny-qwen3"},
+           "router": _router_cfg(kind), "log_dir": str(tmp_path / f"logs-score-{kind}"), "ready_timeout_s": 120}
+    prompt = tiny_tokenizer.encode("Question: who built the bridge? Findings: Ada Okafor built it. Answer:",
+                                   add_special_tokens=False)
+    answer = tiny_tokenizer.encode(" Ada Okafor", add_special_tokens=False)
+    with torch.inference_mode():
+        logits = tiny_qwen3_model(input_ids=torch.tensor([prompt + answer])).logits[0].float()
+    want = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).gather(-1, torch.tensor(answer)[:, None])[:, 0].tolist()
+    with Gateway.from_config(cfg) as gw:
+        async def go(api, server):
+            async with HttpBackend(gw.url, api=api, server=server, model="tiny-qwen3") as backend:
+                return [await backend.score(prompt, answer, routing_key=f"doc:{i}") for i in range(4)]
+
+        scores = asyncio.run(go("sglang", "sglang"))
+        with pytest.raises(BackendError) as refused:
+            asyncio.run(go("completions", "vllm"))
+    for got in scores:
+        assert got == pytest.approx(want, abs=1e-4)
+    # measured: smg 1.13.0 answers 400 (its prompt field takes a string or strings), sglang-router 0.3.2 a 422
+    assert refused.value.status == {"smg": 400, "sglang_router": 422}[kind]
+    assert not refused.value.retryable and "prompt" in str(refused.value)

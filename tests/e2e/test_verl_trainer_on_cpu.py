@@ -7,7 +7,7 @@ composition, sizes and device changed; parser/verl/cpu plugs the CPU into verl) 
 TransferQueue, the separate_async trainer, FSDP2 actor + reference, a standalone rollout
 replica, gloo weight sync after every step, ParserAgentLoop with the episode engine, subagents
 over HTTP, ParserReplayBuffer, GRPO, checkpointing — twice: 2 steps with a checkpoint per
-step, then again from the checkpoint to step 3.
+step, then again from the checkpoint to step 3, both with InfoMem's reward on (parser.info_gain).
 
 The only stand-in: the subagents are a loopback HTTP worker (parser.testing.loopback) that
 answers like a subagent (a finding where the needle is, else an abstention) instead of
@@ -21,6 +21,7 @@ and ~10 processes each importing verl; the steps themselves 6-35 s.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -42,7 +43,15 @@ RUN_TIMEOUT_S = 900  # one launch: 150-330 s at load 10-15; at load 35 it ran pa
 pytestmark = pytest.mark.timeout(2400)
 
 
-def train(tmp: Path, lead: dict, gateway_url: str, name: str, steps: int) -> dict:
+# Both launches run with InfoMem on (parser.info_gain; the policy, i.e. the CPU rollout server,
+# scores the successful trajectories' findings), so the group step and its metrics run inside
+# verl's own trainer without a third launch. (Not only the second: verl restores the replay buffer
+# with the checkpoint, so a resumed run first trains on groups the earlier launch generated, and
+# a success-free last step would leave nothing scored.)
+INFOMEM = ["parser.info_gain.enable=true", "parser.info_gain.scorer=policy", "algorithm.filter_groups.metric=acc"]
+
+
+def train(tmp: Path, lead: dict, gateway_url: str, name: str, steps: int, overrides: list[str] = ()) -> dict:
     """One launch of the trainer; returns its per-step metrics, wall time and output."""
     log = tmp / f"{name}.jsonl"
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
@@ -56,6 +65,7 @@ def train(tmp: Path, lead: dict, gateway_url: str, name: str, steps: int) -> dic
         f"data.train_files={lead['train_files']}", f"data.val_files={lead['val_files']}",
         f"trainer.default_local_dir={tmp / 'checkpoints'}",
         "trainer.logger=[console,file]", "trainer.save_freq=1", f"trainer.total_training_steps={steps}",
+        *overrides,
     ]
     start = time.monotonic()
     proc = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
@@ -70,8 +80,8 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cpu_smoke")
     with start_loopback("subagent-w1", needle=smoke.NEEDLE, needle_answer=smoke.ANSWER) as subagents:
         lead = smoke.build(tmp, subagents.url)
-        first = train(tmp, lead, subagents.url, "run1", steps=2)
-        again = train(tmp, lead, subagents.url, "run2", steps=3)
+        first = train(tmp, lead, subagents.url, "run1", steps=2, overrides=INFOMEM)
+        again = train(tmp, lead, subagents.url, "run2", steps=3, overrides=INFOMEM)
     report = {n: {"wall_s": round(r["wall_s"], 1), "step_s": {k: round(v["timing_s/step"], 1) for k, v in r["steps"].items()}}
               for n, r in (("run1", first), ("run2", again))}
     print(f"\ncpu smoke timings: {report}")
@@ -105,7 +115,26 @@ def test_parser_metrics_logged_every_step(runs):
             # the lead queried the subagents over HTTP and got the needle's finding back
             assert metrics["parser/queries_per_turn"] > 0 and metrics["parser/replies_per_query"] > 0
             assert metrics["parser/subagent_failures/sum"] == 0
-            assert metrics["parser/reward/mean"] == metrics["critic/score/mean"]
+            assert metrics["parser/reward/mean"] == pytest.approx(metrics["critic/score/mean"], abs=1e-6)
+
+
+def test_infomem_gain_is_scored_and_logged_every_step(runs):
+    """parser.info_gain in verl's trainer: every successful trajectory got a gain from the policy
+    (verl's prompt_logprobs on the CPU rollout server), the replay buffer composed the groups and
+    logged the gain; EM stays the reported reward."""
+    steps = {**runs["first"]["steps"], **runs["again"]["steps"]}
+    scored = {s: m for s, m in steps.items() if "parser/info_gain/scored_fraction" in m}
+    assert scored, f"no step sampled a successful trajectory: {steps}"
+    for step, metrics in steps.items():
+        assert metrics["parser/info_gain/failures/sum"] == 0 and metrics["parser/info_gain/unrecorded/sum"] == 0, step
+        assert 0.0 <= metrics["parser/info_gain/groups_changed"] <= 1.0
+        # zscore bonuses sum to zero over each group's successes: the mean score is still the EM's
+        assert metrics["critic/score/mean"] == pytest.approx(metrics["parser/reward/mean"], abs=1e-6)
+        if metrics["parser/info_gain/groups_changed"] > 0:
+            assert metrics["critic/score/max"] > 1.0  # a composed reward above the EM's 1
+    for metrics in scored.values():
+        assert metrics["parser/info_gain/scored_fraction"] == 1.0
+        assert math.isfinite(metrics["parser/info_gain/gain/mean"]) and metrics["parser/info_gain/gain/std"] >= 0
 
 
 def test_guards_against_silent_non_learning_are_logged_every_step(runs):

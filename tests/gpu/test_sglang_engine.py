@@ -83,3 +83,17 @@ def test_text_and_message_prompts_and_stop_strings(engine, tiny_tokenizer):
         stop = free.text[3:6]
         cut = run(backend, backend.generate(ids, SamplingParams(max_new_tokens=24, temperature=1.0, seed=1, stop=(stop,))))
         assert cut.finish_reason == "stop" and stop not in cut.text
+
+
+def test_score_matches_a_forward_pass_of_the_same_model(engine, tiny_tokenizer):
+    """Answer scoring on the engine (input logprobs, zero new tokens) equals teacher forcing."""
+    backend, model = engine
+    prompt = prompt_ids(tiny_tokenizer, "Who built the bridge?")
+    answer = tiny_tokenizer.encode("Ada Okafor built it in 1911.", add_special_tokens=False)
+    scores = run(backend, backend.score(prompt, answer, request_id="s1"))
+    with torch.inference_mode():
+        logits = model.float()(torch.tensor([prompt + answer])).logits[0]
+    ref = torch.log_softmax(logits, -1)
+    want = [float(ref[len(prompt) - 1 + i, t]) for i, t in enumerate(answer)]
+    assert len(scores) == len(answer)
+    assert scores == pytest.approx(want, abs=2e-2)

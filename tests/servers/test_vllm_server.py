@@ -156,3 +156,29 @@ def test_failure_cases_are_classified(vllm, smollm2):
         assert len(str(error)) < 800
     assert "maximum context length" in str(errors["too_long"]) or "context" in str(errors["too_long"])
     assert ok.token_ids and ok.prompt_tokens > 0  # the request-id and routing headers are accepted
+
+
+def test_answer_scoring_equals_the_in_process_forward(vllm, smollm2):
+    """`score` on vLLM two ways — its `prompt_logprobs` extension (server: vllm) and the OpenAI
+    `echo` + `max_tokens: 0` way (server: generic) — against a float32 forward of the same weights."""
+    model, tokenizer = smollm2
+    text = tokenizer.apply_chat_template([{"role": "user", "content": f"{NEEDLE}\n\n{QUESTION}"}], tokenize=False,
+                                         add_generation_prompt=True)
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    answer = tokenizer.encode("Edda Quist", add_special_tokens=False)
+    wrong = tokenizer.encode("Anna Berg", add_special_tokens=False)
+    want = run(TransformersBackend(model, tokenizer).score(prompt, answer))
+
+    async def go(server, continuation):
+        backend = HttpBackend(vllm.url, api="completions", server=server, model=vllm.model)
+        try:
+            return await backend.score(prompt, continuation, request_id="score-1")
+        finally:
+            await backend.aclose()
+
+    for server in ("vllm", "generic"):
+        got = run(go(server, answer))
+        print(f"\n[vllm] score via {server}: {[round(v, 4) for v in got]} (in process {[round(v, 4) for v in want]})")
+        assert got == pytest.approx(want, abs=0.01), server
+    # the needle is in the prompt: its answer is far likelier than a wrong one
+    assert sum(want) / len(want) > sum(run(go("vllm", wrong))) / len(wrong)

@@ -12,7 +12,8 @@ which need a GPU. This is the same shape on a CPU, built from verl's own parts:
   object store), tagged with the trainer step they came from;
 - the server generates with `parser.backends.transformers.TransformersBackend` (token ids in,
   token ids + log-probs out, sampling as verl sends it) and reports `global_steps`, the
-  weight version each request ran on, which verl's staleness accounting reads.
+  weight version each request ran on, which verl's staleness accounting reads; it answers
+  verl's `prompt_logprobs: 0` (the policy as the InfoMem scorer) from one teacher-forced pass.
 
     actor_rollout_ref.rollout.name=parser_cpu   # with VERL_USE_EXTERNAL_MODULES=parser.verl.cpu
 
@@ -82,17 +83,27 @@ class TransformersRolloutServer:
         stop_ids = {int(t) for t in sampling_params.get("stop_token_ids") or ()}
         ids = [int(t) for t in prompt_ids]
 
+        prompt_logprobs = sampling_params.get("prompt_logprobs")
+        if prompt_logprobs not in (None, 0):
+            raise ValueError(f"{ROLLOUT_NAME}: prompt_logprobs={prompt_logprobs}; only 0 (each prompt token's own) is served")
+
         def run():
             with self._weights_lock:
                 self.backend.eos_ids |= stop_ids  # the lead's end-of-turn ids (same for every request)
-                return self.backend.generate_ids(ids, sampling, key=request_id), self.global_steps
+                # scored and generated under one weight version
+                scores = self.backend.score_ids(ids[:1], ids[1:]) if prompt_logprobs is not None and len(ids) > 1 else []
+                return self.backend.generate_ids(ids, sampling, key=request_id), scores, self.global_steps
 
-        completion, version = await asyncio.to_thread(run)
+        completion, scores, version = await asyncio.to_thread(run)
+        extra = {"global_steps": version, "num_cached_tokens": completion.cached_tokens}
+        if prompt_logprobs is not None:  # verl's contract: row p is token p+1's, then a dummy row
+            extra["prompt_ids"] = [[t] for t in ids[1:]] + [[0]]
+            extra["prompt_logprobs"] = [[lp] for lp in scores] + [[0.0]]
         return TokenOutput(
             token_ids=completion.token_ids,
             log_probs=completion.logprobs,
             stop_reason=completion.finish_reason,
-            extra_fields={"global_steps": version, "num_cached_tokens": completion.cached_tokens},
+            extra_fields=extra,
         )
 
     async def load_weights(self, weights: dict[str, torch.Tensor], global_steps: Optional[int]) -> None:
