@@ -153,6 +153,25 @@ def test_later_rounds_reuse_each_chunks_prefix_while_batched(model, tiny_tokeniz
     assert all((c.cached_tokens > 0) != sliding for c in got)  # a window cannot be rewound: no reuse
 
 
+def test_later_rounds_run_every_chunks_query_in_one_forward(model, tiny_tokenizer, forwards):
+    """Round 2 on an attention-only model: each row joins with its chunk's prefix and the five
+    new query tails run together in one forward (they were five solo prefills). Linear-attention
+    (Qwen3.5) and sliding-window models still prefill each tail alone."""
+    backend = TransformersBackend(model, tiny_tokenizer, checkpoint_every=32)
+    asyncio.run(concurrently(backend, [(prompt(tiny_tokenizer, i, QUERIES[0]), GREEDY, f"doc:{i}") for i in range(5)]))
+    seen = forwards(model)
+    requests = [(prompt(tiny_tokenizer, i, QUERIES[1]), GREEDY, f"doc:{i}") for i in range(5)]
+    got = asyncio.run(concurrently(backend, requests))
+    prefills = [(rows, new) for rows, new in seen.calls if new > 1]
+    if model.config.layer_types[0] == "sliding_attention":
+        assert all(rows == 1 for rows, _ in prefills) and all(c.cached_tokens == 0 for c in got)
+    elif getattr(model.config, "layer_types", None) and "linear_attention" in model.config.layer_types:
+        assert {rows for rows, _ in prefills} == {1} and len(prefills) >= 5 and all(c.cached_tokens > 0 for c in got)
+    else:
+        tails = {len(p) - c.cached_tokens for (p, _, _), c in zip(requests, got)}
+        assert prefills == [(5, max(tails))] and all(c.cached_tokens > 0 for c in got)
+
+
 def test_two_queries_for_one_chunk_run_in_turn_and_the_second_reuses_the_first(tiny_qwen3_model, tiny_tokenizer):
     requests = [(prompt(tiny_tokenizer, 3, q), GREEDY, "doc:3") for q in QUERIES]
     got = asyncio.run(concurrently(TransformersBackend(tiny_qwen3_model, tiny_tokenizer), requests))
@@ -264,3 +283,20 @@ def test_smollm2_greedy_subagent_replies_are_the_same_batched():
         sampling, f"doc:{c.index}") for c in chunks]
     got = asyncio.run(concurrently(TransformersBackend(model, tok), requests))
     assert_same(got, alone(model, tok, requests), logprob_tol=1e-3)
+
+
+def test_decode_attention_equals_sdpa_with_grouped_heads_and_padding():
+    """The decode step's attention (one query per row, two matmuls) is SDPA's, GQA groups and
+    each row's padding mask included."""
+    from parser.backends.kv_slots import _decode_attention
+
+    torch.manual_seed(0)
+    rows, q_heads, kv_heads, kv, dim = 5, 6, 2, 37, 16
+    query, key, value = torch.randn(rows, q_heads, 1, dim), torch.randn(rows, kv_heads, kv, dim), torch.randn(rows, kv_heads, kv, dim)
+    lengths = torch.tensor([37, 30, 1, 12, 25])
+    mask = torch.zeros(rows, 1, 1, kv).masked_fill_((torch.arange(kv)[None, :] >= lengths[:, None])[:, None, None], torch.finfo(torch.float32).min)
+    want = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True).transpose(1, 2)
+    assert torch.allclose(_decode_attention(query, key, value, mask, None), want, atol=1e-5)
+    assert torch.allclose(_decode_attention(query, key, value, mask, 0.3),
+                          torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=0.3,
+                                                                           enable_gqa=True).transpose(1, 2), atol=1e-5)
