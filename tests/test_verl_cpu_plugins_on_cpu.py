@@ -129,6 +129,35 @@ def test_rollout_server_answers_verls_prompt_logprobs_as_a_forward_pass_would(le
         asyncio.run(server.generate(ids, {"max_tokens": 1, "prompt_logprobs": 5}, request_id="s"))
 
 
+def test_rollout_server_batches_concurrent_requests_and_a_weight_load_waits_for_them(lead_dir):
+    """Requests in flight together reach the backend together (it decodes them as one batch); a
+    weight load issued meanwhile waits for them, so each reports the one version it ran on."""
+    from types import SimpleNamespace
+
+    from parser.verl.cpu.rollout import TransformersRolloutServer
+
+    path, tok = lead_dir
+    server = TransformersRolloutServer(SimpleNamespace(response_length=64), SimpleNamespace(path=str(path)), 0)
+    prompt = tok.encode("Question: who wrote the letter?", add_special_tokens=False)
+    sampling = {"temperature": 1.0, "max_tokens": 16, "logprobs": True}
+    submitted, submit = [], server.backend.submit
+    server.backend.submit = lambda *a, **k: (submitted.append(server._in_flight), submit(*a, **k))[1]
+
+    async def go():
+        first = [asyncio.create_task(server.generate(prompt, sampling, request_id=f"r{i}")) for i in range(4)]
+        await asyncio.sleep(0)  # the four are in flight
+        state = {k: v.clone() for k, v in server.backend.model.state_dict().items()}
+        load = asyncio.create_task(server.load_weights(state, global_steps=5))
+        await asyncio.sleep(0)
+        later = asyncio.create_task(server.generate(prompt, sampling, request_id="r9"))
+        return await asyncio.gather(*first), await load, await later
+
+    first, _, later = asyncio.run(go())
+    assert max(submitted) == 4  # all four were submitted before any finished
+    assert [c.extra_fields["global_steps"] for c in first] == [None] * 4
+    assert later.extra_fields["global_steps"] == 5
+
+
 def test_backend_string_fix_drops_only_an_exact_repeat():
     from parser.verl.cpu import _dedupe_backend
 

@@ -17,13 +17,14 @@ which need a GPU. This is the same shape on a CPU, built from verl's own parts:
 
     actor_rollout_ref.rollout.name=parser_cpu   # with VERL_USE_EXTERNAL_MODULES=parser.verl.cpu
 
-A request never mixes weight versions: a weight load waits for the running generation and
-new requests wait while verl has paused the replica (`abort_all_requests` ... `resume_generation`).
+Concurrent requests decode as one batch (the backend's worker). A request never mixes weight
+versions: a weight load waits for the requests in flight and holds new ones until it is done,
+and new requests also wait while verl has paused the replica (`abort_all_requests` ...
+`resume_generation`).
 """
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any, Optional
 
 import ray
@@ -70,7 +71,11 @@ class TransformersRolloutServer:
         self.backend = TransformersBackend(model, tokenizer, name=server_name(replica_rank), seed=seed)
         self.response_length = int(rollout_config.response_length)
         self.global_steps: Optional[int] = None
-        self._weights_lock = threading.Lock()  # one weight version per request
+        # One weight version per request, many requests at once (the backend batches them): a
+        # weight load waits for the requests in flight and holds new ones until it is done.
+        self._weights = asyncio.Condition()
+        self._in_flight = 0
+        self._loading = False
         self._open = asyncio.Event()
         self._open.set()
 
@@ -82,19 +87,23 @@ class TransformersRolloutServer:
         sampling = sampling_from_verl(sampling_params, self.response_length)
         stop_ids = {int(t) for t in sampling_params.get("stop_token_ids") or ()}
         ids = [int(t) for t in prompt_ids]
-
         prompt_logprobs = sampling_params.get("prompt_logprobs")
         if prompt_logprobs not in (None, 0):
             raise ValueError(f"{ROLLOUT_NAME}: prompt_logprobs={prompt_logprobs}; only 0 (each prompt token's own) is served")
-
-        def run():
-            with self._weights_lock:
-                self.backend.eos_ids |= stop_ids  # the lead's end-of-turn ids (same for every request)
-                # scored and generated under one weight version
-                scores = self.backend.score_ids(ids[:1], ids[1:]) if prompt_logprobs is not None and len(ids) > 1 else []
-                return self.backend.generate_ids(ids, sampling, key=request_id), scores, self.global_steps
-
-        completion, scores, version = await asyncio.to_thread(run)
+        async with self._weights:
+            await self._weights.wait_for(lambda: not self._loading)
+            self._in_flight += 1
+            version = self.global_steps
+        try:  # scored and generated under one weight version
+            self.backend.eos_ids |= stop_ids  # the lead's end-of-turn ids (same for every request)
+            scores = []
+            if prompt_logprobs is not None and len(ids) > 1:
+                scores = await asyncio.to_thread(self.backend.score_ids, ids[:1], ids[1:])
+            completion = await asyncio.wrap_future(self.backend.submit(ids, sampling, key=request_id))
+        finally:
+            async with self._weights:
+                self._in_flight -= 1
+                self._weights.notify_all()
         extra = {"global_steps": version, "num_cached_tokens": completion.cached_tokens}
         if prompt_logprobs is not None:  # verl's contract: row p is token p+1's, then a dummy row
             extra["prompt_ids"] = [[t] for t in ids[1:]] + [[0]]
@@ -107,19 +116,26 @@ class TransformersRolloutServer:
         )
 
     async def load_weights(self, weights: dict[str, torch.Tensor], global_steps: Optional[int]) -> None:
-        def run():
-            with self._weights_lock:
-                model = self.backend.model
-                missing, unexpected = model.load_state_dict(weights, strict=False)
-                tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
-                if unexpected or set(missing) - tied:
-                    raise RuntimeError(f"weight sync: unexpected {unexpected}, missing {sorted(set(missing) - tied)}")
-                if tied:
-                    model.tie_weights()
-                self.backend._entries.clear()  # cached prefixes were computed with the old weights
-                self.global_steps = global_steps
+        def load():
+            model = self.backend.model
+            missing, unexpected = model.load_state_dict(weights, strict=False)
+            tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+            if unexpected or set(missing) - tied:
+                raise RuntimeError(f"weight sync: unexpected {unexpected}, missing {sorted(set(missing) - tied)}")
+            if tied:
+                model.tie_weights()
+            self.backend._entries.clear()  # cached prefixes were computed with the old weights
 
-        await asyncio.to_thread(run)
+        async with self._weights:
+            self._loading = True
+            await self._weights.wait_for(lambda: self._in_flight == 0)
+        try:  # on the backend's worker thread, which owns the model
+            await asyncio.to_thread(self.backend.run_exclusive, load)
+            self.global_steps = global_steps
+        finally:
+            async with self._weights:
+                self._loading = False
+                self._weights.notify_all()
 
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
