@@ -302,7 +302,8 @@ class TransformersBackend:
                     self._step()
 
     def _admit(self) -> None:
-        """Start queued requests while the batch has room: prefill each alone, then join."""
+        """Start queued requests while the batch has room: prefill each alone (or, a short tail
+        after a cached prefix, leave it to the batch's next forward), then join."""
         while True:
             with self._wake:
                 if not self._queue:
