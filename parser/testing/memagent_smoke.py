@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import random
 import re
 from pathlib import Path
 from typing import Any
 
-from parser.testing.verl_smoke import ANSWER, NEEDLE, QUESTION, WRONG, document, eval_rows, teach_lead
+from parser.testing.verl_smoke import ANSWER, NEEDLE, QUESTION, WRONG, cached_lead, document, eval_rows
 
 FACT = "Zorvan was directed by Miro Tal."
 AGENT_NAME = "memagent_agent"
@@ -84,7 +83,6 @@ def build(out: str | Path, steps: int = 200, cache: bool = True) -> dict[str, st
 
     from data_prep.verl_parquet import write_rl_parquet
     from parser.testing import byte_bpe_tokenizer
-    from parser.testing.assets import cached_directory
     from parser.verl.train import CONFIG_DIR
 
     out = Path(out)
@@ -94,14 +92,7 @@ def build(out: str | Path, steps: int = 200, cache: bool = True) -> dict[str, st
         config = compose(config_name="train/memagent_cpu")
     tokenizer = byte_bpe_tokenizer()
     sequences = asyncio.run(record_conversations(OmegaConf.to_container(config.parser.memagent, resolve=True), tokenizer))
-    key = hashlib.sha256(repr((sequences, steps)).encode()).hexdigest()[:16]
-
-    def fit(directory: Path) -> None:
-        model, _ = teach_lead(tokenizer, sequences, steps=steps)
-        model.save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
-
-    lead = cached_directory("memagent_smoke_lead", key, out / "lead", fit, cache=cache)
+    lead = cached_lead("memagent_smoke_lead", tokenizer, sequences, steps, out / "lead", cache)
     data = out / "data"
     train = write_rl_parquet(data / "train.parquet", eval_rows(16), data_source="memagent_cpu", agent_name=AGENT_NAME)
     val = write_rl_parquet(data / "val.parquet", eval_rows(2), data_source="memagent_cpu", split="val", agent_name=AGENT_NAME)

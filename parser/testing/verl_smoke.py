@@ -120,18 +120,33 @@ def teach_lead(tokenizer: Any, sequences: list[tuple[list[int], list[int]]], ste
     return model.eval(), float(loss.detach())
 
 
+def cached_lead(name: str, tokenizer: Any, sequences: list[tuple[list[int], list[int]]], steps: int,
+                target: Path, cache: bool) -> Path:
+    """`teach_lead` on `sequences`, saved with its tokenizer under the asset cache as `name`, keyed
+    by the sequences and steps (they change whenever the prompts, tokenizer or settings do)."""
+    import hashlib
+
+    from parser.testing.assets import cached_directory
+
+    def fit(directory: Path) -> None:
+        model, _ = teach_lead(tokenizer, sequences, steps=steps)
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    key = hashlib.sha256(repr((sequences, steps)).encode()).hexdigest()[:16]
+    return cached_directory(name, key, target, fit, cache=cache)
+
+
 def build(out: str | Path, gateway_url: str, steps: int = 200, cache: bool = True) -> dict[str, str]:
     """Write the smoke lead (weights + tokenizer) and the parquet files under `out`. The lead is
     cached under the asset cache, keyed by the recorded episodes (they change whenever the
     prompts, tokenizer or episode settings do), so reruns skip the ~1 minute of fitting."""
-    import hashlib
 
     import torch
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from parser.testing import byte_bpe_tokenizer
-    from parser.testing.assets import cached_directory
     from parser.verl.train import CONFIG_DIR
 
     out = Path(out)
@@ -142,14 +157,7 @@ def build(out: str | Path, gateway_url: str, steps: int = 200, cache: bool = Tru
     settings = OmegaConf.to_container(config.parser, resolve=True)
     tokenizer = byte_bpe_tokenizer()
     sequences = asyncio.run(record_episodes(settings, tokenizer, int(config.data.max_response_length)))
-    key = hashlib.sha256(repr((sequences, steps)).encode()).hexdigest()[:16]
-
-    def fit(directory: Path) -> None:
-        model, _ = teach_lead(tokenizer, sequences, steps=steps)
-        model.save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
-
-    lead = cached_directory("cpu_smoke_lead", key, out / "lead", fit, cache=cache)
+    lead = cached_lead("cpu_smoke_lead", tokenizer, sequences, steps, out / "lead", cache)
     train, val = write_data(out / "data")
     return {"lead": str(lead), "train_files": str(train), "val_files": str(val),
             "episode_tokens": str(len(sequences[0][0]))}
