@@ -55,8 +55,11 @@ class Row:
     sub_em: float = 0.0
     episode_s: float = 0.0
     wall_s: float = 0.0
+    unusable: str | None = None  # why the model could not run ParSer at all (e.g. no chat template)
 
     def cells(self) -> list[str]:
+        if self.unusable:
+            return [self.model, "0", f"unusable: {self.unusable}", "", "", "", "", ""]
         n = max(self.samples, 1)
         precision = f"{self.grounded / self.findings:.2f}" if self.findings else "n/a"
         return [self.model, str(self.samples), precision, f"{self.findings / max(self.rounds, 1):.1f}",
@@ -70,7 +73,11 @@ def grounded(answer: str, chunk_text: str) -> bool:
 
 
 async def run_model(name: str, samples: list[Sample], episode: dict, concurrency: int, out: Path) -> Row:
-    models = build_models({"lead": {"type": "transformers", "model": name}, "subagent": {"same_as": "lead"}})
+    try:
+        models = build_models({"lead": {"type": "transformers", "model": name}, "subagent": {"same_as": "lead"}})
+    except ValueError as exc:  # a model build_models refuses (it says why): a row, not a crash
+        print(f"[compare] {name}: unusable: {exc}", flush=True)
+        return Row(name, unusable=str(exc))
     method = build_method("parser", models, episode=episode)
     row, slots = Row(name), asyncio.Semaphore(concurrency)
     lines = []
@@ -131,8 +138,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for row in table:
         print("| " + " | ".join(row.cells()) + " |")
-    if any(r.samples != len(samples) or r.rounds == 0 and r.answered == 0 for r in table):
-        raise SystemExit("[compare] nonsense: a model finished fewer samples than asked, or never read nor answered")
+    ran = [r for r in table if not r.unusable]
+    if not ran or any(r.samples != len(samples) or r.rounds == 0 and r.answered == 0 for r in ran):
+        raise SystemExit("[compare] nonsense: no model could run, or one finished fewer samples than asked, "
+                         "or never read nor answered")
 
 
 if __name__ == "__main__":

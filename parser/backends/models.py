@@ -39,14 +39,27 @@ def build_models(cfg: Mapping[str, Any]) -> Models:
     if "lead" not in cfg:
         raise ValueError("models config: missing the 'lead' section")
     lead, lead_tokenizer = build_backend(cfg["lead"])
+    _require_chat_template("lead", cfg["lead"], lead_tokenizer)
     sub_cfg = cfg.get("subagent") or {"same_as": "lead"}
     if sub_cfg.get("same_as") == "lead":
         subagent, subagent_tokenizer = lead, lead_tokenizer
     else:
         subagent, subagent_tokenizer = build_backend(sub_cfg)
+        _require_chat_template("subagent", sub_cfg, subagent_tokenizer)
     embedder = None
     if cfg.get("embedder"):
         from parser.backends.embedder import LazyEmbedder
 
         embedder = LazyEmbedder(cfg["embedder"])  # loaded by the first method that embeds
     return Models(lead, lead_tokenizer, subagent, subagent_tokenizer, embedder)
+
+
+def _require_chat_template(role: str, cfg: Mapping[str, Any], tokenizer: Any) -> None:
+    """Every prompt a method renders for a role is chat turns. Without a template transformers
+    fails at the first episode, far from the config that named the model (e.g. the packaged
+    Gemma 3 270M: a base model, whose GGUF carries no template). Backends open nothing before
+    their first request, so refusing here leaves nothing to close."""
+    if not getattr(tokenizer, "chat_template", None):
+        name = cfg.get("model") or cfg.get("tokenizer")
+        raise ValueError(f"models.{role}: {name!r} has a tokenizer without a chat template (a base model, not an "
+                         "instruct one?); the lead and the subagents are prompted in chat turns")
