@@ -55,6 +55,9 @@ class EpisodeConfig:
     constrain_subagents: bool = False  # subagent replies under the finding's JSON schema
     constrain_lead: bool = False  # one tool call or one <answer> per lead turn (not for training)
     distinct_queries: bool = False  # with constrain_lead: the constraint refuses a query the lead asked before, verbatim
+    # the loss on turns that were neither a usable call nor an answer: trained as generated (the paper
+    # says nothing else), or masked out (a small lead's garbage turns, docs/learning.md); parser protocol
+    train_invalid_turns: bool = True
     protocol: str = "parser"  # "release": the authors' release, row by row (parser.protocol, docs/fidelity.md)
     protocol_release: dict[str, Any] = dataclasses.field(default_factory=lambda: {"repo": None})  # repo: its checkout
 

@@ -100,7 +100,8 @@ class Protocol(abc.ABC):
         """The training reward (binary EM of the final answer)."""
 
     def mask_invalid_turns(self, trajectory: Trajectory, reward: float) -> None:
-        """Settle the mask of invalid turns once the reward is known (default: they train as generated)."""
+        """Settle the mask of invalid turns once the reward is known."""
+        trajectory.mask_invalid_turns(trainable=self.config.train_invalid_turns)
 
 
 class ParserProtocol(Protocol):
@@ -164,6 +165,12 @@ class ReleaseProtocol(Protocol):
     key = "release"
     ends_on_empty_generation = True  # its loop breaks on a generation without tokens
     closes_answer_turn = False  # its loop appends nothing after the answer turn
+
+    def __init__(self, config: EpisodeConfig):
+        if not config.train_invalid_turns:
+            raise ValueError("train_invalid_turns: false is the parser protocol's option; the release masks "
+                             f"invalid turns by its own rule (rewarded below {release.INVALID_MASK_REWARD} trains them)")
+        super().__init__(config)
 
     @functools.cached_property
     def prose(self) -> release.ReleasePrompts:

@@ -2,6 +2,8 @@
 # RL that measurably learns, end to end on a CPU (`make learn`; configs/train/cpu_learn.yaml):
 # data -> warm-started lead -> eval without RL -> GRPO in verl's separate_async trainer ->
 # checkpoint -> Hugging Face weights (verl's model merger) -> eval with RL -> Table 7 + curve + summary.
+# Table 7 and summary.json evaluate the lead greedy, as the paper does (eval/learn_cpu); report/sampled/
+# has the same evals with the lead sampled at the training temperature (eval/learn_cpu_sampled).
 #
 #   recipes/train_cpu_learn.sh                         # the full run -> outputs/learn/summary.json
 #   recipes/train_cpu_learn.sh --smoke                 # the same pipeline at 2 steps (CI); learning not judged
@@ -57,14 +59,17 @@ for _ in $(seq 1 120); do
 done
 
 DATA_DIR=$LEARN_DIR/data
-EVAL_ARGS=(--config-name learn_cpu "dataset.path=\"$DATA_DIR/heldout_{length}.json\"" progress=false "${EVAL[@]}")
+EVAL_ARGS=("dataset.path=\"$DATA_DIR/heldout_{length}.json\"" progress=false "${EVAL[@]}")
+GREEDY=(--config-name learn_cpu) SAMPLED=(--config-name learn_cpu_sampled)
 
 # ---- data, warm start, eval without RL --------------------------------------------------------
 stage data "$PYTHON" -m data_prep.build --config-name learn_cpu out_dir="$DATA_DIR" "${DATA[@]}"
 stage warm_start "$PYTHON" -m parser.testing.learn_lead --data "$DATA_DIR" --out "$LEARN_DIR/lead" \
     --gateway-url "$PARSER_GATEWAY_URL" "${WARM[@]}"
-stage eval_before "$PYTHON" -m eval.run "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead" \
+stage eval_before "$PYTHON" -m eval.run "${GREEDY[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead" \
     'report.variant="w/o RL"' out_dir="$LEARN_DIR/eval/before"
+stage eval_before_sampled "$PYTHON" -m eval.run "${SAMPLED[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead" \
+    'report.variant="w/o RL"' out_dir="$LEARN_DIR/eval/before_sampled"
 
 # ---- GRPO -------------------------------------------------------------------------------------
 stage train env VERL_FILE_LOGGER_PATH="$LEARN_DIR/train_metrics.jsonl" \
@@ -79,7 +84,11 @@ stage merge "$PYTHON" -m verl.model_merger merge --backend fsdp \
     --local_dir "$LEARN_DIR/checkpoints/global_step_$STEP/actor" --target_dir "$LEARN_DIR/lead_rl"
 
 # ---- eval with RL, Table 7, curve, summary -----------------------------------------------------
-stage eval_after "$PYTHON" -m eval.run "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead_rl" \
+stage eval_after "$PYTHON" -m eval.run "${GREEDY[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead_rl" \
     'report.variant="w/ RL"' out_dir="$LEARN_DIR/eval/after"
+stage eval_after_sampled "$PYTHON" -m eval.run "${SAMPLED[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead_rl" \
+    'report.variant="w/ RL"' out_dir="$LEARN_DIR/eval/after_sampled"
+stage report_sampled "$PYTHON" -m eval.report "$LEARN_DIR/eval/before_sampled" "$LEARN_DIR/eval/after_sampled" \
+    --out "$LEARN_DIR/report/sampled" --no-viewer
 stage report "$PYTHON" -m eval.report "$LEARN_DIR/eval/before" "$LEARN_DIR/eval/after" --out "$LEARN_DIR/report" \
     --no-viewer --train-log "$LEARN_DIR/train_metrics.jsonl" --summary "$LEARN_DIR/summary.json" "${JUDGE[@]}"

@@ -55,3 +55,20 @@ def test_demo_config_composes():
         cfg = compose("demo", overrides=["models=tiny_cpu"])
     EpisodeConfig(**OmegaConf.to_container(cfg.episode))
     assert cfg.models == "tiny_cpu" and (CONFIGS / "backend" / "tiny_cpu.yaml").exists()
+
+
+def test_learn_evals_are_the_training_episode_with_the_paper_greedy_lead_or_the_training_temperature():
+    """Table 7 in miniature (eval/learn_cpu) evaluates the trained lead as the paper does (greedy,
+    configs/episode/eval.yaml) on the episodes it was trained on; eval/learn_cpu_sampled differs
+    from it only in sampling the lead at the training temperature (configs/episode/learn_cpu.yaml)."""
+    with initialize_config_dir(str(CONFIGS / "episode"), version_base=None):
+        training = OmegaConf.to_container(compose("learn_cpu"))
+        paper_eval = OmegaConf.to_container(compose("eval"))
+    evals = {}
+    with initialize_config_dir(str(CONFIGS / "eval"), version_base=None):
+        for name in ("learn_cpu", "learn_cpu_sampled"):
+            evals[name] = compose(name, overrides=[f"hydra.searchpath=[file://{CONFIGS}]"])
+    greedy, sampled = (OmegaConf.to_container(evals[n].method.episode, resolve=True) for n in evals)
+    assert greedy == {**training, "lead_temperature": paper_eval["lead_temperature"]} and greedy["lead_temperature"] == 0.0
+    assert sampled == training and f"T={training['lead_temperature']}" in evals["learn_cpu_sampled"].report.row
+    assert (evals["learn_cpu"].runs, evals["learn_cpu_sampled"].runs) == (1, 2)

@@ -91,3 +91,21 @@ def test_each_key_names_its_object_and_only_there():
     assert [type(protocol_for(EpisodeConfig(protocol=key))) for key in PROTOCOLS] == [ParserProtocol, ReleaseProtocol]
     assert [cls.key for cls in (ParserProtocol, ReleaseProtocol)] == list(PROTOCOLS)
     assert protocol_for(EpisodeConfig()).chat is CHATML
+
+
+def test_parser_protocol_trains_invalid_turns_unless_the_config_masks_them():
+    """`train_invalid_turns` (the paper's default: trained as generated) is decided by the
+    protocol object once the reward is known; false masks an invalid turn's tokens in every
+    episode, rewarded or not. The release has its own rule and refuses the option."""
+    from parser.trajectory import Trajectory
+
+    def settled(config: EpisodeConfig, reward: float) -> list[int]:
+        trajectory = Trajectory("q", "d", 1, response_mask=[1, 1, 0, 1, 1, 1, 0, 1], invalid_turn_spans=[(3, 6)])
+        protocol_for(config).mask_invalid_turns(trajectory, reward)
+        return trajectory.response_mask
+
+    for reward in (0.0, 1.0):
+        assert settled(EpisodeConfig(), reward) == [1, 1, 0, 1, 1, 1, 0, 1]
+        assert settled(EpisodeConfig(train_invalid_turns=False), reward) == [1, 1, 0, 0, 0, 0, 0, 1]
+    with pytest.raises(ValueError, match="train_invalid_turns"):
+        protocol_for(EpisodeConfig(protocol="release", train_invalid_turns=False))

@@ -304,3 +304,15 @@ def test_memagent_preset_is_the_same_trainer_with_the_memory_agent_as_policy():
     prompt, response = config.actor_rollout_ref.rollout.prompt_length, config.actor_rollout_ref.rollout.response_length
     assert prompt >= config.parser.memagent.chunk_size + config.parser.memagent.max_memory_tokens
     assert response >= config.parser.memagent.max_memory_tokens
+
+
+def test_cpu_learn_samples_at_its_episode_presets_temperature_with_invalid_turns_masked():
+    """train/cpu_learn's rollout temperature is the episode preset's (configs/episode/learn_cpu.yaml),
+    which its sampled eval reads; the trajectories record it, and invalid turns are masked (docs/learning.md)."""
+    config = prepare(compose_config("train/cpu_learn", [GATEWAY, "actor_rollout_ref.model.path=/m",
+                                                        "data.train_files=/t", "data.val_files=/v"]))
+    preset = OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "configs", "episode", "learn_cpu.yaml"))
+    assert config.actor_rollout_ref.rollout.temperature == preset.lead_temperature == config.parser.episode.lead_temperature
+    assert config.parser.episode.train_invalid_turns is False
+    paper = prepare(compose_config("train/parser_4b", [GATEWAY]))
+    assert paper.actor_rollout_ref.rollout.temperature == 1.0 and paper.parser.episode.train_invalid_turns is True
