@@ -100,8 +100,12 @@ class Protocol(abc.ABC):
         """The training reward (binary EM of the final answer)."""
 
     def mask_invalid_turns(self, trajectory: Trajectory, reward: float) -> None:
-        """Settle the mask of invalid turns once the reward is known."""
-        trajectory.mask_invalid_turns(trainable=self.config.train_invalid_turns)
+        """Settle the mask of invalid turns once the reward is known: `train_invalid_turns: false`
+        masks them, except in a trajectory with no other lead token (verl refuses a batch that
+        trains no token: a lead that emits only garbage still gets its gradient)."""
+        invalid = sum(sum(trajectory.response_mask[start:end]) for start, end in trajectory.invalid_turn_spans)
+        if not self.config.train_invalid_turns and invalid < sum(trajectory.response_mask):
+            trajectory.mask_invalid_turns(trainable=False)
 
 
 class ParserProtocol(Protocol):

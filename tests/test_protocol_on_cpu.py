@@ -99,13 +99,16 @@ def test_parser_protocol_trains_invalid_turns_unless_the_config_masks_them():
     episode, rewarded or not. The release has its own rule and refuses the option."""
     from parser.trajectory import Trajectory
 
-    def settled(config: EpisodeConfig, reward: float) -> list[int]:
-        trajectory = Trajectory("q", "d", 1, response_mask=[1, 1, 0, 1, 1, 1, 0, 1], invalid_turn_spans=[(3, 6)])
+    def settled(config: EpisodeConfig, reward: float, spans=((3, 6),)) -> list[int]:
+        trajectory = Trajectory("q", "d", 1, response_mask=[1, 1, 0, 1, 1, 1, 0, 1], invalid_turn_spans=list(spans))
         protocol_for(config).mask_invalid_turns(trajectory, reward)
         return trajectory.response_mask
 
     for reward in (0.0, 1.0):
         assert settled(EpisodeConfig(), reward) == [1, 1, 0, 1, 1, 1, 0, 1]
         assert settled(EpisodeConfig(train_invalid_turns=False), reward) == [1, 1, 0, 0, 0, 0, 0, 1]
+    # nothing but invalid turns: kept, or verl would get a batch that trains no token (the smoke's lead)
+    everything = ((0, 2), (3, 6), (7, 8))
+    assert settled(EpisodeConfig(train_invalid_turns=False), 0.0, everything) == [1, 1, 0, 1, 1, 1, 0, 1]
     with pytest.raises(ValueError, match="train_invalid_turns"):
         protocol_for(EpisodeConfig(protocol="release", train_invalid_turns=False))
