@@ -15,7 +15,10 @@ instruction-tuned checkpoint. What it is taught:
   probability `follow_up` and otherwise answers with the first hop's finding (the intermediate
   entity, which is wrong). That is the weakness of an untrained lead that RL is meant to fix
   (the paper's training dynamics: more queries, more turns), and it gives GRPO groups reward
-  variance. The held-out success it starts from is measured, not scripted.
+  variance. The held-out success it starts from is measured, not scripted;
+- the answer after the last hop's finding once more, from a copy of each full two-hop chain
+  trained on that turn only (weight `answer_turn`): the turn RL's follow-up queries lead into
+  must not be the one the warm start writes worst.
 
 The tokenizer is this recipe's own: `parser.testing.tiny.bpe_tokenizer` fitted to the recorded
 episodes' text (prompt, tool calls, observations) and the *training* world's paragraphs, so
@@ -159,6 +162,27 @@ def demonstrations(rows: Sequence[dict[str, Any]], follow_up: float) -> tuple[li
         hops += [None, 1]
         weights += [follow_up, 1.0 - follow_up]
     return out_rows, hops, weights
+
+
+def answer_turn_copies(episodes: Sequence[Episode], hops: Sequence[int | None], weight: float) -> list[Episode]:
+    """A copy of every full multi-hop demonstration whose loss covers only its last turn, the
+    answer after the findings of every hop. Why: the full chain is drawn with weight `follow_up`,
+    so a lead warm-started on it alone writes that answer turn badly (a third of its greedy third
+    turns were invalid, docs/learning.md) and RL that teaches the follow-up lands in a turn that
+    scores 0. Training the answer turn alone teaches what to do after a second finding without
+    teaching the decision to ask for it, which is what RL is left to learn."""
+    if not weight:
+        return []
+    return [dataclasses.replace(e, mask=_last_turn(e.mask)) for e, h in zip(episodes, hops) if h is None and e.hops > 1]
+
+
+def _last_turn(mask: Sequence[int]) -> list[int]:
+    """`mask` with only its last run of 1s (the last lead turn) kept."""
+    end = max(i for i, m in enumerate(mask) if m) + 1
+    start = end
+    while start > 0 and mask[start - 1]:
+        start -= 1
+    return [0] * start + [1] * (end - start) + [0] * (len(mask) - end)
 
 
 def fit_tokenizer(episodes: Sequence[Episode], tokenizer: Any, paragraphs: Sequence[str], vocab_size: int,
@@ -313,8 +337,10 @@ def build(data: str | Path, out: str | Path, gateway_url: str, overrides: Sequen
     if solved < 0.99:
         raise RuntimeError(f"only {solved:.0%} of the full-chain demonstrations reached the gold answer: are the "
                            "subagents the world reader (python -m parser.testing.loopback --reader world)?")
+    copies = answer_turn_copies(episodes, hops, float(cfg["answer_turn"]))
+    episodes, weights = episodes + copies, list(weights) + [float(cfg["answer_turn"])] * len(copies)
     train = {k: cfg[k] for k in ("model", "steps", "batch_size", "lr", "seed", "copy_steps", "copy_batch_size")}
-    key = hashlib.sha256(repr(([e.ids for e in episodes], weights, train, tokenizer.get_vocab() and
+    key = hashlib.sha256(repr(([(e.ids, e.mask) for e in episodes], weights, train, tokenizer.get_vocab() and
                                sorted(tokenizer.get_vocab().items()))).encode()).hexdigest()[:16]
 
     names = sorted({p.split("\n")[1] for p in paragraphs if p.startswith("Document ") and p.count("\n") >= 2})
