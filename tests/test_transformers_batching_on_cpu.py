@@ -81,13 +81,21 @@ def forwards(request):
 
 
 async def concurrently(backend, requests, late=()):
-    """Generate every (prompt, sampling, key) at once; those indexed in `late` start after the
-    others have begun decoding (they join a running batch)."""
-    async def one(i, p, s, key):
-        if i in late:
-            await asyncio.sleep(0.05)
-        return await backend.generate(p, s, routing_key=key)
-    return await asyncio.gather(*(one(i, *r) for i, r in enumerate(requests)))
+    """Generate every (prompt, sampling, key) at once. The worker is held until all of them but the
+    `late` ones are queued: otherwise, on a loaded machine, the first can start alone before the
+    others arrive (CI saw a round-2 tail prefilled solo). The `late` ones start after the others
+    have begun decoding (they join a running batch)."""
+    queued, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=backend.run_exclusive, args=(lambda: queued.set() or release.wait(30),))
+    holder.start()
+    assert queued.wait(30), "the worker never ran the holding job"
+    futures = {i: backend.submit(backend.encode_prompt(p), s, key) for i, (p, s, key) in enumerate(requests) if i not in late}
+    release.set()
+    holder.join(30)
+    if late:
+        await asyncio.sleep(0.05)
+        futures |= {i: backend.submit(backend.encode_prompt(p), s, key) for i, (p, s, key) in enumerate(requests) if i in late}
+    return [await asyncio.wrap_future(futures[i]) for i in range(len(requests))]
 
 
 def alone(model, tok, requests):
