@@ -56,3 +56,65 @@ def test_the_comparison_reports_the_unusable_model_and_finishes_the_others(base_
     assert "unusable: " in rows[str(base_model_dir)] and "without a chat template" in rows[str(base_model_dir)]
     assert rows["tiny-qwen3"].split("|")[2].strip() == "2"  # both samples of the model that runs
     assert (tmp_path / "tiny-qwen3.jsonl").read_text().count("\n") == 2
+
+
+def compare(out: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(ROOT / "scripts" / "compare_small_models.py"), "--questions", "2", "--length", "12",
+           "--out", str(out), *args]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run(cmd, cwd=out.parent, env=env, capture_output=True, text=True, timeout=600)
+
+
+def row_cells(stdout: str, label: str) -> list[str]:
+    return next([c.strip() for c in line.split("|")[1:-1]] for line in stdout.splitlines()
+                if line.startswith(f"| {label} |"))
+
+
+def test_an_interrupted_comparison_resumes_without_rerunning_or_recounting(tmp_path):
+    out = tmp_path / "out"
+    first = compare(out, "--models", "tiny-qwen3")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    lines = (out / "tiny-qwen3.jsonl").read_bytes().splitlines(keepends=True)
+    assert len(lines) == 2
+    # the kill: sample 2's line half-written, so only sample 1 was acknowledged
+    (out / "tiny-qwen3.jsonl").write_bytes(lines[0] + lines[1][: len(lines[1]) // 2])
+    second = compare(out, "--models", "tiny-qwen3")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "1 samples read back" in second.stdout and "1 to run" in second.stdout
+    resumed = (out / "tiny-qwen3.jsonl").read_bytes().splitlines(keepends=True)
+    assert len(resumed) == 2 and resumed[0] == lines[0]  # sample 1 not run again
+    assert [json.loads(line)["id"] for line in resumed] == [json.loads(line)["id"] for line in lines]
+    cells = row_cells(second.stdout, "tiny-qwen3")
+    assert cells[1] == "2 (1 resumed)"
+    # all read back: the same figures from the file as from the live episodes, and no new timing
+    third = compare(out, "--models", "tiny-qwen3")
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    again = row_cells(third.stdout, "tiny-qwen3")
+    assert again[1] == "2 (2 resumed)" and again[2:] == cells[2:]
+    assert len((out / "tiny-qwen3.timings.jsonl").read_text().splitlines()) == 2  # sessions 1 and 2 ran samples
+
+    # a line whose id now names another question (the generator changed): refused by file, never mixed in
+    edited = json.loads(resumed[0])
+    edited["question"] = "Who wrote something else?"
+    (out / "tiny-qwen3.jsonl").write_bytes(json.dumps(edited).encode() + b"\n" + resumed[1])
+    changed = compare(out, "--models", "tiny-qwen3")
+    assert changed.returncode != 0
+    assert f"{out / 'tiny-qwen3.jsonl'}: the line of {edited['id']} asks 'Who wrote something else?'" in changed.stderr
+
+
+def test_the_probe_asks_every_chunk_the_question_once_and_readers_can_differ_from_the_lead(tmp_path):
+    out = tmp_path / "out"
+    probe = compare(out, "--probe", "--models", "tiny-qwen3")
+    assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-3000:]
+    assert "| readers | questions | reader precision | findings/round | gold in a finding |" in probe.stdout
+    assert row_cells(probe.stdout, "tiny-qwen3")[1] == "2"
+    for line in (out / "tiny-qwen3.probe.jsonl").read_text().splitlines():
+        line = json.loads(line)
+        [query] = line["queries"]
+        assert query["query"] == line["question"]
+        assert len(query["calls"]) > 1  # one per chunk, all asked
+
+    mixed = compare(out, "--models", "tiny-qwen3", "--readers", "tiny-qwen3.5")
+    assert mixed.returncode == 0, mixed.stdout[-3000:] + mixed.stderr[-3000:]
+    assert row_cells(mixed.stdout, "tiny-qwen3+tiny-qwen3.5")[1] == "2"
+    assert (out / "tiny-qwen3+tiny-qwen3.5.jsonl").read_text().count("\n") == 2
