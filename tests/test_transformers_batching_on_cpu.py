@@ -7,6 +7,7 @@ prefix cache), and the bounds and cancellation hold.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -80,18 +81,27 @@ def forwards(request):
         r.close()
 
 
-async def concurrently(backend, requests, late=()):
-    """Generate every (prompt, sampling, key) at once. The worker is held until all of them but the
-    `late` ones are queued: otherwise, on a loaded machine, the first can start alone before the
-    others arrive (CI saw a round-2 tail prefilled solo). The `late` ones start after the others
-    have begun decoding (they join a running batch)."""
-    queued, release = threading.Event(), threading.Event()
-    holder = threading.Thread(target=backend.run_exclusive, args=(lambda: queued.set() or release.wait(30),))
+@contextlib.contextmanager
+def held(backend):
+    """The backend's worker busy with a job of ours until the block ends, so every request
+    submitted inside is queued before any is scheduled: otherwise, on a loaded machine, the first
+    can start alone before the others arrive (CI saw a round-2 tail prefilled solo)."""
+    running, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=backend.run_exclusive, args=(lambda: running.set() or release.wait(30),))
     holder.start()
-    assert queued.wait(30), "the worker never ran the holding job"
-    futures = {i: backend.submit(backend.encode_prompt(p), s, key) for i, (p, s, key) in enumerate(requests) if i not in late}
-    release.set()
-    holder.join(30)
+    assert running.wait(30), "the worker never ran the holding job"
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join(30)
+
+
+async def concurrently(backend, requests, late=()):
+    """Generate every (prompt, sampling, key) at once: all but the `late` ones queued together
+    (`held`); the `late` ones start after the others have begun decoding (they join a running batch)."""
+    with held(backend):
+        futures = {i: backend.submit(backend.encode_prompt(p), s, key) for i, (p, s, key) in enumerate(requests) if i not in late}
     if late:
         await asyncio.sleep(0.05)
         futures |= {i: backend.submit(backend.encode_prompt(p), s, key) for i, (p, s, key) in enumerate(requests) if i in late}
@@ -193,10 +203,9 @@ def test_a_cancelled_request_stops_while_the_others_finish(tiny_qwen3_model, tin
     long = SamplingParams(max_new_tokens=30, temperature=0.0)
     give_up = threading.Event()
     seen = forwards(tiny_qwen3_model)
-    # Give up after the third forward that decodes all three rows, not the third forward: on a
-    # loaded machine request 0 can decode alone before requests 1 and 2 are even submitted.
-    seen.on_decode = lambda: seen.decode_batches.count(3) == 3 and give_up.set()
-    futures = [backend.submit(prompt(tiny_tokenizer, i), long, f"doc:{i}", give_up if i == 1 else None) for i in range(3)]
+    seen.on_decode = lambda: seen.decode_batches.count(3) == 3 and give_up.set()  # the third forward decoding all three
+    with held(backend):
+        futures = [backend.submit(prompt(tiny_tokenizer, i), long, f"doc:{i}", give_up if i == 1 else None) for i in range(3)]
     got = [f.result(timeout=60) for f in futures]
     want = alone(tiny_qwen3_model, tiny_tokenizer, [(prompt(tiny_tokenizer, i), long, f"doc:{i}") for i in range(3)])
     assert got[1].finish_reason == "abort" and 0 < len(got[1].token_ids) < 10
