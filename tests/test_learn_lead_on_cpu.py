@@ -55,7 +55,8 @@ def test_full_chains_reach_the_gold_and_premature_ones_answer_the_intermediate(r
 
 def test_answer_turn_copies_train_only_the_answer_after_the_last_finding(recorded, tiny_tokenizer):
     demo_rows, hops, weights, episodes = recorded
-    copies = learn_lead.answer_turn_copies(episodes, hops, weight=0.6)
+    copies, copy_weights = learn_lead.answer_turn_copies(episodes, hops, weight=0.6)
+    assert copy_weights == [0.6] * len(copies)
     full_chains = [(row, e) for row, h, e in zip(demo_rows, hops, episodes) if h is None and len(row["meta"]["evidences"]) > 1]
     assert len(copies) == len(full_chains) > 0
     for (row, full), copy in zip(full_chains, copies):
@@ -63,7 +64,7 @@ def test_answer_turn_copies_train_only_the_answer_after_the_last_finding(recorde
         trained = tiny_tokenizer.decode([t for t, m in zip(copy.ids, copy.mask) if m], skip_special_tokens=False)
         assert f"<answer> {row['meta']['evidences'][-1][2]}</answer>" in trained, trained
         assert "<tool_call>" not in trained  # neither query is trained, so nor is the decision to follow up
-    assert learn_lead.answer_turn_copies(episodes, hops, weight=0.0) == []
+    assert learn_lead.answer_turn_copies(episodes, hops, weight=0.0) == ([], [])
 
 
 def test_copy_curriculum_lowers_the_copy_loss(tiny_tokenizer):

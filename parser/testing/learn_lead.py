@@ -164,16 +164,18 @@ def demonstrations(rows: Sequence[dict[str, Any]], follow_up: float) -> tuple[li
     return out_rows, hops, weights
 
 
-def answer_turn_copies(episodes: Sequence[Episode], hops: Sequence[int | None], weight: float) -> list[Episode]:
+def answer_turn_copies(episodes: Sequence[Episode], hops: Sequence[int | None],
+                       weight: float) -> tuple[list[Episode], list[float]]:
     """A copy of every full multi-hop demonstration whose loss covers only its last turn, the
-    answer after the findings of every hop. Why: the full chain is drawn with weight `follow_up`,
+    answer after the findings of every hop, and the copies' sampling weights (`weight` each). Why: the full chain is drawn with weight `follow_up`,
     so a lead warm-started on it alone writes that answer turn badly (a third of its greedy third
     turns were invalid, docs/learning.md) and RL that teaches the follow-up lands in a turn that
     scores 0. Training the answer turn alone teaches what to do after a second finding without
     teaching the decision to ask for it, which is what RL is left to learn."""
     if not weight:
-        return []
-    return [dataclasses.replace(e, mask=_last_turn(e.mask)) for e, h in zip(episodes, hops) if h is None and e.hops > 1]
+        return [], []
+    copies = [dataclasses.replace(e, mask=_last_turn(e.mask)) for e, h in zip(episodes, hops) if h is None and e.hops > 1]
+    return copies, [weight] * len(copies)
 
 
 def _last_turn(mask: Sequence[int]) -> list[int]:
@@ -337,8 +339,8 @@ def build(data: str | Path, out: str | Path, gateway_url: str, overrides: Sequen
     if solved < 0.99:
         raise RuntimeError(f"only {solved:.0%} of the full-chain demonstrations reached the gold answer: are the "
                            "subagents the world reader (python -m parser.testing.loopback --reader world)?")
-    copies = answer_turn_copies(episodes, hops, float(cfg["answer_turn"]))
-    episodes, weights = episodes + copies, list(weights) + [float(cfg["answer_turn"])] * len(copies)
+    copies, copy_weights = answer_turn_copies(episodes, hops, float(cfg["answer_turn"]))
+    episodes, weights = episodes + copies, list(weights) + copy_weights
     train = {k: cfg[k] for k in ("model", "steps", "batch_size", "lr", "seed", "copy_steps", "copy_batch_size")}
     key = hashlib.sha256(repr(([(e.ids, e.mask) for e in episodes], weights, train, tokenizer.get_vocab() and
                                sorted(tokenizer.get_vocab().items()))).encode()).hexdigest()[:16]
