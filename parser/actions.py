@@ -304,7 +304,8 @@ MAX_ANSWER_CHARS = 80
 STRIPPED = " \t\r\f\v"  # what the parser strips from a query's ends (newlines are never in one)
 
 
-def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = False, exclude: Sequence[str] = ()) -> str:
+def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = False, exclude: Sequence[str] = (),
+                 answer: bool = True) -> str:
     """The language "exactly one tool call, or one <answer>, per turn" as a regular expression
     (the lead constraint, `EpisodeConfig.constrain_lead`; for untrained small leads).
 
@@ -313,6 +314,7 @@ def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = Fal
     Qwen3.5's). `thinking`: the generation prompt opened `<think>`, so a thinking block closed by
     `</think>` comes first. Queries and answers are bounded (MAX_QUERY_CHARS, MAX_ANSWER_CHARS).
     `exclude`: queries the call may not repeat verbatim (`EpisodeConfig.distinct_queries`).
+    `answer=False`: a call only (`EpisodeConfig.query_first`, before the lead's first query).
     Every string this matches parses to one call or one answer here.
     """
     calls = []
@@ -331,8 +333,10 @@ def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = Fal
         else:
             raise ValueError(f"lead constraint: unknown tool-call dialect {dialect!r} (json or xml)")
     head = "([^<]|<[^/])*</think>\\n\\n" if thinking else ""
-    answer = f"<answer>[^<\\n]{{1,{MAX_ANSWER_CHARS}}}</answer>"
-    return head + "(" + "|".join([*calls, answer]) + ")"
+    if not calls and not answer:
+        raise ValueError("lead constraint: no tools offered and no answer allowed: nothing could be generated")
+    answers = [f"<answer>[^<\\n]{{1,{MAX_ANSWER_CHARS}}}</answer>"] if answer else []
+    return head + "(" + "|".join([*calls, *answers]) + ")"
 
 
 def string_except(forbidden: Sequence[str], excluded: str, max_len: int, strip: str = STRIPPED) -> str:

@@ -55,6 +55,7 @@ class EpisodeConfig:
     constrain_subagents: bool = False  # subagent replies under the finding's JSON schema
     constrain_lead: bool = False  # one tool call or one <answer> per lead turn (not for training)
     distinct_queries: bool = False  # with constrain_lead: the constraint refuses a query the lead asked before, verbatim
+    query_first: bool = False  # with constrain_lead: no <answer> before the lead's first query (it reads before it answers)
     # the loss on turns that were neither a usable call nor an answer: trained as generated (the paper
     # says nothing else), or masked out (a small lead's garbage turns, docs/learning.md); parser protocol
     train_invalid_turns: bool = True
@@ -65,8 +66,9 @@ class EpisodeConfig:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}")
         self.protocol_release = dict(self.protocol_release or {})
-        if self.distinct_queries and not self.constrain_lead:
-            raise ValueError("distinct_queries is part of the lead constraint: set constrain_lead too")
+        for option in ("distinct_queries", "query_first"):
+            if getattr(self, option) and not self.constrain_lead:
+                raise ValueError(f"{option} is part of the lead constraint: set constrain_lead too")
         self._check_bounds()
 
     def _check_bounds(self) -> None:
@@ -104,7 +106,8 @@ class EpisodeConfig:
         """The constrained-decoding options that are on (recorded in trajectories and manifests)."""
         return [name for name, on in (("subagents: json_schema", self.constrain_subagents),
                                       ("lead: one action per turn", self.constrain_lead),
-                                      ("lead: no query asked twice", self.distinct_queries)) if on]
+                                      ("lead: no query asked twice", self.distinct_queries),
+                                      ("lead: a query before any answer", self.query_first)) if on]
 
 
 def _preset_values(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:

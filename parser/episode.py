@@ -41,7 +41,9 @@ evidence, so a reply cut at its budget still carries the answer); `constrain_lea
 tool call or one `<answer>` per lead turn (`parser.actions.action_regex`), which is how an
 untrained small lead (the CPU demo's SmolLM2-135M) reaches the tool at all; `distinct_queries`
 adds to it that a query asked before may not be asked again verbatim (a greedy 135M lead
-otherwise sends its first query every turn, and each repeat costs a whole scatter round). It changes the
+otherwise sends its first query every turn, and each repeat costs a whole scatter round);
+`query_first`, that no `<answer>` comes before the first query (Qwen2.5-Coder-0.5B otherwise
+answers every question in its first turn, a guess that never reads the document). It changes the
 lead's sampling distribution, so training refuses it.
 
 The protocol object (`parser.protocol`, from `EpisodeConfig.protocol`: this project's or the
@@ -94,7 +96,8 @@ class LeadContext:
             fallback = prompts.render("tool_format_fallback", config.prompt_version,
                                       tools="\n".join(json.dumps(t, ensure_ascii=False) for t in self.tools))
             self.messages[0]["content"] += "\n\n" + fallback
-        self.prompt_ids: list[int] = self._encode(self._render(self.messages, add_generation_prompt=True))
+        opening = self._render(self.messages, add_generation_prompt=True)
+        self.prompt_ids: list[int] = self._encode(opening)
         self.response_ids: list[int] = []
         self.response_mask: list[int] = []
         self.response_logprobs: list[float] = []
@@ -102,21 +105,23 @@ class LeadContext:
         self.rerendered = False  # an eval-only option rewrote history: prompts come from `messages`
         self.token_view_note: str | None = None  # why the token view is approximate, if it is
         # the generation prompt opens <think>: a turn without </think> is all thinking (no action)
-        self.thinking_open = self._render(self.messages, add_generation_prompt=True).rstrip().endswith("<think>")
+        self.thinking_open = opening.rstrip().endswith("<think>")
         self.asked: list[str] = []  # the queries sent so far (the lead constraint's exclusions)
+        self._dialect = "xml" if "<function=" in opening else "json"  # the template's tool-call format
         self.action_regex = self._action_regex() if config.constrain_lead else None
 
     def _action_regex(self) -> str:
-        """The lead constraint in this chat template's tool-call dialect."""
-        rendered = self._render(self.messages, add_generation_prompt=True)
-        self._dialect = "xml" if "<function=" in rendered else "json"
-        return action_regex(self.tools, self._dialect, thinking=self.thinking_open)
+        """The lead constraint in this chat template's tool-call dialect, given the queries so far:
+        under `distinct_queries` none of them again, under `query_first` no answer before one."""
+        return action_regex(self.tools, self._dialect, thinking=self.thinking_open,
+                            exclude=self.asked if self.config.distinct_queries else (),
+                            answer=bool(self.asked) or not self.config.query_first)
 
     def note_queries(self, queries: list[str]) -> None:
-        """Remember the turn's queries; under `distinct_queries` the constraint now refuses them."""
+        """Remember the turn's queries; the constraint follows them (`_action_regex`)."""
         self.asked += queries
-        if self.config.distinct_queries:
-            self.action_regex = action_regex(self.tools, self._dialect, thinking=self.thinking_open, exclude=self.asked)
+        if self.action_regex is not None:
+            self.action_regex = self._action_regex()
 
     def _template_ignores_tools(self) -> bool:
         """True for chat templates without tool support: the tool schemas must go in as text."""

@@ -126,3 +126,23 @@ def test_action_regex_refuses_a_repeated_query_in_both_dialects_and_xgrammar_com
         assert re.fullmatch(pattern, call.format(q="Who directed Film Y?"))
         assert re.fullmatch(pattern, "<answer>Miro Tal</answer>")
         grammars.matcher(("regex", pattern))  # the backend's grammar engine takes it
+
+
+def test_action_regex_without_answer_allows_only_a_call_and_xgrammar_compiles_it(tiny_tokenizer):
+    import re
+
+    import pytest
+
+    from parser import prompts
+    from parser.actions import action_regex
+    from parser.backends.grammar import Grammars
+
+    tools = prompts.lead_tools("v1")
+    grammars = Grammars(tiny_tokenizer, len(tiny_tokenizer), {tiny_tokenizer.eos_token_id})
+    for dialect, call in (("xml", XML_CALL), ("json", '<tool_call>{{"name": "query_agents", "arguments": {{"query": "{q}"}}}}</tool_call>')):
+        pattern = action_regex(tools, dialect, answer=False)
+        assert re.fullmatch(pattern, "<answer>Miro Tal</answer>") is None
+        assert re.fullmatch(pattern, call.format(q="Who directed Film X?"))
+        grammars.matcher(("regex", pattern))
+    with pytest.raises(ValueError, match="no tools offered and no answer allowed"):
+        action_regex([], "json", answer=False)

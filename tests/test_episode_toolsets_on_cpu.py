@@ -149,3 +149,37 @@ def test_distinct_queries_stop_a_greedy_lead_from_sending_its_query_again(tiny_q
     assert "lead: no query asked twice" in constraints
     with pytest.raises(ValueError, match="constrain_lead"):
         EpisodeConfig(distinct_queries=True)
+
+
+def test_query_first_refuses_an_answer_until_the_lead_has_asked(tiny_qwen3_5_model, tiny_tokenizer):
+    """Under query_first the real backend decodes the first lead turn under a constraint with no
+    <answer> in it (Qwen2.5-Coder-0.5B otherwise guesses at once) and every later turn under one
+    with it; the trajectory records the option."""
+    import re
+
+    from parser.backends.transformers import TransformersBackend
+    from parser.chunking import Chunk
+    from parser.readers import SubagentReader
+
+    chunks = [Chunk(0, "Zorvan is a film directed by Miro Tal.", (1,), 9), Chunk(1, "Miro Tal was born in 1950.", (2,), 8)]
+    cfg = EpisodeConfig(max_turns=3, max_tokens_per_turn=128, lead_temperature=0.0, lead_thinking=False,
+                        subagent_max_tokens=8, subagent_temperature=0.0, constrain_lead=True, query_first=True)
+    backend = TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer)
+    lead_regexes = []
+    generate = backend.generate
+
+    async def recording(prompt_ids, sampling, *args, **kwargs):  # the real generate, its constraint noted
+        if sampling.regex is not None:
+            lead_regexes.append(sampling.regex)
+        return await generate(prompt_ids, sampling, *args, **kwargs)
+
+    backend.generate = recording
+    reader = SubagentReader(backend, tiny_tokenizer, max_new_tokens=8, temperature=0.0)
+    trajectory = asyncio.run(EpisodeEngine(backend, tiny_tokenizer, reader, cfg).run("Who directed Zorvan?", chunks))
+    assert trajectory.turns[0].queries and trajectory.turns[0].answer is None
+    assert len(lead_regexes) == len(trajectory.turns) >= 2
+    answers = [re.fullmatch(r, "<answer>Miro Tal</answer>") is not None for r in lead_regexes]
+    assert answers == [False] + [True] * (len(answers) - 1)
+    assert "lead: a query before any answer" in trajectory.constraints
+    with pytest.raises(ValueError, match="query_first is part of the lead constraint"):
+        EpisodeConfig(query_first=True)
