@@ -31,7 +31,7 @@ HYDRA = {"eval.run", "eval.ruler", "eval.order_study", "data_prep.build", "data_
          "parser.plan", "scripts/serve_subagents.py"}
 ARGPARSE = {"eval.report", "eval.viewer", "eval.ruler report", "parser.serve", "parser.testing.assets", "parser.testing.memagent_smoke",
             "scripts/gateway_report.py", "scripts/bench_chunking.py", "scripts/bench_data.py", "scripts/bench_latency.py",
-            "scripts/bench_scatter.py"}
+            "scripts/bench_scatter.py", "scripts/compare_small_models.py"}
 OURS = ("eval.", "data_prep.", "parser.", "scripts/")
 
 
