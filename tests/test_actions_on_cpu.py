@@ -146,3 +146,29 @@ def test_action_regex_without_answer_allows_only_a_call_and_xgrammar_compiles_it
         grammars.matcher(("regex", pattern))
     with pytest.raises(ValueError, match="no tools offered and no answer allowed"):
         action_regex([], "json", answer=False)
+
+
+def test_compiled_lead_grammars_stay_within_their_byte_bound(tiny_tokenizer):
+    """Every lead turn under `distinct_queries` compiles a regex no turn compiled before. Kept
+    without a bound (xgrammar's default), a 32-question run with a Qwen2.5 lead (151K vocabulary,
+    ~280 MB a grammar) was OOM-killed at 24 GB; here a ~1K-token tokenizer and a bound of three
+    grammars stand in for that vocabulary and `GRAMMAR_CACHE_BYTES`."""
+    import torch
+
+    from parser import prompts
+    from parser.actions import action_regex
+    from parser.backends.grammar import Grammars
+
+    tools = prompts.lead_tools("v1")
+    stops = {tiny_tokenizer.eos_token_id}
+    sizing = Grammars(tiny_tokenizer, len(tiny_tokenizer), stops)
+    sizing.matcher(("regex", action_regex(tools, "json", exclude=["Who directed Film 10?"])))
+    one = sizing.cache_bytes()
+    assert one > 0
+    sizing.matcher(("regex", action_regex(tools, "json", exclude=["Who directed Film 10?"])))
+    assert sizing.cache_bytes() == one  # a spec compiled before comes from the cache
+    grammars = Grammars(tiny_tokenizer, len(tiny_tokenizer), stops, cache_bytes=3 * one)
+    for turn in range(12):
+        pattern = action_regex(tools, "json", exclude=[f"Who directed Film {turn + 10}?"])
+        grammars.matcher(("regex", pattern)).mask(torch.zeros(len(tiny_tokenizer)))
+        assert grammars.cache_bytes() <= 3 * one, turn
