@@ -40,7 +40,6 @@ class Grammars:
                                retryable=False) from error
         self._xgr = xgrammar
         self.info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_ids))
-        self.max_cache_bytes = cache_bytes
         self._compiler = xgrammar.GrammarCompiler(self.info, cache_limit_bytes=cache_bytes)
 
     def cache_bytes(self) -> int:
@@ -56,7 +55,7 @@ class Grammars:
                 compiled = self._compiler.compile_regex(spec)
         except Exception as error:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError subclasses
             raise BackendError(f"constraint {kind} does not compile: {error}", retryable=False) from error
-        if self._compiler.get_cache_size_bytes() > self.max_cache_bytes:
+        if self.cache_bytes() > self._compiler.cache_limit_bytes:
             self._compiler.clear_cache()  # `compiled` lives on in its matchers
         return compiled
 
