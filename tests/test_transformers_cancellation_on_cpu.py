@@ -158,3 +158,33 @@ def test_cancelled_requests_free_their_queue_places(tiny_qwen3_model, tiny_token
             backend.submit(prompt(tiny_tokenizer, 0), s, "doc:0")
     assert all(len(f.result(timeout=60).token_ids) == 2 for f in live)
     assert baseline(backend) == EMPTY
+
+
+# ---------------------------------------------------------------------- typed errors
+@pytest.mark.parametrize("ids, sampling, field", [
+    ([5, 10**6], SamplingParams(max_new_tokens=2), "prompt token 1"),
+    ([5, -1], SamplingParams(max_new_tokens=2), "prompt token 1"),
+    ([5, "7"], SamplingParams(max_new_tokens=2), "prompt token 1"),
+    ([5, 6], SamplingParams(max_new_tokens=2, seed=2 ** 64), "seed"),
+    ([5, 6], SamplingParams(max_new_tokens=2, seed=-2 ** 63 - 1), "seed"),
+    ([5, 6], SamplingParams(max_new_tokens=2, temperature=float("nan")), "temperature"),
+    ([5, 6], SamplingParams(max_new_tokens=2, temperature=float("inf")), "temperature"),
+    ([5, 6], SamplingParams(max_new_tokens=2, top_p=float("nan")), "top_p"),
+    ([5, 6], SamplingParams(max_new_tokens=0), "max_new_tokens"),
+])
+def test_requests_no_worker_could_serve_are_non_retryable_backend_errors(tiny_qwen3_model, tiny_tokenizer, ids,
+                                                                          sampling, field):
+    backend = TransformersBackend(tiny_qwen3_model, tiny_tokenizer)
+    with pytest.raises(BackendError, match=field) as error:
+        asyncio.run(backend.generate(ids, sampling))
+    assert not error.value.retryable
+    assert baseline(backend) == EMPTY
+
+
+@pytest.mark.parametrize("prompt_ids, continuation", [([5, 10**6], [7]), ([5], [-3]), ([5], [2 ** 70])])
+def test_scoring_ids_outside_the_vocabulary_is_a_non_retryable_backend_error(tiny_qwen3_model, tiny_tokenizer,
+                                                                               prompt_ids, continuation):
+    backend = TransformersBackend(tiny_qwen3_model, tiny_tokenizer)
+    with pytest.raises(BackendError, match="not a token id") as error:
+        asyncio.run(backend.score(prompt_ids, continuation))
+    assert not error.value.retryable
