@@ -29,8 +29,8 @@ so both are configuration (docs/info_gain.md says what was checked).
 
 Two choices made here, not in the paper: a trajectory that gathered no findings has gain 0
 exactly (its scoring prompt would be the no-evidence one), and untrusted text (question,
-findings, gold answer) is tokenised with special tokens split, so a document that quotes
-`<|im_end|>` cannot end the scorer's turn. A scoring call that still fails after the episode's
+findings, gold answer) goes through `CHATML.neutralize`, so a document that quotes
+`<|im_end|>` or `</think>` cannot end the scorer's turn or its thinking. A scoring call that still fails after the episode's
 retries, or answers with log-probs that are missing or not finite, leaves the trajectory with no
 gain (Norm 0: its reward is its EM), recorded as a scoring failure, never fatal and never a number.
 
@@ -51,6 +51,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from parser import prompts
 from parser.backends.base import BackendError, Scorer
+from parser.chat_format import CHATML
 from parser.reward import exact_match
 from parser.trajectory import Trajectory
 
@@ -210,8 +211,11 @@ class GainScorer:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _untrusted(self, text: str) -> list[int]:
-        """Text from the document, the dataset or a model: special-token strings stay text."""
-        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+        """Text from the document, the dataset or a model, through the project's one rule for
+        untrusted text (`CHATML.neutralize`): no control token of the scorer's template comes out,
+        the added tags (`<think>`, `<tool_call>`, ...) included, which `split_special_tokens`
+        leaves whole because the tokenizer does not mark them special."""
+        return self._plain(CHATML.neutralize(text, self.tokenizer))
 
     def prompt_ids(self, question: str, evidence: str | None) -> list[int]:
         """The scoring prompt as the scorer's chat template renders it, ending where the answer
