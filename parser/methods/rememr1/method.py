@@ -1,33 +1,25 @@
-"""Sequential memory agents (paper Appendix D.4): MemAgent and ReMemR1, on the project's backends.
+"""ReMemR1 (paper Appendix D.4): MemAgent (`parser.methods.memagent`) plus a callback memory.
 
-MemAgent reads the document chunk by chunk, in order; after each chunk the model rewrites a
-bounded textual memory (up to `max_memory_tokens` new tokens) from (question, previous memory,
-chunk), and a final call answers from the memory alone in `\\boxed{}`. Every update depends on
-the previous one, so the critical path is `chunks + 1` model calls — the coupling ParSer
-removes (the step-count test checks this). ReMemR1 adds a callback: an update may ask
-`<recall>query</recall>`, and the earlier memory state most similar to the query (TF-IDF over
-the model tokenizer's tokens, as in the reference) is shown with the next chunk.
+An update may ask `<recall>query</recall>`, and the earlier memory state most similar to the
+query (TF-IDF over the model tokenizer's tokens, as in the reference) is shown with the next
+chunk. Prompts follow the authors' evaluation code (`prompts/v1/rememr1_*.txt` beside this file);
+the chunk loop, reading order, answer extraction and retries are MemAgent's, hence
+`parser.methods.sequential`'s. Needs scikit-learn (the baselines extra).
 
-Prompts and answer extraction follow the authors' evaluation code: chunks are fixed token
-windows (`chunking: tokens`, 5,000 tokens; a document longer than `max_context_tokens` keeps
-its head and tail halves); the prediction is the last `\\boxed{...}`, else the text after the
-last "the answer is", else the final reply. Run trained checkpoints of these methods by
-pointing the `lead` model config at them. The chunk loop, the reading order (`order:`, default
-`document` as published; `chow_liu` gives "MemAgent (CL-order)"), the answer extraction and the
-retries (every call through `parser.retry`, the `retry:` section; one that still fails fails the
-sample) are `parser.methods.sequential`'s.
+    python -m eval.run method=rememr1
 """
 from __future__ import annotations
 
 from typing import Any
 
-from parser import prompts
 from parser.actions import split_thinking
 from parser.backends.models import Models
-from parser.methods.sequential import SequentialMethod
+from parser.methods.memagent import NO_MEMORY, MemAgentMethod
+from parser.prompts import PromptSet
 
-NO_MEMORY = "No previous memory"
 NO_RECALLED_MEMORY = "No memory was recalled."
+PROMPTS = PromptSet(__package__, {"rememr1_update": {"question", "memory", "recalled_memory", "chunk"},
+                                  "rememr1_final": {"question", "memory", "recalled_memory"}}, "prompts")
 
 
 def split_recalls(text: str) -> tuple[str, str | None]:
@@ -76,35 +68,9 @@ class TfidfRecall:
         return memories[best] if scores[best] > 0 else None
 
 
-class MemAgentMethod(SequentialMethod):
-    name = "memagent"
-    update_template, final_template = "memagent_update", "memagent_final"
-
-    def __init__(self, models: Models, *, chunk_size: int = 5000, max_memory_tokens: int = 1024, temperature: float = 0.7,
-                 **options: Any):
-        """The reference eval's budgets; `options`: `SequentialMethod`'s (chunking, order, scorer, ...)."""
-        super().__init__(models, chunk_size=chunk_size, max_update_tokens=max_memory_tokens, temperature=temperature, **options)
-
-    def new_state(self) -> dict[str, Any]:
-        return {"memory": NO_MEMORY}
-
-    def update_prompt(self, question: str, chunk: str, state: dict[str, Any]) -> str:
-        return prompts.BASELINES.render(self.update_template, self.prompt_version, question=question, memory=state["memory"], chunk=chunk)
-
-    def absorb(self, reply: str, state: dict[str, Any]) -> dict[str, Any]:
-        state["memory"] = split_thinking(reply)[1].strip() or state["memory"]
-        return {}
-
-    def final_prompt(self, question: str, state: dict[str, Any]) -> str:
-        return prompts.BASELINES.render(self.final_template, self.prompt_version, question=question, memory=state["memory"])
-
-    def final_record(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {"final_memory": state["memory"]}
-
-
 class ReMemR1Method(MemAgentMethod):
     name = "rememr1"
-    update_template, final_template = "rememr1_update", "rememr1_final"
+    prompts, update_template, final_template = PROMPTS, "rememr1_update", "rememr1_final"
 
     def __init__(self, models: Models, **kwargs: Any):
         super().__init__(models, **kwargs)
@@ -114,7 +80,7 @@ class ReMemR1Method(MemAgentMethod):
         return {"memory": NO_MEMORY, "recalled": NO_RECALLED_MEMORY, "history": []}
 
     def update_prompt(self, question: str, chunk: str, state: dict[str, Any]) -> str:
-        return prompts.BASELINES.render(self.update_template, self.prompt_version, question=question, memory=state["memory"],
+        return self.prompts.render(self.update_template, self.prompt_version, question=question, memory=state["memory"],
                                 recalled_memory=state["recalled"], chunk=chunk)
 
     def absorb(self, reply: str, state: dict[str, Any]) -> dict[str, Any]:
@@ -129,5 +95,5 @@ class ReMemR1Method(MemAgentMethod):
         return {"recall_query": query, "recalled": recalled is not None}
 
     def final_prompt(self, question: str, state: dict[str, Any]) -> str:
-        return prompts.BASELINES.render(self.final_template, self.prompt_version, question=question, memory=state["memory"],
+        return self.prompts.render(self.final_template, self.prompt_version, question=question, memory=state["memory"],
                                 recalled_memory=state["recalled"])
