@@ -12,9 +12,10 @@ defaults here.
     episode_section("dci", max_turns=8)     # the same as plain values, the DCI agent's turn_rules included
     config, rules = with_turn_rules(method_cfg["episode"], "dci")   # a composed section + its tool set's rules
 
-The baselines' episode presets (the DCI agent, the DCI subagent, agentic RAG) live in the same
-folder and reach a method only through its Hydra-composed config (`configs/method/dci.yaml`:
-`/episode@episode: dci`); `compose_preset` is Hydra's compose for a caller outside a Hydra app.
+A baseline's episode reaches it only through its Hydra-composed method config: a preset of the
+same folder (`configs/method/dci.yaml`: `/episode@episode: dci`, shared with ParSer's DCI subagent
+through `dci_reader.yaml`) or the training preset plus an `episode:` section of the method's own
+(`configs/method/rag.yaml`). `compose_preset` is Hydra's compose for a caller outside a Hydra app.
 Their `turn_rules:` section is not the engine's: it goes to the baseline's tool set
 (`parser.tools.TurnRules`), where its reference protocol departs from Algorithm 1.
 """

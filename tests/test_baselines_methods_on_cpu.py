@@ -30,7 +30,7 @@ from parser.dci import Sandbox
 from parser.config import EpisodeConfig, episode_section
 from parser.episode import EpisodeEngine
 from parser.backends.models import Models
-from parser.methods import Sample
+from parser.methods import Sample, method_config
 from parser.tools import FunctionTools, TurnRules
 
 
@@ -215,7 +215,7 @@ def test_rag_retrieves_the_gold_paragraph_top3(samples, tiny_tokenizer, minilm):
     query = f"When was {target} born?"
     call = f'<tool_call>{{"name": "retrieve_documents", "arguments": {{"query": "{query}"}}}}</tool_call>'
     model = ScriptedModel(lambda p, i: ("plan</think>" + call) if i == 0 else "done</think><answer>x</answer>", tiny_tokenizer)
-    method = AgenticRAGMethod(models_for(model, tiny_tokenizer, embedder=minilm), chunk_size=600, episode=episode_section("rag"))
+    method = AgenticRAGMethod(models_for(model, tiny_tokenizer, embedder=minilm), chunk_size=600, episode=method_config("rag")["episode"])
     result = run(method.run(sample))
     assert result.answer == "x" and result.steps == 2 and result.record["stop_reason"] == "answer"
     observation = model.prompts[1].rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>")[0]
@@ -229,7 +229,7 @@ def test_rag_retrieves_the_gold_paragraph_top3(samples, tiny_tokenizer, minilm):
 
 def test_rag_without_an_embedder_says_how_to_set_one(tiny_tokenizer):
     with pytest.raises(ValueError, match="method.embedder or models.embedder"):
-        AgenticRAGMethod(models_for(ScriptedModel(lambda p, i: ""), tiny_tokenizer), episode=episode_section("rag"))
+        AgenticRAGMethod(models_for(ScriptedModel(lambda p, i: ""), tiny_tokenizer), episode=method_config("rag")["episode"])
 
 
 # -- DCI agent and the engine's baseline options --------------------------------------------------------------------------------

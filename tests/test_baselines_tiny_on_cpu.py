@@ -16,7 +16,7 @@ import pytest
 
 from parser.backends.models import Models
 from parser.config import episode_section
-from parser.methods import MethodResult, Sample
+from parser.methods import MethodResult, Sample, method_config
 from parser.methods.coa import ChainOfAgentsMethod
 from parser.methods.dci import DCIAgentMethod
 from parser.methods.full_context import FullContextMethod
@@ -43,15 +43,14 @@ def models(tiny_backend, tiny_tokenizer):
 
 
 # report label -> (the method's class, its config section); the ParSer variants are config only. The
-# baselines with an episode preset get it composed by Hydra (configs/episode/<name>.yaml), as their
-# method configs compose it.
+# agentic baselines get their episode section composed by Hydra, as their method configs compose it.
 METHODS = {
     "full_context": (FullContextMethod, {"max_new_tokens": 12, "followup_max_new_tokens": 8, "max_context_tokens": 100_000}),
     "memagent": (MemAgentMethod, {"chunk_size": 1500, "max_memory_tokens": 12, "max_answer_tokens": 8}),
     "rememr1": (ReMemR1Method, {"chunk_size": 1500, "max_memory_tokens": 12, "max_answer_tokens": 8}),
     "coa_cl": (ChainOfAgentsMethod, {"chunk_size": 1500, "max_summary_tokens": 12, "max_answer_tokens": 8, "order": "chow_liu",
                                      "scorer": {"type": "embedder", "embedder": {"model": "minilm"}}}),
-    "rag": (AgenticRAGMethod, {"chunk_size": 1024, "embedder": {"model": "minilm"}, "episode": episode_section("rag", max_turns=2, **SHORT)}),
+    "rag": (AgenticRAGMethod, {"chunk_size": 1024, "embedder": {"model": "minilm"}, "episode": method_config("rag", episode={"max_turns": 2, **SHORT})["episode"]}),
     "dci": (DCIAgentMethod, {"episode": episode_section("dci", max_turns=2, **SHORT)}),
     "parser_thinking": (ParSerMethod, {"episode": PARSER_EPISODE, "reader": {"type": "thinking", "max_new_tokens": 12}}),
     "parser_dci": (ParSerMethod, {"episode": PARSER_EPISODE,

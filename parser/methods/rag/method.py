@@ -5,9 +5,8 @@ ParSer's chunking), embedded once per sample; each call returns the top 3 chunks
 similarity of L2-normalised embeddings, as a JSON observation (query; rank, score, index and
 text per chunk). The agent runs in the one episode engine (`parser.episode`) with the `RetrievalTools` tool
 set: ReAct loop, temperature 0, 2,048 new tokens a turn, at most 16 turns, a continuation prompt
-after a cut turn and a tool-free finalize turn when the turns run out (`configs/episode/rag.yaml`,
-composed into this method's `episode` section by configs/method/rag.yaml; the last two are the
-tool set's `TurnRules`). Its prompts and `retrieve_documents` schema are `prompts/v1/` beside this file. The embedder comes from the models config or this method's
+after a cut turn and a tool-free finalize turn when the turns run out (the `episode` section of
+configs/method/rag.yaml; the last two are the tool set's `TurnRules`). Its prompts and `retrieve_documents` schema are `prompts/v1/` beside this file. The embedder comes from the models config or this method's
 `embedder` section (`parser.backends.embedder`).
 
     python -m eval.run method=rag
@@ -76,7 +75,7 @@ class AgenticRAGMethod:
     def __init__(self, models: Models, *, chunk_size: int = 1024, top_k: int = 3, embedder: Mapping[str, Any] | str | None = None,
                  episode: Mapping[str, Any] | None = None, prompt_version: str = DEFAULT_VERSION):
         """`embedder` (this method's config) is used when the models config has none; `episode` is the
-        composed section (configs/episode/rag.yaml + overrides; `parser.config.episode_section("rag")`)."""
+        composed section (configs/method/rag.yaml's `episode`; `parser.methods.method_config("rag")["episode"]`)."""
         if models.embedder is None:
             if embedder is None:
                 raise ValueError("rag: no embedder: set method.embedder or models.embedder (e.g. {model: minilm})")
@@ -85,7 +84,7 @@ class AgenticRAGMethod:
         self.chunk_size, self.top_k, self.prompt_version = chunk_size, top_k, prompt_version
         if episode is None:
             raise ValueError("rag: no episode section: build it from its config (configs/method/rag.yaml, "
-                             "parser.config.episode_section('rag'))")
+                             "parser.methods.method_config('rag'))")
         config, rules = with_turn_rules(episode, "rag")
         self.rules = TurnRules.from_section(rules, "rag: episode.turn_rules")
         self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, config=config)

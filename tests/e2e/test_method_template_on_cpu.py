@@ -2,11 +2,12 @@
 new package under a new name, runs through `python -m eval.run` on the tiny CPU models.
 
 The copy lives in a temp directory put on PYTHONPATH, its config in a temp Hydra config dir added
-with `hydra.searchpath`; nothing in `parser/` or `configs/` is edited (git says so before and after),
+with `hydra.searchpath`; nothing in `parser/` or `configs/` is created or edited (their files are compared before and after),
 so no registry, prompt table or preset anywhere else had to learn the method's name. The tiny models
-are the project's own (configs/backend/tiny_cpu.yaml), so this runs offline.
+are the project's own (configs/backend/tiny_cpu.yaml), so this runs offline; it starts a process, so it is
+`slow` (tests/e2e/).
 
-    .venv/bin/pytest tests/test_method_template_on_cpu.py -q
+    .venv/bin/pytest tests/e2e/test_method_template_on_cpu.py -q
 """
 from __future__ import annotations
 
@@ -19,15 +20,16 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "parser" / "methods" / "_template"
 PACKAGE, NAME = "throwaway_method", "throwaway"
 
 
-def _tree_state() -> str:
-    """What git sees changed in the library and the configs (empty on a clean checkout)."""
-    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", "parser", "configs"],
-                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
+def _tree_state() -> dict[str, tuple[int, int]]:
+    """Every file of the library and the configs (bytecode aside) with its size and mtime."""
+    return {str(p.relative_to(ROOT)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for folder in ("parser", "configs") for p in (ROOT / folder).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
 
 
 def test_a_copied_template_runs_through_eval_run(tmp_path):
