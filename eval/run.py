@@ -49,6 +49,7 @@ from eval.datasets import Subset, load_subsets
 from eval.inputs import InputsChanged, check_unchanged, fingerprint
 from eval.metrics import PRIMARY, completion_text, score
 from eval.store import Key, ResultsStore, RunDirLocked, lock_run_dir, row_key
+from parser import progress
 from parser.methods import Method, MethodResult, Sample, build_method
 
 
@@ -139,11 +140,17 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
                          "sample_id": sample.id, "error": error, **detail, "time": provenance.now()})
         bar.write(f"[eval] {subset.label} run {run} sample {sample.id}: {error} (logged, will retry on re-run)")
 
+    def turn_done(sample_id: str, turn: Any) -> None:
+        """Progress inside a sample (an episode can take minutes on a CPU): its latest turn."""
+        done = "answered" if turn.answer is not None else f"{len(turn.queries)} quer{'y' if len(turn.queries) == 1 else 'ies'} read"
+        bar.set_postfix_str(f"{sample_id}: turn {turn.index + 1} {done}", refresh=True)
+
     async def one(sample: Sample) -> None:
         nonlocal written
         async with semaphore:
             try:
-                result = await method.run(sample)
+                with progress.listening(lambda _doc, turn: turn_done(sample.id, turn)):
+                    result = await method.run(sample)
             except Exception as err:  # a broken sample must not stop the table; it is retried on re-run
                 log_failure(sample, repr(err), traceback=traceback.format_exc())
                 return
