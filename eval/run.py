@@ -50,6 +50,7 @@ from eval.inputs import InputsChanged, check_unchanged, fingerprint
 from eval.metrics import PRIMARY, completion_text, score
 from eval.store import Key, ResultsStore, RunDirLocked, lock_run_dir, row_key
 from parser import progress
+from parser.config import ConfigError, check_episode_keys
 from parser.methods import Method, MethodResult, Sample, build_method
 
 
@@ -191,8 +192,10 @@ def build_eval_method(cfg: DictConfig, models: Any = None) -> Method:
     or on models built from `cfg.models`. The method closes its models on `aclose`."""
     from parser.backends.models import build_models
 
-    models = models or build_models(OmegaConf.to_container(cfg.models, resolve=True))
     method_cfg = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k not in ("name", "label")}
+    check_episode_keys(method_cfg.get("episode"), "method.episode")  # a typo fails before any model loads
+    check_episode_keys((method_cfg.get("reader") or {}).get("episode"), "method.reader.episode")
+    models = models or build_models(OmegaConf.to_container(cfg.models, resolve=True))
     return build_method(cfg.method.name, models, **method_cfg)
 
 
@@ -251,7 +254,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 def _main(cfg: DictConfig) -> None:
     try:
         sys.exit(asyncio.run(evaluate(cfg)))
-    except (RunDirLocked, InputsChanged) as error:
+    except (RunDirLocked, InputsChanged, ConfigError) as error:
         print(f"eval.run: error: {error}", file=sys.stderr)
         sys.exit(2)
 

@@ -122,6 +122,10 @@ class EpisodeConfig:
         return cls(**values)
 
 
+class ConfigError(ValueError):
+    """A setting that cannot be: entry points print it as one line and exit 2."""
+
+
 def check_keys(values: Mapping[str, Any], schema: type, where: str) -> None:
     """Refuse keys that are not fields of the dataclass `schema`, naming each with its nearest
     valid spelling and the whole list when none is near."""
@@ -134,8 +138,16 @@ def check_keys(values: Mapping[str, Any], schema: type, where: str) -> None:
         for key in unknown:
             near = difflib.get_close_matches(str(key), known, n=1)
             hints.append(f"{where}.{key} (did you mean {where}.{near[0]}?)" if near else f"{where}.{key}")
-        raise ValueError(f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+        raise ConfigError(f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
                          f"valid {where} keys: {', '.join(known)}")
+
+
+def check_episode_keys(values: Any, where: str = "episode") -> None:
+    """An episode section's keys are `EpisodeConfig`'s (plus a baseline preset's `turn_rules`, its
+    tool set's): refused by name before anything is built. None or a non-mapping passes (its
+    owner refuses it)."""
+    if isinstance(values, Mapping):
+        check_keys({k: v for k, v in values.items() if k != "turn_rules"}, EpisodeConfig, where)
 
 
 def _preset_values(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:

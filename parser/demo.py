@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep.synthetic_world import build_synthetic_eval
 from parser.backends.models import build_models
-from parser.config import episode_preset
+from parser.config import check_episode_keys, episode_preset
 from parser import progress
 from parser.gateway import ProcessGroup, worker_launches
 from parser.methods import MethodResult, Sample, build_method
@@ -105,6 +105,7 @@ async def run_demo(cfg: DictConfig, log_dir: Path) -> list[dict[str, Any]]:
     print(f"models: {preset} ({reason})")
     models_cfg = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "backend" / f"{preset}.yaml"))
     episode = OmegaConf.to_container(cfg.episode)
+    check_episode_keys(episode)  # a typo fails before any model loads
     if all(section.get("type") == "transformers" or section.get("same_as") for section in models_cfg.values()):
         import torch
 
