@@ -118,8 +118,24 @@ def expected_keys(subsets: list[Subset], runs: int) -> set[Key]:
     return {sample_key(subset, run, s) for run in range(runs) for subset in subsets for s in subset.samples}
 
 
-async def run_subset(method: Method, subset: Subset, run: int, store: ResultsStore, cfg: DictConfig) -> tuple[int, int]:
+@dataclasses.dataclass
+class FailureStreak:
+    """Samples that failed in a row, across subsets. At `limit` the run stops: a server that went
+    down mid-grid would otherwise fail every remaining sample in turn (seconds of retries each,
+    hours over a grid). The samples not started are left for the re-run."""
+
+    limit: int | None
+    count: int = 0
+
+    @property
+    def tripped(self) -> bool:
+        return self.limit is not None and self.count >= self.limit
+
+
+async def run_subset(method: Method, subset: Subset, run: int, store: ResultsStore, cfg: DictConfig,
+                     streak: FailureStreak | None = None) -> tuple[int, int]:
     """Run the unfinished samples of one subset; returns (written, failed)."""
+    streak = streak or FailureStreak(None)
     done = store.done_keys()
     pending = [s for s in subset.samples if sample_key(subset, run, s) not in done]
     mine = {sample_key(subset, run, s) for s in subset.samples}
@@ -137,6 +153,7 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
     def log_failure(sample: Sample, error: str, **detail: Any) -> None:
         nonlocal failed
         failed += 1
+        streak.count += 1
         store.log_error({"dataset": subset.dataset, "length": subset.length, "condition": subset.condition, "run": run,
                          "sample_id": sample.id, "error": error, **detail, "time": provenance.now()})
         bar.write(f"[eval] {subset.label} run {run} sample {sample.id}: {error} (logged, will retry on re-run)")
@@ -149,6 +166,8 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
     async def one(sample: Sample) -> None:
         nonlocal written
         async with semaphore:
+            if streak.tripped:  # the run is stopping: this sample is left for the re-run
+                return
             try:
                 with progress.listening(lambda _doc, turn: turn_done(sample.id, turn)):
                     result = await method.run(sample)
@@ -159,6 +178,7 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
             log_failure(sample, result.failed, record=result.record)
             return
         row = result_row(subset, run, sample, result, cfg, bool(cfg.save_records), session)
+        streak.count = 0
         if store.append(row):
             written += 1
             scores.append(row[PRIMARY])
@@ -228,13 +248,18 @@ async def _evaluate(cfg: DictConfig, method: Method | None) -> int:
     owns_method = method is None
     method = method or build_eval_method(cfg)
     written = failed = 0
+    streak = FailureStreak(cfg.get("stop_after_failures"))
     start = time.perf_counter()
     try:
         await warm_up(method, subsets, int(cfg.get("warmup", 0)))
         for run in range(int(cfg.runs)):
             for subset in subsets:
-                w, f = await run_subset(method, subset, run, store, cfg)
-                written, failed = written + w, failed + f
+                if not streak.tripped:
+                    w, f = await run_subset(method, subset, run, store, cfg, streak)
+                    written, failed = written + w, failed + f
+        if streak.tripped:
+            print(f"[eval] stopped: {streak.count} samples in a row failed (stop_after_failures={streak.limit}); "
+                  f"the errors are in {Path(cfg.out_dir) / 'errors.jsonl'}; fix the cause and re-run to resume")
     finally:
         if owns_method:
             await method.aclose()
@@ -269,8 +294,14 @@ def with_search_path(argv: list[str]) -> list[str]:
     return [*argv[:at], f"hydra.searchpath=[file://{CONFIGS}]", *argv[at:]]
 
 
+def preset_spelling(argv: list[str]) -> list[str]:
+    """`models=<preset>` (the demo's and parser.ask's spelling) is `backend@models=<preset>` here:
+    `models` is a composed section, which a plain value would replace and break."""
+    return [f"backend@{arg}" if arg.startswith("models=") else arg for arg in argv]
+
+
 def main() -> None:
-    sys.argv = [sys.argv[0], *with_search_path(sys.argv[1:])]
+    sys.argv = [sys.argv[0], *with_search_path(preset_spelling(sys.argv[1:]))]
     _main()
 
 

@@ -85,3 +85,21 @@ def test_unknown_presets_and_keys_are_refused_with_the_valid_names(tmp_path, cap
             main(argv)
         assert exit_.value.code == 2
         assert expected in capsys.readouterr().err
+
+
+def test_ask_against_a_local_openai_server_with_one_url_setting(tiny_qwen3_5_model, tiny_tokenizer, tmp_path, capsys):
+    """`backend@models=openai` plus the server's URL is enough: the preflight reads GET /v1/models
+    once (parser.serve says owned_by=parser: vLLM's dialect, so token ids and the CPU preset's
+    constraints work), the served name `tiny-qwen3.5` is the model and, being an offline name,
+    the tokenizer. The real parser.serve app, in process, over real HTTP on 127.0.0.1."""
+    from parser.backends.transformers import TransformersBackend
+    from parser.serve import start_server
+
+    path = tmp_path / "notes.md"
+    path.write_text(DOCUMENT)
+    backend = TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer)
+    with start_server(backend, tokenizer=tiny_tokenizer, model_name="tiny-qwen3.5", worker_id="w0") as server:
+        main([str(path), "Who directed Zorvan?", "backend@models=openai", f"models.lead.base_url={server.url}",
+              "method=parser_cpu", "method.episode.max_turns=2"])
+    printed = capsys.readouterr().out
+    assert "turn 1 (lead" in printed and "\nanswer: " in printed and "answer: none" not in printed
