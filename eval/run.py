@@ -119,23 +119,27 @@ def expected_keys(subsets: list[Subset], runs: int) -> set[Key]:
 
 
 @dataclasses.dataclass
-class FailureStreak:
-    """Samples that failed in a row, across subsets. At `limit` the run stops: a server that went
-    down mid-grid would otherwise fail every remaining sample in turn (seconds of retries each,
-    hours over a grid). The samples not started are left for the re-run."""
+class Tally:
+    """This session's samples, counted as each ends, so an interrupt mid-subset still reports (and
+    the manifest records) every row written. `streak`: samples failed in a row, across subsets; at
+    `stop_after` the run stops, because a server that went down mid-grid would otherwise fail every
+    remaining sample in turn (seconds of retries each, hours over a grid). The samples not started
+    are left for the re-run."""
 
-    limit: int | None
-    count: int = 0
+    stop_after: int | None = None
+    written: int = 0
+    failed: int = 0
+    streak: int = 0
 
     @property
-    def tripped(self) -> bool:
-        return self.limit is not None and self.count >= self.limit
+    def stopping(self) -> bool:
+        return self.stop_after is not None and self.streak >= self.stop_after
 
 
 async def run_subset(method: Method, subset: Subset, run: int, store: ResultsStore, cfg: DictConfig,
-                     streak: FailureStreak | None = None) -> tuple[int, int]:
+                     tally: Tally | None = None) -> tuple[int, int]:
     """Run the unfinished samples of one subset; returns (written, failed)."""
-    streak = streak or FailureStreak(None)
+    tally = tally or Tally()
     done = store.done_keys()
     pending = [s for s in subset.samples if sample_key(subset, run, s) not in done]
     mine = {sample_key(subset, run, s) for s in subset.samples}
@@ -153,7 +157,8 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
     def log_failure(sample: Sample, error: str, **detail: Any) -> None:
         nonlocal failed
         failed += 1
-        streak.count += 1
+        tally.failed += 1
+        tally.streak += 1
         store.log_error({"dataset": subset.dataset, "length": subset.length, "condition": subset.condition, "run": run,
                          "sample_id": sample.id, "error": error, **detail, "time": provenance.now()})
         bar.write(f"[eval] {subset.label} run {run} sample {sample.id}: {error} (logged, will retry on re-run)")
@@ -166,7 +171,7 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
     async def one(sample: Sample) -> None:
         nonlocal written
         async with semaphore:
-            if streak.tripped:  # the run is stopping: this sample is left for the re-run
+            if tally.stopping:  # the run is stopping: this sample is left for the re-run
                 return
             try:
                 with progress.listening(lambda _doc, turn: turn_done(sample.id, turn)):
@@ -178,9 +183,10 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
             log_failure(sample, result.failed, record=result.record)
             return
         row = result_row(subset, run, sample, result, cfg, bool(cfg.save_records), session)
-        streak.count = 0
+        tally.streak = 0
         if store.append(row):
             written += 1
+            tally.written += 1
             scores.append(row[PRIMARY])
         bar.update(1)
         bar.set_postfix({PRIMARY: f"{100 * sum(scores) / len(scores):.1f}", "steps": result.steps})
@@ -247,27 +253,32 @@ async def _evaluate(cfg: DictConfig, method: Method | None) -> int:
 
     owns_method = method is None
     method = method or build_eval_method(cfg)
-    written = failed = 0
-    streak = FailureStreak(cfg.get("stop_after_failures"))
+    tally = Tally(cfg.get("stop_after_failures"))
     start = time.perf_counter()
+    interrupted = False
     try:
         await warm_up(method, subsets, int(cfg.get("warmup", 0)))
         for run in range(int(cfg.runs)):
             for subset in subsets:
-                if not streak.tripped:
-                    w, f = await run_subset(method, subset, run, store, cfg, streak)
-                    written, failed = written + w, failed + f
-        if streak.tripped:
-            print(f"[eval] stopped: {streak.count} samples in a row failed (stop_after_failures={streak.limit}); "
+                if not tally.stopping:
+                    await run_subset(method, subset, run, store, cfg, tally)
+        if tally.stopping:
+            print(f"[eval] stopped: {tally.streak} samples in a row failed (stop_after_failures={tally.stop_after}); "
                   f"the errors are in {Path(cfg.out_dir) / 'errors.jsonl'}; fix the cause and re-run to resume")
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C: asyncio.run cancels this task
+        interrupted = True
+        raise
     finally:
         if owns_method:
             await method.aclose()
-        provenance.close_session(cfg.out_dir, written=written, failed=failed, expected=expected,
-                                 wall_s=round(time.perf_counter() - start, 2))
-    total = len(keys & store.done_keys())
-    print(f"[eval] {cfg.out_dir}: {total}/{expected} samples done ({written} this session, {failed} failed)")
-    return 1 if failed or total < expected else 0
+        total = len(keys & store.done_keys())
+        provenance.close_session(cfg.out_dir, written=tally.written, failed=tally.failed, expected=expected, done=total,
+                                 wall_s=round(time.perf_counter() - start, 2), interrupted=interrupted)
+        if interrupted:
+            print(f"\n[eval] interrupted: {total}/{expected} samples saved in {cfg.out_dir} ({tally.written} this session); "
+                  "re-run the same command to resume", file=sys.stderr)
+    print(f"[eval] {cfg.out_dir}: {total}/{expected} samples done ({tally.written} this session, {tally.failed} failed)")
+    return 1 if tally.failed or total < expected else 0
 
 
 # configs/eval/ holds this entry point's own groups (dataset, method); the shared presets it
@@ -282,6 +293,8 @@ def _main(cfg: DictConfig) -> None:
     except (RunDirLocked, InputsChanged, ConfigError) as error:
         print(f"eval.run: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # what was saved and how to resume is already said, in one line
+        sys.exit(130)
 
 
 def with_search_path(argv: list[str]) -> list[str]:
