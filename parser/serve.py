@@ -3,7 +3,8 @@
 Why it exists: the whole serving path (HttpBackend -> sglang-router gateway -> workers) must
 run and be tested on a laptop without a GPU. This puts the in-process `TransformersBackend`
 (or any other Backend) behind the endpoints an SGLang worker exposes, so the gateway and the
-HTTP client see the same wire format as in production:
+HTTP client see the same wire format as in production (each body's type and checks live in
+`parser.wire`, which the client and the loopback worker use too):
 
     GET  /health  /health_generate  /get_model_info  /get_server_info  /get_load  /v1/models
     POST /generate              SGLang native schema (text / input_ids, meta_info incl. cached_tokens)
@@ -20,21 +21,29 @@ with `max_tokens: 0` and `logprobs` (echo with generation is refused).
 
 Constrained decoding is read in each server's dialect and handed to the backend
 (`SamplingParams.json_schema` / `.regex`): SGLang's `sampling_params.json_schema` / `regex`,
-vLLM's `structured_outputs: {json | regex}`, OpenAI's `response_format: {type: json_schema}`.
+vLLM's `structured_outputs: {json | regex}`, OpenAI's `response_format: {type: json_schema}`
+(`{type: json_object}`: any JSON object, as vLLM's JSON grammar). OpenAI fields nothing here
+implements (tools, logit bias, penalties, top-k alternatives in logprobs, ...) are a 400 naming
+them; a request naming another model is vLLM's 404 (`The model `x` does not exist.`); the context
+advertised (`/v1/models` max_model_len) and enforced is the model's `max_position_embeddings`,
+or less with `--context-length`.
     POST /flush_cache
 
 Every response carries `X-Worker-Id`, so clients and gateway tests can see which worker
 answered. It binds 127.0.0.1 unless `--host` says otherwise, and shuts down gracefully on
 SIGINT/SIGTERM. Streaming, `n > 1` and batched prompts are refused with a 400.
 
-A client error is a 400 naming the field, never a 500 (which clients and routers retry):
-token ids outside the vocabulary, `top_p` outside (0, 1], `top_k` 0, a negative temperature,
-a seed outside 64 bits, a constraint of the wrong type, an empty stop string, unknown roles,
-messages the chat template refuses, a prompt over `context_length` tokens or 16 bytes per
-token of it. A temperature below 1e-5 means greedy, as in SGLang and vLLM.
+A client error is a 4xx naming the field, never a 500 (which clients and routers retry):
+token ids outside the vocabulary (checked with the body, whatever the request then does),
+`top_p` outside (0, 1], `top_k` 0, a negative temperature, a seed that is not an exact integer
+in [-2**63, 2**64) (never rounded), a constraint of the wrong type or nested more than
+`parser.wire.common.MAX_SCHEMA_DEPTH` deep, an empty stop string, unknown roles, messages the
+chat template refuses, a prompt over `context_length` tokens or 16 bytes per token of it. A
+temperature below 1e-5 means greedy, as in SGLang and vLLM.
 
-Every request is bounded (`ServerLimits`): its body at 16 MB, read within `body_timeout_s`
-(else 408); a connection that has not sent a whole request header `idle_timeout_s` after it
+Every request is bounded (`ServerLimits`): its body at 16 MB (a declared Content-Length over it
+is a 413 before the body is read), read within `body_timeout_s` (else 408); it counts as in
+flight (`/get_load`) only once its body is read and checked; a connection that has not sent a whole request header `idle_timeout_s` after it
 opened or after its last response is closed (a slow or stalled client holds no connection for
 ever); and a stop list at `max_stop_strings` strings of at most `max_stop_chars` characters
 (each generated token is checked against every stop string, so a huge list held the model for

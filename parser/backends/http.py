@@ -5,7 +5,8 @@ Why it exists: subagent scatter rounds send hundreds to thousands of concurrent 
 not be the bottleneck, so this is one pooled aiohttp session per event loop with a large
 connection limit and keep-alive, and orjson on both sides of the wire.
 
-Three wire formats, chosen by `api`:
+Three wire formats, chosen by `api`; each body's type lives in `parser.wire` (the server and the
+loopback worker read and write the same types):
 - "sglang":      SGLang's native `POST /generate` (text or `input_ids`; token ids and
                  per-token logprobs come back, which the lead agent needs).
 - "completions": OpenAI `POST /v1/completions` (text or token-id prompt). The lead's path on

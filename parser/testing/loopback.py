@@ -2,7 +2,8 @@
 
 Why it exists: to measure what the *client* and the *gateway* cost without a model in the
 way (scatter throughput, `scripts/bench_scatter.py`) and to check routing (does a chunk keep
-landing on the same worker?). Each request is recorded with the routing-key header, the hash
+landing on the same worker?). Bodies are read and written through `parser.wire`, the types the
+client and `parser.serve` use (a body they refuse is a 400 here too). Each request is recorded with the routing-key header, the hash
 of the prompt's reusable prefix (what a RadixCache would share: everything before the last
 "Query:", per the subagent prompt's instructions -> chunk -> query order) and this worker's
 id. It answers with the subagent's abstention, or with a finding when the prompt contains

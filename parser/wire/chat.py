@@ -10,15 +10,13 @@ template, nor one of `apply_chat_template`'s own parameters.
 """
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Annotated, Any, ClassVar, Mapping
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from parser.backends.base import Completion, SamplingParams
-from parser.wire.common import Count, Usage, WireModel, refuse
-from parser.wire.openai import OpenAIRequest, Server
+from parser.backends.base import SamplingParams
+from parser.wire.common import Count, WireModel, refuse
+from parser.wire.openai import OpenAIChoice, OpenAIRequest, OpenAIResponse, Server
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 MAX_KWARG_CHARS = 256  # of a string template variable
@@ -47,6 +45,12 @@ class ChatMessage(WireModel):
 
     model_config = ConfigDict(extra="allow")
     role: Annotated[str, BeforeValidator(_role)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, body: Any) -> Any:
+        return body  # a message goes to the template as it came, nulls included (`content: null` with tool calls)
+
     content: Annotated[str | list[dict[str, Any]] | None, BeforeValidator(_content)] = None
 
     def size(self) -> int:
@@ -134,35 +138,15 @@ class AssistantMessage(WireModel):
     content: str | None = None
 
 
-class ChatChoice(WireModel):
-    index: int = 0
+class ChatChoice(OpenAIChoice):
     message: AssistantMessage = Field(default_factory=AssistantMessage)
     logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    token_ids: list[int] | None = None  # vLLM's return_token_ids
+
+    def read(self) -> tuple[str | None, list[Any] | None]:
+        return self.message.content, [c.logprob for c in self.logprobs.content or []] if self.logprobs else None
 
 
-class ChatResponse(WireModel):
-    id: str | None = None
+class ChatResponse(OpenAIResponse):
+    ID_PREFIX: ClassVar[str] = "chatcmpl-"
     object: str = "chat.completion"
-    created: int | None = None
-    model: str | None = None
     choices: list[ChatChoice] = Field(min_length=1)
-    usage: Usage | None = None
-
-    @classmethod
-    def of(cls, model: str, choice: ChatChoice, usage: Usage) -> "ChatResponse":
-        return cls(id="chatcmpl-" + uuid.uuid4().hex, created=int(time.time()), model=model, choices=[choice], usage=usage)
-
-    def completion(self, return_logprobs: bool) -> Completion:
-        choice = self.choices[0]
-        prompt_tokens, cached = (self.usage or Usage()).counts()
-        content = choice.logprobs.content if choice.logprobs else None
-        return Completion(
-            text=choice.message.content or "",
-            token_ids=list(choice.token_ids or []),
-            logprobs=[c.logprob for c in content] if return_logprobs and content else None,
-            finish_reason="length" if choice.finish_reason == "length" else "stop",
-            prompt_tokens=prompt_tokens,
-            cached_tokens=cached,
-        )

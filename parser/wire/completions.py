@@ -10,15 +10,13 @@ Why it exists: the lead's path on vLLM (token-id prompts in, generated ids back 
 """
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Annotated, Any, ClassVar, Sequence
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from parser.backends.base import Completion, SamplingParams
-from parser.wire.common import Prompt, Usage, WireModel, refuse
-from parser.wire.openai import OpenAIRequest, Server
+from parser.backends.base import SamplingParams
+from parser.wire.common import Prompt, WireModel, refuse
+from parser.wire.openai import OpenAIChoice, OpenAIRequest, OpenAIResponse, Server
 
 
 def _count_only(value: Any) -> Any:
@@ -83,37 +81,17 @@ class CompletionLogprobs(WireModel):
         return cls(tokens=tokens, token_logprobs=list(logprobs), text_offset=offsets)
 
 
-class CompletionChoice(WireModel):
-    index: int = 0
+class CompletionChoice(OpenAIChoice):
     text: str | None = None
     logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-    token_ids: list[int] | None = None  # vLLM's return_token_ids
     # vLLM's: per prompt position None (the first) or {token id: {"logprob", "rank", "decoded_token"}}
     prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
 
+    def read(self) -> tuple[str | None, list[Any] | None]:
+        return self.text, self.logprobs.token_logprobs if self.logprobs else None
 
-class CompletionResponse(WireModel):
-    id: str | None = None
+
+class CompletionResponse(OpenAIResponse):
+    ID_PREFIX: ClassVar[str] = "cmpl-"
     object: str = "text_completion"
-    created: int | None = None
-    model: str | None = None
     choices: list[CompletionChoice] = Field(min_length=1)
-    usage: Usage | None = None
-
-    @classmethod
-    def of(cls, model: str, choice: CompletionChoice, usage: Usage) -> "CompletionResponse":
-        return cls(id="cmpl-" + uuid.uuid4().hex, created=int(time.time()), model=model, choices=[choice], usage=usage)
-
-    def completion(self, return_logprobs: bool) -> Completion:
-        choice = self.choices[0]
-        prompt_tokens, cached = (self.usage or Usage()).counts()
-        lps = choice.logprobs.token_logprobs if choice.logprobs else None
-        return Completion(
-            text=choice.text or "",
-            token_ids=list(choice.token_ids or []),  # vLLM's return_token_ids, if on
-            logprobs=[float(x) for x in lps] if return_logprobs and lps else None,
-            finish_reason="length" if choice.finish_reason == "length" else "stop",
-            prompt_tokens=prompt_tokens,
-            cached_tokens=cached,
-        )

@@ -1,6 +1,7 @@
 """What OpenAI's `/v1/completions` and `/v1/chat/completions` share: the sampling fields, the
 constraint fields of each server (vLLM's `structured_outputs`, SGLang's `regex`, OpenAI's
-`response_format`), and the OpenAI fields this code does not implement.
+`response_format`), the OpenAI fields this code does not implement, and the response's frame
+(id, model, usage; a choice's finish reason and vLLM's token ids).
 
 Why it exists: the two OpenAI paths take the same sampling fields; `OpenAIRequest` holds them
 once for both request types (`parser.wire.completions`, `parser.wire.chat`). A field a client
@@ -9,13 +10,15 @@ refused by name, never silently ignored; a key OpenAI does not define is ignored
 """
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any, ClassVar, Literal
 
 import orjson
 from pydantic import Field, model_validator
 
-from parser.backends.base import BackendError, SamplingParams
-from parser.wire.common import (Count, JsonSchema, Seed, Stop, Temperature, TopK, TopP, WireModel, greedy,
+from parser.backends.base import BackendError, Completion, SamplingParams
+from parser.wire.common import (Count, JsonSchema, Seed, Stop, Temperature, TopK, TopP, Usage, WireModel, greedy,
                                 one_constraint, refuse)
 
 Server = Literal["sglang", "vllm", "generic"]
@@ -137,3 +140,38 @@ def _constraint_fields(server: Server, kind: str, spec: str) -> dict[str, Any]:
     raise BackendError(f"HttpBackend(server='generic'): no known way to constrain decoding by {kind} on this "
                        "server (llama.cpp ignores json_schema on completions); set server: vllm or sglang, or "
                        "turn the constraint off", retryable=False)
+
+
+class OpenAIChoice(WireModel):
+    index: int = 0
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids
+
+    def read(self) -> tuple[str | None, list[Any] | None]:
+        """(the generated text, its per-token logprobs) wherever this dialect keeps them."""
+        raise NotImplementedError
+
+
+class OpenAIResponse(WireModel):
+    """The frame of both OpenAI responses; a subclass names its `object` and its choice type."""
+
+    ID_PREFIX: ClassVar[str] = ""
+    id: str | None = None
+    object: str = ""
+    created: int | None = None
+    model: str | None = None
+    choices: list[Any] = Field(min_length=1)
+    usage: Usage | None = None
+
+    @classmethod
+    def of(cls, model: str, choice: OpenAIChoice, usage: Usage) -> Any:
+        return cls(id=cls.ID_PREFIX + uuid.uuid4().hex, created=int(time.time()), model=model, choices=[choice], usage=usage)
+
+    def completion(self, return_logprobs: bool) -> Completion:
+        choice = self.choices[0]
+        text, logprobs = choice.read()
+        prompt_tokens, cached = (self.usage or Usage()).counts()
+        return Completion(text=text or "", token_ids=list(choice.token_ids or []),
+                          logprobs=[float(x) for x in logprobs] if return_logprobs and logprobs else None,
+                          finish_reason="length" if choice.finish_reason == "length" else "stop",
+                          prompt_tokens=prompt_tokens, cached_tokens=cached)
