@@ -231,7 +231,7 @@ class Usage(WireModel):
 
 class ModelCard(WireModel):
     id: str
-    object: Literal["model"] = "model"
+    object: str = "model"
     created: int | None = None
     owned_by: str | None = None
     root: str | None = None
@@ -241,7 +241,7 @@ class ModelCard(WireModel):
 class ModelList(WireModel):
     """`GET /v1/models`."""
 
-    object: Literal["list"] = "list"
+    object: str = "list"
     data: list[ModelCard] = Field(min_length=1)
 
 
