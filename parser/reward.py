@@ -4,10 +4,15 @@ Training rewards the lead with binary `exact_match` (paper §2.3); tables report
 bidirectional-substring variant that MemAgent's and ReMemR1's open-source eval code implements
 (paper Appendix E.6, footnote 10). Both return 1.0 / 0.0 and take the max over gold answers.
 
-`compat=True` reproduces the reference code (MemAgent's eval) exactly: a falsy raw prediction
-scores 0 (its caller's `if pred else 0` guard), but a prediction that only *normalizes* to the
-empty string ("the", "...") counts as a hit under Sub_EM ("" is a substring of everything). Use
-it only to compare with published numbers; the default scores any empty prediction 0.
+`compat=True` is the reference's *string scorer* (MemAgent's and ReMemR1's eval): a falsy raw
+prediction scores 0 (its caller's `if pred else 0` guard), but a prediction that only
+*normalizes* to the empty string ("the", "...") counts as a hit under Sub_EM ("" is a substring
+of everything). What it scores is the method's extraction (`parser.methods.memagent_rules` for
+MemAgent/ReMemR1); their skipping of empty outputs is not reproduced (docs/fidelity.md, row 35).
+Use it only to compare with published numbers; the default scores any empty prediction 0.
+
+`memagent_rl_reward` is MemAgent's RL reward (boxed answer, math-string equality), which the
+memory-agent training loop uses by default (`parser.methods.memagent_loop`).
 
 `release_normalize` / `release_exact_match` are the authors' *training* reward (release
 train/scripts/reward.py; `parser.protocol.ReleaseProtocol` trains with it): articles are replaced

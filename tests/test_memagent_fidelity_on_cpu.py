@@ -249,3 +249,59 @@ def test_memagent_rl_reward_is_theirs():
     ]
     for reply, golds, theirs in cases:
         assert memagent_rl_reward(reply, golds) == theirs, (reply, golds)
+
+
+# 6. data under compat=true -----------------------------------------------------------------------
+def _wiki_row(row_id, question, titles, support, answer="x"):
+    """A FlashRAG 2WikiMultiHopQA row (metadata.context / supporting_facts)."""
+    return {"id": row_id, "question": question, "golden_answers": [answer],
+            "metadata": {"context": {"title": titles, "content": [[f"{t} text."] for t in titles]},
+                         "supporting_facts": {"title": support, "sent_id": [0] * len(support)}, "type": "compositional"}}
+
+
+def _hotpot_row(row_id, titles, support):
+    """A HotpotQA row in the original JSON layout."""
+    return {"_id": row_id, "question": "Q?", "answer": "x", "context": [[t, [f"{t} text."]] for t in titles],
+            "supporting_facts": [[t, 0] for t in support]}
+
+
+def test_compat_hotpotqa_keeps_a_question_whose_supporting_title_is_missing():
+    """M taskutils/memory_data/processing.py `read_hotpotqa`: no filter on supporting facts."""
+    from data_prep.sources import read_hotpotqa
+
+    rows = [_hotpot_row("a", ["A", "B"], ["A", "Z"]), _hotpot_row("b", ["C", "D"], ["C", "D"])]
+    assert [q.id for q in read_hotpotqa(rows)[0]] == ["b"]
+    questions, _ = read_hotpotqa(rows, compat=True)
+    assert [q.id for q in questions] == ["a", "b"] and questions[0].gold == (0,) and questions[0].index == 0
+
+
+def test_compat_corpus_comes_from_every_question_and_index_counts_kept_ones():
+    """R taskutils/data_synthesis/process_test.py `read_dataset`: `total_docs` from every example,
+    built before a missing supporting title `continue`s; `index` is the position in `total_qas`."""
+    from data_prep.sources import read_2wiki
+
+    rows = [_wiki_row("a", "Q1", ["A", "B"], ["A", "Z"]), _wiki_row("b", "Q2", ["C", "D"], ["C", "D"])]
+    questions, corpus = read_2wiki(rows)
+    assert len(corpus) == 2 and questions[0].index == 1
+    questions, corpus = read_2wiki(rows, compat=True)
+    assert [q.id for q in questions] == ["b"] and len(corpus) == 4 and questions[0].index == 0
+
+
+def test_compat_keeps_a_repeated_paragraph_and_every_supporting_fact():
+    """R process_test.py: `context` holds one doc index per title (a repeated paragraph twice);
+    `evidence_idx = [titles.index(t) for t in supporting titles]` (a title per supporting sentence,
+    so repeats), `min_distance` over them: 0 when a title repeats."""
+    from data_prep.packing import eval_record, pack
+    from data_prep.sources import read_2wiki
+
+    rows = [_wiki_row("a", "Q1", ["A", "B", "A", "C"], ["A", "A", "B"]),
+            *[_wiki_row(f"d{i}", f"D{i}", [f"E{i}", f"F{i}"], [f"E{i}"]) for i in range(4)]]
+    question = read_2wiki(rows, compat=True)[0][0]
+    assert question.paragraphs.count("A\nA text.") == 2 and question.support == (0, 0, 1)
+    corpus = read_2wiki(rows, compat=True)[1]
+    row = eval_record(question, pack(question, corpus, 8, seed=0, compat=True), corpus)
+    assert row["context"].count("A text.") == 2
+    assert len(row["meta"]["evidence_idx"]) == 3 and row["meta"]["min_distance"] == 0
+    assert len(row["gold_paragraph_ids"]) == 2
+    plain = read_2wiki(rows)[0][0]
+    assert plain.paragraphs.count("A\nA text.") == 1 and plain.support == ()
