@@ -123,6 +123,9 @@ class SequentialMethod:
         self.final_sampling = SamplingParams(max_new_tokens=max_answer_tokens, temperature=temperature, top_p=top_p)
         self.thinking = thinking
         self.drop_thinking = drop_thinking
+        # the template opens the thinking itself (Qwen3.5's ends its generation prompt with <think>):
+        # a reply with no </think> is then thinking cut short, not an answer
+        self.opens_thinking = thinking and self._render("").rstrip().endswith("<think>")
         self.prompt_version = prompt_version
         self.order = check_strategy(order)
         self.scorer = None if order == "document" else build_scorer(scorer, models)
@@ -157,9 +160,10 @@ class SequentialMethod:
 
     def visible(self, reply: str) -> str:
         """The reply without its thinking when thinking is on (or `drop_thinking`): the text after the
-        last `</think>`, nothing if the model never closed it; else the reply as it is."""
+        last `</think>`; nothing if a thinking the template or the reply opened was never closed;
+        else the reply as it is."""
         if self.thinking or self.drop_thinking:
-            return split_thinking(reply, opened=self.thinking)[1]
+            return split_thinking(reply, opened=self.opens_thinking)[1]
         return reply
 
     def untrusted(self, text: str) -> str:
