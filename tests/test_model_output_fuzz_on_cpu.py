@@ -163,14 +163,14 @@ OLD_RECALL = re.compile(r"<recall>(.+?)</recall>", re.DOTALL)
 @settings(settings.get_profile("parsers"))
 @given(st.lists(st.sampled_from(["<recall>", "</recall>", "x", "\n", "<", ">", "recall"]), max_size=40).map("".join))
 def test_memagent_recall_split_matches_the_regex(text):
-    from parser.methods.rememr1 import split_recalls
+    from parser.methods.memagent import split_recalls
 
     first = OLD_RECALL.search(text)
     assert split_recalls(text) == (OLD_RECALL.sub("", text), first.group(1) if first else None)
 
 
 def test_memagent_recall_split_is_linear():
-    from parser.methods.rememr1 import split_recalls
+    from parser.methods.memagent import split_recalls
 
     started = time.perf_counter()
     split_recalls("<recall>x" * 60_000)  # 540 KB; the regex took 4 s on 32 KB
