@@ -146,7 +146,8 @@ class FlakyModel:
         self.calls += 1
         if self.errors:
             raise self.errors.pop(0)
-        return Completion(text="memory: Place 1 is on river 1. \\boxed{Place 1}")
+        # boxed for the boxed modes (CoA, ReMemR1), "the answer is" for MemAgent's recurrent mode (its default)
+        return Completion(text="memory: Place 1 is on river 1. \\boxed{Place 1} Therefore, the answer is Place 1.")
 
     async def aclose(self):
         pass
