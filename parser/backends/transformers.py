@@ -74,6 +74,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import math
+import operator
 import threading
 from typing import Any, Callable, Sequence
 
@@ -239,7 +240,7 @@ class TransformersBackend:
         if items and isinstance(items[0], dict):
             ids = self.tokenizer.apply_chat_template(items, tokenize=True, add_generation_prompt=True)
             return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-        return [int(t) for t in items]
+        return self._check_ids(items, "prompt")
 
     def generate_ids(self, ids: list[int], sampling: SamplingParams, key: str = "",
                      cancelled: threading.Event | None = None) -> Completion:
@@ -276,10 +277,14 @@ class TransformersBackend:
         out of range would index past the embedding table: an IndexError deep in the worker)."""
         out = []
         for i, t in enumerate(ids):
-            if isinstance(t, bool) or not isinstance(t, (int, torch.Tensor)) or not 0 <= int(t) < self.vocab_size:
+            try:  # an integer of any kind (int, numpy, a 0-d tensor); not a bool, a float or a string
+                value = None if isinstance(t, bool) else operator.index(t)
+            except TypeError:
+                value = None
+            if value is None or not 0 <= value < self.vocab_size:
                 raise BackendError(f"TransformersBackend: {what} token {i} is {t!r}, not a token id in "
                                    f"[0, {self.vocab_size})", retryable=False)
-            out.append(int(t))
+            out.append(value)
         return out
 
     def run_exclusive(self, fn: Callable[[], Any]) -> Any:
