@@ -18,6 +18,7 @@ from parser.methods.base import Method, MethodResult, Sample
 from parser.methods.coa import ChainOfAgentsMethod
 from parser.methods.dci_agent import DCIAgentMethod
 from parser.methods.full_context import FullContextMethod
+from parser.methods.longharness import LongHarnessMethod
 from parser.methods.memagent import MemAgentMethod, ReMemR1Method
 from parser.methods.parser import ParSerMethod
 from parser.methods.rag import AgenticRAGMethod
@@ -33,6 +34,7 @@ METHODS: dict[str, type] = {
     "coa": ChainOfAgentsMethod,
     "rag": AgenticRAGMethod,
     "dci": DCIAgentMethod,
+    "longharness": LongHarnessMethod,  # configs/method/longharness*.yaml (acquisition: readers | corpus)
 }
 
 

@@ -1,0 +1,115 @@
+"""The lead's structured update: its JSON schema (schema.json beside this file), its prompts, and
+the lenient reading of what the lead wrote into one typed `Update`.
+
+The schema constrains decoding where the backend can (`SamplingParams.json_schema`: SGLang,
+vLLM, the in-process xgrammar masks); with `constrain: false`, or a reply cut at its token limit,
+the same reader takes what it can (`parser.lenient_json`) and drops malformed entries one by one,
+counting them, so one bad field never loses the rest of the turn.
+
+    schema = update_schema(max_queries=2)     # schema.json with the turn's query bound
+    update, problems = read_update(text)      # problems: what was dropped, and why
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from parser.actions import split_thinking
+from parser.lenient_json import loads_lenient
+
+HERE = Path(__file__).resolve().parent
+PROMPT_FIELDS = {"system": {"acquisition"}, "user": {"question", "state"}, "acquire_readers": set(),
+                 "acquire_corpus": {"commands"}}
+
+
+@functools.lru_cache(maxsize=None)
+def _template(name: str) -> str:
+    if name not in PROMPT_FIELDS:
+        raise KeyError(f"unknown longharness prompt {name!r}; known: {sorted(PROMPT_FIELDS)}")
+    return (HERE / "prompts" / f"{name}.txt").read_text(encoding="utf-8").rstrip("\n")
+
+
+def render_prompt(name: str, **fields: str) -> str:
+    """prompts/<name>.txt with its `{field}`s filled (plain replacement: the system prompt shows
+    JSON, whose braces `str.format` would read as fields)."""
+    missing = PROMPT_FIELDS[name] - fields.keys() if name in PROMPT_FIELDS else set()
+    text = _template(name)
+    if missing:
+        raise KeyError(f"longharness prompt {name!r} needs field(s) {sorted(missing)}")
+    for key, value in fields.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+@functools.lru_cache(maxsize=None)
+def _schema() -> dict[str, Any]:
+    return json.loads((HERE / "schema.json").read_text(encoding="utf-8"))
+
+
+def update_schema(max_queries: int) -> dict[str, Any]:
+    """The update's JSON schema, at most `max_queries` queries a turn."""
+    schema = copy.deepcopy(_schema())
+    schema["properties"]["queries"]["maxItems"] = max_queries
+    return schema
+
+
+@dataclasses.dataclass
+class Update:
+    conclusions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    retire: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    queries: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    answer: str = ""
+    answer_evidence: list[str] = dataclasses.field(default_factory=list)
+
+
+def _text(value: Any) -> str | None:
+    return value.strip() if isinstance(value, str) else None
+
+
+def _ids(value: Any) -> list[str]:
+    return [v.strip() for v in value if isinstance(v, str) and v.strip()] if isinstance(value, list) else []
+
+
+def read_update(text: str, thinking_open: bool = False) -> tuple[Update | None, list[str]]:
+    """(the update, problems). None when no JSON object can be read at all (an invalid turn)."""
+    body = split_thinking(text, opened=thinking_open)[1]
+    start = body.find("{")
+    if start < 0:
+        return None, ["no JSON object in the reply"]
+    value, problem = loads_lenient(body[start:])
+    if isinstance(value, list):
+        value = next((v for v in value if isinstance(v, dict)), None)
+    if not isinstance(value, dict):
+        return None, [f"the reply is not a JSON object ({problem or type(value).__name__})"]
+    update, problems = Update(), [problem] if problem else []
+    for entry in value.get("conclusions") or []:
+        statement, status = _text(entry.get("statement")) if isinstance(entry, dict) else None, None
+        if statement is not None:
+            status = _text(entry.get("status")) or "open"
+        if statement is None:
+            problems.append(f"conclusion dropped: {str(entry)[:80]}")
+            continue
+        update.conclusions.append({"id": _text(entry.get("id")) or "", "statement": statement, "status": status,
+                                   "evidence": _ids(entry.get("evidence")), "needs": _text(entry.get("needs")) or ""})
+    for entry in value.get("retire") or []:
+        if not isinstance(entry, dict) or not _text(entry.get("evidence")):
+            problems.append(f"retirement dropped: {str(entry)[:80]}")
+            continue
+        update.retire.append({"evidence": _text(entry["evidence"]), "status": _text(entry.get("status")) or "",
+                              "by": _text(entry.get("by")) or None, "reason": _text(entry.get("reason")) or ""})
+    for entry in value.get("queries") or []:
+        query = _text(entry.get("query")) if isinstance(entry, dict) else None
+        if not query:
+            problems.append(f"query dropped: {str(entry)[:80]}")
+            continue
+        update.queries.append({"conclusion": _text(entry.get("conclusion")) or "", "query": query})
+    answer = value.get("answer")
+    if isinstance(answer, dict):
+        update.answer, update.answer_evidence = _text(answer.get("text")) or "", _ids(answer.get("evidence"))
+    elif isinstance(answer, str):
+        update.answer = answer.strip()
+    return update, problems
