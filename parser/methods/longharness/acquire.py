@@ -71,7 +71,8 @@ class ReaderAcquisition:
 
 
 class CorpusAcquisition:
-    """DCI's sandboxed `bash` over the corpus directory; every `file:line:text` output line is a candidate."""
+    """DCI's sandboxed `bash` over the corpus directory; every `file:line:text` output line is a candidate,
+    in file and line order."""
 
     prompt = "acquire_corpus"
 
@@ -97,6 +98,8 @@ class CorpusAcquisition:
             for line in message["content"].splitlines():
                 match = _MATCH.match(line.strip())
                 if match and match["path"] in self.lines:
-                    candidates.append(Candidate(f"{match['path']}:{int(match['line'])}", match["text"]))
-            out.append(Acquired(candidates[: self.max_candidates], call_record=record))
+                    candidates.append((match["path"], int(match["line"]), match["text"]))
+            candidates.sort()  # file order, not the directory's: the same corpus gives the same ledger
+            out.append(Acquired([Candidate(f"{path}:{line}", text) for path, line, text in candidates[: self.max_candidates]],
+                                call_record=record))
         return out

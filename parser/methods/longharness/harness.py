@@ -193,6 +193,9 @@ class LongHarnessMethod:
                 applied["final_answer"] = update.answer  # the budget is spent: kept, uncited (answer_cited: false)
                 return applied
         for entry in update.queries[: self.max_queries]:
+            if final:  # nothing acquired now would ever be read
+                applied["refused"].append(f"query {entry['query']!r}: the last turn runs no queries")
+                continue
             cid = aliases.get(entry["conclusion"], entry["conclusion"])
             if cid not in state.conclusions or state.conclusions[cid].status != "open":
                 applied["refused"].append(f"query {entry['query']!r}: {cid or '?'} is not an open conclusion")
