@@ -168,6 +168,18 @@ def test_eviction_follows_the_stated_order_and_meets_the_budget():
         s.fit(lambda t: len(t) <= 10, rounds_left=1, final=False)
 
 
+def test_a_malformed_or_cut_update_loses_only_its_bad_entries():
+    from parser.methods.longharness.update import read_update
+
+    assert read_update("no json here")[0] is None
+    update_, problems = read_update('{"conclusions": "x", "retire": [7], "queries": [{"conclusion": "C1", "query": "who"}, {}],'
+                                    ' "answer": {"text": "Ann", "evidence": ["E1", 3]}}')
+    assert update_.conclusions == [] and update_.retire == [] and update_.queries == [{"conclusion": "C1", "query": "who"}]
+    assert (update_.answer, update_.answer_evidence) == ("Ann", ["E1"]) and len(problems) == 3
+    cut, _ = read_update('{"conclusions": [{"id": "C2", "statement": "Ann built it", "status": "supp')
+    assert cut.conclusions[0]["statement"] == "Ann built it"
+
+
 # -- episodes with a scripted lead ----------------------------------------------------------------
 def test_an_episode_supersedes_answers_and_cites(tiny_tokenizer):
     turns = [

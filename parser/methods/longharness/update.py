@@ -74,6 +74,14 @@ def _ids(value: Any) -> list[str]:
     return [v.strip() for v in value if isinstance(v, str) and v.strip()] if isinstance(value, list) else []
 
 
+def _entries(value: dict[str, Any], key: str, problems: list[str]) -> list[Any]:
+    entries = value.get(key)
+    if entries is None or isinstance(entries, list):
+        return entries or []
+    problems.append(f"{key} dropped: not a list")
+    return []
+
+
 def read_update(text: str, thinking_open: bool = False) -> tuple[Update | None, list[str]]:
     """(the update, problems). None when no JSON object can be read at all (an invalid turn)."""
     body = split_thinking(text, opened=thinking_open)[1]
@@ -86,22 +94,21 @@ def read_update(text: str, thinking_open: bool = False) -> tuple[Update | None, 
     if not isinstance(value, dict):
         return None, [f"the reply is not a JSON object ({problem or type(value).__name__})"]
     update, problems = Update(), [problem] if problem else []
-    for entry in value.get("conclusions") or []:
-        statement, status = _text(entry.get("statement")) if isinstance(entry, dict) else None, None
-        if statement is not None:
-            status = _text(entry.get("status")) or "open"
+    for entry in _entries(value, "conclusions", problems):
+        statement = _text(entry.get("statement")) if isinstance(entry, dict) else None
         if statement is None:
             problems.append(f"conclusion dropped: {str(entry)[:80]}")
             continue
-        update.conclusions.append({"id": _text(entry.get("id")) or "", "statement": statement, "status": status,
+        update.conclusions.append({"id": _text(entry.get("id")) or "", "statement": statement,
+                                   "status": _text(entry.get("status")) or "open",
                                    "evidence": _ids(entry.get("evidence")), "needs": _text(entry.get("needs")) or ""})
-    for entry in value.get("retire") or []:
+    for entry in _entries(value, "retire", problems):
         if not isinstance(entry, dict) or not _text(entry.get("evidence")):
             problems.append(f"retirement dropped: {str(entry)[:80]}")
             continue
         update.retire.append({"evidence": _text(entry["evidence"]), "status": _text(entry.get("status")) or "",
                               "by": _text(entry.get("by")) or None, "reason": _text(entry.get("reason")) or ""})
-    for entry in value.get("queries") or []:
+    for entry in _entries(value, "queries", problems):
         query = _text(entry.get("query")) if isinstance(entry, dict) else None
         if not query:
             problems.append(f"query dropped: {str(entry)[:80]}")
