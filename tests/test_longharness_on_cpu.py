@@ -69,11 +69,11 @@ class RecordingLead(ScriptedLead):
 
     def __init__(self, tokenizer, turns):
         super().__init__(tokenizer, turns)
-        self.prompts = []
+        self.prompts, self.schemas = [], []
 
     async def generate(self, prompt, sampling, **kw):
         self.prompts.append(list(prompt))
-        assert sampling.json_schema is not None  # the update is schema-constrained
+        self.schemas.append(json.loads(sampling.json_schema))  # the update is schema-constrained
         return await super().generate(prompt, sampling, **kw)
 
 
@@ -177,6 +177,8 @@ def test_a_malformed_or_cut_update_loses_only_its_bad_entries():
     assert update_.conclusions == [] and update_.retire == [] and update_.queries == [{"conclusion": "C1", "query": "who"}]
     assert (update_.answer, update_.answer_evidence) == ("Ann", ["E1"]) and len(problems) == 3
     cut, _ = read_update('{"conclusions": [{"id": "C2", "statement": "Ann built it", "status": "supp')
+    tagged = '{"queries": [{"conclusion": "C1", "query": "who </think> built"}]}'
+    assert read_update(tagged)[0] is None and read_update(tagged, constrained=True)[0].queries[0]["query"] == "who </think> built"
     assert cut.conclusions[0]["statement"] == "Ann built it"
 
 
@@ -203,6 +205,10 @@ def test_an_episode_supersedes_answers_and_cites(tiny_tokenizer):
     assert any("cites no current evidence" in r for r in refused)  # E9 does not exist: the episode went on
     assert record["rounds"][0]["state"]["asked"][0]["new"]  # the first query brought evidence
     assert len(result.record["turns"][0]["queries"]) == 2  # the scatter records are the engine's
+    second = lead.schemas[1]["properties"]  # the schema names only what exists in this turn's state
+    assert second["queries"]["items"]["properties"]["conclusion"]["enum"] == ["C1", "C2", "C3", "C4"]
+    assert second["answer"]["properties"]["evidence"]["items"]["enum"] == ["E1", "E2"]
+    assert lead.schemas[0]["properties"]["retire"]["maxItems"] == 0  # nothing to retire yet
 
 
 def test_hallucinated_quotes_are_refused_and_stalls_end_exploration(tiny_tokenizer):

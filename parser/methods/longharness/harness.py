@@ -72,7 +72,6 @@ class LongHarnessMethod:
         self.slots = ProcessSlots(self.limits.max_processes)
         self.retry = dataclasses.replace(RetryPolicy.of(self.config), timeout_s=None)  # the backend's own deadline
         self.max_queries = min(max_queries_per_round, self.config.max_tool_calls_per_turn)
-        self.schema = json.dumps(update_schema(self.max_queries))
 
     # -- prompts --------------------------------------------------------------------------------
     def _untrusted(self, text: str) -> str:
@@ -132,7 +131,9 @@ class LongHarnessMethod:
             state_text, hidden = state.fit(lambda s: len(self._prompt_ids(system, sample.question, s)[0]) <= self.budget,
                                            rounds_left=max_rounds - index, final=final)
             prompt, opened = self._prompt_ids(system, sample.question, state_text)
-            turn, update, problems = await self._lead_turn(prompt, opened, index, sample.id)
+            schema = json.dumps(update_schema(self.max_queries, list(state.conclusions), state.open_ids(),
+                                              [e.id for e in state.evidence.values() if e.status == "current"]))
+            turn, update, problems = await self._lead_turn(prompt, opened, schema, index, sample.id)
             trajectory.turns.append(turn)
             applied = self._apply(state, update, index, final) if update is not None else {"invalid": True}
             if update is None:
@@ -155,17 +156,16 @@ class LongHarnessMethod:
                   "question_supported": state.supported(QUESTION), "counters": dataclasses.asdict(state.counters)}
         return trajectory, record
 
-    async def _lead_turn(self, prompt: list[int], opened: bool, index: int, doc_id: str) -> tuple[Turn, Update | None, list[str]]:
+    async def _lead_turn(self, prompt: list[int], opened: bool, schema: str, index: int, doc_id: str) -> tuple[Turn, Update | None, list[str]]:
         sampling = SamplingParams(max_new_tokens=self.max_update_tokens, temperature=self.config.lead_temperature,
                                   top_p=self.config.lead_top_p, top_k=self.config.lead_top_k,
-                                  json_schema=self.schema if self.constrain else None)
+                                  json_schema=schema if self.constrain else None)
         started = time.perf_counter()
         completion, attempts = await self.retry.call(lambda: self.models.lead.generate(prompt, sampling, request_id=doc_id))
         ids = list(completion.token_ids) or self.tokenizer.encode(completion.text, add_special_tokens=False)
         text = completion.text or self.tokenizer.decode(ids, skip_special_tokens=False)
         text = self.protocol.chat.strip_end(text)
-        # under the schema the reply is the update from its first token: nothing is thinking
-        update, problems = read_update(text, thinking_open=opened and not self.constrain)
+        update, problems = read_update(text, thinking_open=opened, constrained=self.constrain)
         turn = Turn(index=index, text=text, thinking="", queries=[], answer=None, action_error=None, lead_tokens=len(ids),
                     finish_reason=completion.finish_reason, lead_latency_s=time.perf_counter() - started,
                     prompt_tokens=len(prompt), lead_attempts=attempts)

@@ -7,6 +7,7 @@ the same reader takes what it can (`parser.lenient_json`) and drops malformed en
 counting them, so one bad field never loses the rest of the turn.
 
     schema = update_schema(max_queries=2)     # schema.json with the turn's query bound
+    schema = update_schema(2, ["C1", "C2"], ["C1"], ["E1"])   # ... and the ids of this turn's state
     update, problems = read_update(text)      # problems: what was dropped, and why
 """
 from __future__ import annotations
@@ -50,10 +51,31 @@ def _schema() -> dict[str, Any]:
     return json.loads((HERE / "schema.json").read_text(encoding="utf-8"))
 
 
-def update_schema(max_queries: int) -> dict[str, Any]:
-    """The update's JSON schema, at most `max_queries` queries a turn."""
+def update_schema(max_queries: int, conclusions: list[str] | None = None, open_ids: list[str] | None = None,
+                  evidence: list[str] | None = None, fresh: int = 2) -> dict[str, Any]:
+    """The update's JSON schema, at most `max_queries` queries a turn. Given the state's ids, every
+    id field is narrowed to what exists this turn (plus `fresh` new conclusion ids, which a
+    query of the same update may serve): a query can only name an open conclusion, a citation
+    only a current evidence id (with none, no citation or retirement can be written)."""
     schema = copy.deepcopy(_schema())
-    schema["properties"]["queries"]["maxItems"] = max_queries
+    props = schema["properties"]
+    props["queries"]["maxItems"] = max_queries
+    if conclusions is None:
+        return schema
+    new = [f"C{len(conclusions) + i}" for i in range(1, fresh + 1)]
+    item, query, retire = props["conclusions"]["items"]["properties"], props["queries"]["items"]["properties"], props["retire"]
+    item["id"] = {"enum": list(conclusions) + new}
+    query["conclusion"] = {"enum": list(open_ids or []) + new}
+    ids = list(evidence or [])
+    for array in (item["evidence"], props["answer"]["properties"]["evidence"]):
+        array["items"] = {"enum": ids} if ids else {"type": "string", "maxLength": 4}
+        if not ids:
+            array["maxItems"] = 0
+    if ids:
+        retire["items"]["properties"]["evidence"] = {"enum": ids}
+        retire["items"]["properties"]["by"] = {"enum": ["", *ids]}
+    else:
+        retire["maxItems"] = 0
     return schema
 
 
@@ -82,9 +104,11 @@ def _entries(value: dict[str, Any], key: str, problems: list[str]) -> list[Any]:
     return []
 
 
-def read_update(text: str, thinking_open: bool = False) -> tuple[Update | None, list[str]]:
-    """(the update, problems). None when no JSON object can be read at all (an invalid turn)."""
-    body = split_thinking(text, opened=thinking_open)[1]
+def read_update(text: str, thinking_open: bool = False, constrained: bool = False) -> tuple[Update | None, list[str]]:
+    """(the update, problems). None when no JSON object can be read at all (an invalid turn).
+    `constrained`: decoded under the schema, the whole reply is the update (a `</think>` inside
+    one of its strings is text, not the end of a thinking block)."""
+    body = text if constrained else split_thinking(text, opened=thinking_open)[1]
     start = body.find("{")
     if start < 0:
         return None, ["no JSON object in the reply"]
