@@ -125,6 +125,8 @@ def test_supersede_reaches_the_conclusion_and_keeps_the_trace():
     assert s.supported("C2") and c2.history[-1]["was"] == "Ann Kade built it"
     s.set_conclusion("C2", "Rolf Ise alone built it", "supported", ["E2"], needs="", round_=3)
     assert c2.status == "revised"
+    cid, problem = s.set_conclusion(None, "Ann was first", "supported", ["E1"], needs="", round_=4)
+    assert cid == "C3" and problem and s.conclusions["C3"].status == "open"  # an unsupported claim is kept, open
 
 
 def test_retraction_needs_a_reason_and_reopens_what_rested_on_it():
@@ -208,7 +210,8 @@ def test_an_episode_supersedes_answers_and_cites(tiny_tokenizer):
     second = lead.schemas[1]["properties"]  # the schema names only what exists in this turn's state
     assert second["queries"]["items"]["properties"]["conclusion"]["enum"] == ["C1", "C2", "C3", "C4"]
     assert second["answer"]["properties"]["evidence"]["items"]["enum"] == ["E1", "E2"]
-    assert lead.schemas[0]["properties"]["retire"]["maxItems"] == 0  # nothing to retire yet
+    first = lead.schemas[0]["properties"]
+    assert first["retire"]["maxItems"] == 0 and first["conclusions"]["items"]["properties"]["status"]["enum"] == ["open"]
 
 
 def test_hallucinated_quotes_are_refused_and_stalls_end_exploration(tiny_tokenizer):

@@ -184,7 +184,10 @@ class LongHarnessMethod:
                                                 entry["status"], entry["evidence"], needs=entry["needs"], round_=index)
             if cid is not None and entry["id"]:
                 aliases[entry["id"]] = cid
-            (applied["refused"] if problem else applied["conclusions"]).append(problem or cid)
+            if problem:
+                applied["refused"].append(f"{entry['id'] or 'new'}: {problem}")
+            if cid is not None and (not problem or cid not in applied["conclusions"]):
+                applied["conclusions"].append(cid)
         if update.answer:
             if state.give_answer(update.answer, update.answer_evidence, index):
                 return applied

@@ -18,7 +18,7 @@ Rules (docs/longharness.md marks which come from the abstract and which are this
 - A conclusion is `open`, `supported`, `revised` (statement changed, supported anew), `refuted`
   or `unresolved` (closed after `max_stalls` queries that brought no new current evidence).
   `supported`, `revised` and `refuted` need at least one current evidence id, else the change
-  is refused and counted. `C1` is the question's own conclusion; the answer resolves it.
+  is refused and counted (a new conclusion claimed without support is kept, as `open`). `C1` is the question's own conclusion; the answer resolves it.
 """
 from __future__ import annotations
 
@@ -163,20 +163,24 @@ class HarnessState:
         if status not in CONCLUSION_STATUSES or status == "unresolved":
             self.counters.updates_refused += 1
             return conclusion_id, f"status {status!r} cannot be set by the lead"
+        unsupported = None
         if status != "open" and not valid:
             self.counters.updates_refused += 1
-            return conclusion_id, f"a {status} conclusion must cite current evidence"
+            unsupported = f"a {status} conclusion must cite current evidence"
         existing = self.conclusions.get(conclusion_id or "")
         if existing is None:
             if len(self.conclusions) >= self.max_conclusions:
                 self.counters.updates_refused += 1
                 return None, f"at most {self.max_conclusions} conclusions"
-            new_id = f"C{len(self.conclusions) + 1}"
-            status = "supported" if status == "revised" else status
-            self.conclusions[new_id] = Conclusion(new_id, statement.strip(), status, valid, needs.strip(), round_,
-                                                  history=[{"round": round_, "status": status, "statement": statement.strip(),
-                                                            "evidence": valid, "note": "added"}])
-            return new_id, None
+            # a new claim without support is not lost: it is kept open, to be checked by a query
+            new_id, note = f"C{len(self.conclusions) + 1}", "added" if unsupported is None else f"added open: {unsupported}"
+            status = "open" if unsupported else "supported" if status == "revised" else status
+            self.conclusions[new_id] = Conclusion(new_id, statement.strip(), status, valid, needs.strip() if status == "open" else "",
+                                                  round_, history=[{"round": round_, "status": status,
+                                                                    "statement": statement.strip(), "evidence": valid, "note": note}])
+            return new_id, unsupported
+        if unsupported:
+            return existing.id, unsupported
         if existing.status == "unresolved":
             self.counters.updates_refused += 1
             return existing.id, f"{existing.id} was closed as unresolved"

@@ -71,6 +71,8 @@ def update_schema(max_queries: int, conclusions: list[str] | None = None, open_i
         array["items"] = {"enum": ids} if ids else {"type": "string", "maxLength": 4}
         if not ids:
             array["maxItems"] = 0
+    if not ids:  # with no current evidence, no conclusion can be anything but open
+        item["status"] = {"enum": ["open"]}
     if ids:
         retire["items"]["properties"]["evidence"] = {"enum": ids}
         retire["items"]["properties"]["by"] = {"enum": ["", *ids]}
