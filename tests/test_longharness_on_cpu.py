@@ -22,6 +22,7 @@ from eval.report import lead_prompt_table
 from eval.run import CONFIGS, evaluate
 from eval.store import RESULTS, read_jsonl
 from eval.viewer import render_page
+from parser import progress
 from parser.backends.models import Models
 from parser.methods import Sample, build_method
 from parser.methods.longharness.state import QUESTION, HarnessState
@@ -195,7 +196,10 @@ def test_an_episode_supersedes_answers_and_cites(tiny_tokenizer):
         update(answer="Tarn", cites=["E3", "E2"]),
     ]
     method, lead = harness(tiny_tokenizer, turns, reader=GroundedReader())
-    result = run(method)
+    seen = []
+    with progress.listening(lambda doc_id, turn: seen.append((doc_id, turn.index))):
+        result = run(method)
+    assert seen == [("s1", 0), ("s1", 1), ("s1", 2)]  # each round is reported as it ends (eval's bar)
     record = result.record["longharness"]
     assert result.answer == "Tarn" and result.steps == 3 and record["answer_cited"] and record["question_supported"]
     assert record["answer_evidence"] == ["E3", "E2"]

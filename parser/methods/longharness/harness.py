@@ -29,6 +29,7 @@ import time
 from contextlib import ExitStack
 from typing import Any, Mapping
 
+from parser import progress
 from parser.backends.base import SamplingParams
 from parser.backends.models import Models
 from parser.config import EpisodeConfig
@@ -145,6 +146,8 @@ class LongHarnessMethod:
             if state.answer is not None or applied.get("final_answer"):
                 trajectory.answer = state.answer or applied.get("final_answer")
                 turn.answer = trajectory.answer
+            progress.turn_finished(sample.id, turn)  # eval's bar, the demo: the round is recorded
+            if turn.answer is not None:
                 trajectory.stop_reason = "answer" if state.answer else "final_round"
                 break
             if final:
