@@ -82,7 +82,7 @@ def harness(tokenizer, turns, *, reader=None, acquisition="readers", **config):
     lead = RecordingLead(tokenizer, turns)
     models = Models(lead, tokenizer, lead, tokenizer)
     settings = {"episode": {"max_turns": 4, "chunk_size": 64, "lead_thinking": False}, "state_token_budget": 4096, **config}
-    method = build_method("longharness", models, acquisition=acquisition, **settings)
+    method = build_method({"_target_": "parser.methods.longharness.LongHarnessMethod", "acquisition": acquisition, **settings}, models)
     if reader is not None:
         method.reader = reader
         method.engine.reader = reader

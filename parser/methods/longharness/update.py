@@ -23,6 +23,7 @@ from parser.actions import split_thinking
 from parser.lenient_json import loads_lenient
 
 HERE = Path(__file__).resolve().parent
+PROMPT_VERSION = "v1"  # prompts/v1/: a change that alters behaviour is a new folder
 PROMPT_FIELDS = {"system": {"acquisition"}, "user": {"question", "state"}, "acquire_readers": set(),
                  "acquire_corpus": {"commands"}}
 
@@ -31,7 +32,7 @@ PROMPT_FIELDS = {"system": {"acquisition"}, "user": {"question", "state"}, "acqu
 def _template(name: str) -> str:
     if name not in PROMPT_FIELDS:
         raise KeyError(f"unknown longharness prompt {name!r}; known: {sorted(PROMPT_FIELDS)}")
-    return (HERE / "prompts" / f"{name}.txt").read_text(encoding="utf-8").rstrip("\n")
+    return (HERE / "prompts" / PROMPT_VERSION / f"{name}.txt").read_text(encoding="utf-8").rstrip("\n")
 
 
 def render_prompt(name: str, **fields: str) -> str:

@@ -33,12 +33,13 @@ from parser import progress
 from parser.backends.base import SamplingParams
 from parser.backends.models import Models
 from parser.config import EpisodeConfig
-from parser.dci import ProcessSlots, Sandbox, SandboxLimits, SandboxTools, materialize_corpus
+from parser.dci import Sandbox, SandboxLimits, SandboxTools, materialize_corpus
+from parser.dci_process import ProcessSlots
 from parser.episode import EpisodeEngine
 from parser.methods.base import MethodResult, Sample
-from parser.methods.longharness.acquire import CorpusAcquisition, ReaderAcquisition
-from parser.methods.longharness.state import QUESTION, HarnessState
-from parser.methods.longharness.update import Update, read_update, render_prompt, update_schema
+from .acquire import CorpusAcquisition, ReaderAcquisition
+from .state import QUESTION, HarnessState
+from .update import Update, read_update, render_prompt, update_schema
 from parser.protocol import protocol_for
 from parser.readers import reader_for_episode
 from parser.retry import RetryPolicy
@@ -103,7 +104,7 @@ class LongHarnessMethod:
             else:
                 directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="longharness-", dir=self.workdir))
                 root = materialize_corpus(sample.context, directory, layout=self.layout)
-                tools = SandboxTools(Sandbox(root, self.limits, slots=self.slots), "dci", self.config.prompt_version)
+                tools = SandboxTools(Sandbox(root, self.limits, slots=self.slots), version=self.config.prompt_version)  # its bash only
                 acquirer = CorpusAcquisition(tools, root, self.max_evidence)
                 num_chunks = len(acquirer.lines)
             trajectory, record = await self.episode(sample, acquirer)
