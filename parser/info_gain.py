@@ -129,9 +129,9 @@ def compose(outcomes: Sequence[float], gains: Sequence[float | None], config: In
     unsuccessful trajectory is ignored (gating holds even if one was computed)."""
     if len(outcomes) != len(gains):
         raise ValueError(f"compose: {len(outcomes)} outcomes but {len(gains)} gains")
-    gated = [g if o >= SUCCESS else None for o, g in zip(outcomes, gains)]
+    gated = [g if o >= SUCCESS else None for o, g in zip(outcomes, gains, strict=True)]
     norm = normalize_group(gated, config.normalization, config.eps)
-    return [float(o) + config.beta * (1.0 if o >= SUCCESS else 0.0) * n for o, n in zip(outcomes, norm)]
+    return [float(o) + config.beta * (1.0 if o >= SUCCESS else 0.0) * n for o, n in zip(outcomes, norm, strict=True)]
 
 
 # ---------------------------------------------------------------------- what is scored

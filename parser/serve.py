@@ -434,9 +434,9 @@ class ModelServer:
         }
         if want_logprobs:
             lps = comp.logprobs or []
-            meta["output_token_logprobs"] = [[lp, tid, None] for lp, tid in zip(lps, comp.token_ids)]
+            meta["output_token_logprobs"] = [[lp, tid, None] for lp, tid in zip(lps, comp.token_ids, strict=True)]
         if input_lps is not None:
-            meta["input_token_logprobs"] = [[lp, tid, None] for lp, tid in zip(input_lps, prompt[start:])]
+            meta["input_token_logprobs"] = [[lp, tid, None] for lp, tid in zip(input_lps, prompt[start:], strict=True)]
         return json_response({"text": comp.text, "output_ids": comp.token_ids, "meta_info": meta})
 
     def _usage(self, comp: Completion) -> dict[str, Any]:
@@ -473,7 +473,7 @@ class ModelServer:
             if prompt_logprobs is not None:
                 extra["prompt_logprobs"] = [None] + [
                     {str(t): {"logprob": lp, "rank": None, "decoded_token": self._token_text(t)}}
-                    for t, lp in zip(prompt[1:], scores[1:])]
+                    for t, lp in zip(prompt[1:], scores[1:], strict=True)]
         if echo or (prompt_logprobs is not None and sampling.max_new_tokens == 0):
             text = prompt if isinstance(prompt, str) else (self.tokenizer.decode(prompt) if self.tokenizer else "")
             comp = Completion(text=text if echo else "", finish_reason="length",
@@ -516,7 +516,7 @@ class ModelServer:
         if sampling.return_logprobs:
             lp_block = {"content": [
                 {"token": self._token_text(t), "logprob": lp, "bytes": None, "top_logprobs": []}
-                for t, lp in zip(comp.token_ids, comp.logprobs or [])
+                for t, lp in zip(comp.token_ids, comp.logprobs or [], strict=True)
             ]}
         return json_response({
             "id": "chatcmpl-" + uuid.uuid4().hex,
