@@ -194,7 +194,7 @@ def test_concurrent_calls_are_safe_and_the_loop_stays_responsive(tiny_qwen3_5_mo
         return outs, ticks, elapsed
 
     outs, ticks, elapsed = asyncio.run(main())
-    for got, want in zip(outs, sequential):
+    for got, want in zip(outs, sequential, strict=True):
         assert got.token_ids == want.token_ids
         assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
     assert ticks >= 3, f"event loop starved: {ticks} ticks in {elapsed:.2f}s"
