@@ -66,14 +66,13 @@ class GroundedReader:
 
 
 class RecordingLead(ScriptedLead):
-    """ScriptedLead that keeps every prompt it was given."""
+    """The shared ScriptedLead (it records every prompt), also keeping each turn's JSON schema."""
 
     def __init__(self, tokenizer, turns):
         super().__init__(tokenizer, turns)
-        self.prompts, self.schemas = [], []
+        self.schemas = []
 
     async def generate(self, prompt, sampling, **kw):
-        self.prompts.append(list(prompt))
         self.schemas.append(json.loads(sampling.json_schema))  # the update is schema-constrained
         return await super().generate(prompt, sampling, **kw)
 

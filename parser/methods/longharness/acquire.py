@@ -93,7 +93,7 @@ class CorpusAcquisition:
         calls = [ToolCall("bash", {"command": self.command(q)}) for q in queries]
         result = await self.tools.execute(calls)
         out = []
-        for message, record in zip(result.messages, result.calls):
+        for message, record in zip(result.messages, result.calls, strict=True):
             candidates = []
             for line in message["content"].splitlines():
                 match = _MATCH.match(line.strip())

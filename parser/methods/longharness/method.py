@@ -218,7 +218,7 @@ class LongHarnessMethod:
         started = time.perf_counter()
         results = await acquirer.acquire([q["query"] for q in queries])
         turn.scatter_latency_s = time.perf_counter() - started
-        for query, result in zip(queries, results):
+        for query, result in zip(queries, results, strict=True):
             outcomes = [state.add_evidence(c.source, c.quote, query=query["query"], conclusion=query["conclusion"],
                                            round_=index, answer=c.answer) for c in result.candidates]
             new = [o.split(":", 1)[1] for o in outcomes if o.startswith("added:")]
