@@ -161,9 +161,9 @@ def compose(outcomes: Sequence[float], gains: Sequence[float | None], config: In
     for i, o in enumerate(outcomes):
         if not (_number(o) and math.isfinite(o)):
             raise ValueError(f"compose: outcome {i} is {o!r}, not a finite EM")
-    gated = [g if o >= SUCCESS else None for o, g in zip(outcomes, gains)]
+    gated = [g if o >= SUCCESS else None for o, g in zip(outcomes, gains, strict=True)]
     norm = normalize_group(gated, config.normalization, config.eps)
-    return [float(o) + config.beta * (1.0 if o >= SUCCESS else 0.0) * n for o, n in zip(outcomes, norm)]
+    return [float(o) + config.beta * (1.0 if o >= SUCCESS else 0.0) * n for o, n in zip(outcomes, norm, strict=True)]
 
 
 # ---------------------------------------------------------------------- what is scored

@@ -1,4 +1,6 @@
 """Chunking invariants. Run: .venv/bin/pytest tests/test_chunking_on_cpu.py -q"""
+import itertools
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -10,7 +12,7 @@ def _paragraphs(chunks):
     """Rebuild the document: windows of one long paragraph (consecutive chunks holding the same
     single paragraph) join directly; separate chunks join with the paragraph separator."""
     text = chunks[0].text
-    for previous, chunk in zip(chunks, chunks[1:]):
+    for previous, chunk in itertools.pairwise(chunks):
         same_paragraph = len(chunk.paragraph_ids) == 1 and chunk.paragraph_ids == previous.paragraph_ids
         text += ("" if same_paragraph else "\n\n") + chunk.text
     return text

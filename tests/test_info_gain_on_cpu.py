@@ -233,7 +233,7 @@ def test_a_groups_rewards_are_finite_whatever_its_gains(gains, method):
     usable = [g for g in gains if isinstance(g, float) and math.isfinite(g) and abs(g) < 1e6]
     clean = compose([1.0] * len(usable), usable, config)
     # a bad gain is no gain: the others are composed as if it were absent
-    assert [r for g, r in zip(gains, rewards) if g in usable] == pytest.approx(clean)
+    assert [r for g, r in zip(gains, rewards, strict=True) if g in usable] == pytest.approx(clean)
 
 
 def test_one_bad_gain_leaves_the_rest_of_its_group_ranked():

@@ -118,7 +118,7 @@ def test_random_cancellations_never_strand_a_request_or_leak_memory(tiny_qwen3_m
         results = asyncio.run(main())
     finally:
         at.close()
-    for (key, query, sampling, how, _), result in zip(requests, results):
+    for (key, query, sampling, how, _), result in zip(requests, results, strict=True):
         if how is None:
             assert result.token_ids == reference[key, query, sampling]
             assert result.finish_reason in ("stop", "length")

@@ -42,7 +42,7 @@ def test_policy_scores_only_successful_trajectories_and_the_reward_stays_em(need
     answer = tiny_tokenizer.encode("Miro Tal", add_special_tokens=False)
     assert all(p[-len(answer):] == answer for p in manager.scored)  # the gold answer is what is scored
     prompts = {tiny_tokenizer.decode(p[: -len(answer)]): p[: -len(answer)] for p in manager.scored}
-    for record, acc, question in zip(records, accs, [QUESTIONS[i // 2] for i in range(4)]):
+    for record, acc, question in zip(records, accs, [QUESTIONS[i // 2] for i in range(4)], strict=True):
         assert record["scorer"] == "policy" and record["prompt_version"] == "v1"
         if acc < 1:
             assert record["gain"] is None and record["error"] == "not a successful trajectory"
@@ -66,7 +66,7 @@ def test_a_scorer_that_cannot_score_is_recorded_and_never_fatal(needle_loopback,
                            ["parser.info_gain.scorer=subagent", "parser.episode.max_attempts=2", "parser.episode.retry_backoff_s=0.01"])
     records, accs = list(out.non_tensor_batch["info_gain"]), list(out.non_tensor_batch["acc"])
     assert sorted(accs) == [0.0, 0.0, 1.0, 1.0]
-    for record, acc in zip(records, accs):
+    for record, acc in zip(records, accs, strict=True):
         assert record["gain"] is None and record["scorer"] == "subagent"
         assert record["error"].startswith(SCORING_FAILED) if acc == 1.0 else record["error"] == "not a successful trajectory"
 

@@ -91,27 +91,45 @@ def test_http_backend_reports_a_garbage_200_as_retryable(api):
     assert error.value.retryable
 
 
-def test_a_worker_that_keeps_failing_is_reprobed_ever_more_rarely():
+class Clock:
+    """Stands in for the pool's `time.monotonic`: the test moves it, so no test waits out a cooldown."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_worker_that_keeps_failing_is_reprobed_ever_more_rarely(monkeypatch):
     """Each probe of a dead or hung worker costs a request a retry (or a whole deadline): the
-    cooldown doubles per failure in a row instead of re-probing every `cooldown_s`."""
+    cooldown doubles per failure in a row instead of re-probing every `cooldown_s`, up to
+    `max_cooldown_s`. Just before each cooldown ends the key's requests go to the good worker
+    only; once it has ended, exactly one probe reaches the dead one."""
+    from parser.backends import pool as pool_module
+
+    clock = Clock()
+    monkeypatch.setattr(pool_module, "time", clock)
     with start_loopback("dead", fail_first=10**9, fail_mode="503") as dead, start_loopback("good") as good:
         pool = WorkerPool([HttpBackend(dead.url), HttpBackend(good.url)], cooldown_s=0.05, max_cooldown_s=0.4)
-        keys = [k for k in (f"k{i}" for i in range(200)) if pool.ranking(k)[0] == 0][:4]  # ranked on the dead one
+        key = next(k for k in (f"k{i}" for i in range(200)) if pool.ranking(k)[0] == 0)  # ranked on the dead one
 
         async def go():
+            probes = lambda: len(dead.worker.records)  # noqa: E731
             try:
-                deadline = asyncio.get_running_loop().time() + 1.5
-                while asyncio.get_running_loop().time() < deadline:
-                    for key in keys:
-                        await attempts(pool, key, timeout_s=5)
-                    await asyncio.sleep(0.01)
+                _, used = await attempts(pool, key, timeout_s=5)
+                assert used == 2 and probes() == 1  # the first failure: down for cooldown_s
+                for n, cooldown in enumerate((0.05, 0.1, 0.2, 0.4, 0.4), start=1):  # doubled per failure in a row, capped
+                    clock.now += cooldown - 1e-3
+                    _, used = await attempts(pool, key, timeout_s=5)
+                    assert used == 1 and probes() == n, f"re-probed 1 ms before a {cooldown} s cooldown ended"
+                    clock.now += 2e-3
+                    _, used = await attempts(pool, key, timeout_s=5)
+                    assert used == 2 and probes() == n + 1, f"not re-probed after a {cooldown} s cooldown"
             finally:
                 await pool.aclose()
 
         asyncio.run(go())
-    probes = len(dead.worker.records)
-    # a fixed 0.05 s cooldown would probe it ~30 times in 1.5 s; doubling to 0.4 s: 0.05+0.1+0.2+0.4+0.4+0.4
-    assert 3 <= probes <= 8, probes
 
 
 # ---------------------------------------------------------------------- any refused reply fails over

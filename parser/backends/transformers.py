@@ -440,7 +440,7 @@ class TransformersBackend:
                         request.error = error
                         self._finish(request, None)
                 else:
-                    for request, row in zip(group.rows, logits):
+                    for request, row in zip(group.rows, logits, strict=True):
                         request.logits, request.tail = row, []
             if not group.rows:
                 del self._groups[capacity]
@@ -544,7 +544,7 @@ class TransformersBackend:
         point = max(entry.snapshots, default=0)
         if point == 0:
             return 0
-        for layer, state in zip(cache.layers, entry.snapshots[point]):
+        for layer, state in zip(cache.layers, entry.snapshots[point], strict=True):
             if isinstance(layer, DynamicLayer):
                 DynamicLayer.crop(layer, point)
             if state is not None:

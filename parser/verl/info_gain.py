@@ -74,7 +74,7 @@ def compose_groups(keys: Sequence[str], rows: Sequence[Any], config: InfoGainCon
         known = [i for i, o in enumerate(outcomes) if o is not None]
         composed = compose([outcomes[i] for i in known], [_gain(rows[sessions[names[i]]]) for i in known], config)
         session_score.update({s: None for s in names})
-        session_score.update({names[i]: r for i, r in zip(known, composed)})
+        session_score.update({names[i]: r for i, r in zip(known, composed, strict=True)})
     return [session_score[key.rsplit("_", 1)[0]] for key in keys]
 
 
