@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from data_prep.files import JsonlStore
 from data_prep.packing import derived_seed
 from parser.backends.base import Backend, SamplingParams
+from parser.chat_format import CHATML
 from parser.retry import RetryPolicy
 from parser.reward import exact_match, normalize_answer
 
@@ -66,8 +67,9 @@ def is_correct(response: str, golds: Sequence[str]) -> bool:
 
 
 def render_prompt(tokenizer: Any, question: str, enable_thinking: bool = False) -> str:
-    """The question alone, in the model's chat template (non-thinking mode by default)."""
-    messages = [{"role": "user", "content": PROMPT_TEMPLATE.format(question=question)}]
+    """The question alone, in the model's chat template (non-thinking mode by default). The question
+    comes from a data set: it is shown as text, never as the template's control tokens."""
+    messages = [{"role": "user", "content": PROMPT_TEMPLATE.format(question=CHATML.neutralize(question, tokenizer))}]
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking)
     except TypeError:  # templates that take no enable_thinking switch

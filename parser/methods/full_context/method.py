@@ -44,6 +44,19 @@ class ContextOverflow(ValueError):
     pass
 
 
+def shown_reply(text: str, tokenizer: Any) -> dict[str, str]:
+    """The first turn's reply as the assistant message of the follow-up prompt, rendered as text:
+    a reply that spells out `<|im_end|>` (or quotes the document's) must not become turn
+    boundaries there. Its thinking goes in `reasoning_content`, as the chat template would split
+    it off itself (Qwen3 / Qwen3.5 drop it from a turn before the last user message), so the
+    rendered prompt is the template's for any reply without control strings."""
+    if "</think>" not in text:
+        return {"role": "assistant", "content": CHATML.neutralize(text, tokenizer)}
+    thinking, reply = split_thinking(text)
+    return {"role": "assistant", "content": CHATML.neutralize(reply.lstrip("\n"), tokenizer),
+            "reasoning_content": CHATML.neutralize(thinking, tokenizer)}
+
+
 class FullContextMethod:
     name = "full_context"
 
@@ -110,9 +123,10 @@ class FullContextMethod:
             return MethodResult(None, 0, time.perf_counter() - started, record={"error": str(error), "stop_reason": "context_overflow"})
         messages = [{"role": "user", "content": PROMPTS.render("full_context_user", self.prompt_version, context=context, question=sample.question)}]
         first = await self.lead.generate(self._render(messages), self.turn1, request_id=sample.id)
-        thinking, reply = split_thinking(CHATML.strip_end(first.text))
+        text = CHATML.strip_end(first.text)
+        thinking, reply = split_thinking(text)
         messages += [
-            {"role": "assistant", "content": CHATML.strip_end(first.text)},
+            shown_reply(text, tokenizer),
             {"role": "user", "content": PROMPTS.render("full_context_followup", self.prompt_version)},
         ]
         second = await self.lead.generate(self._render(messages), self.turn2, request_id=sample.id)
