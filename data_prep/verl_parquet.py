@@ -16,7 +16,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from data_prep.files import atomic_path
+from parser.jsonl import atomic_path
 
 AGENT_NAME = "parser_agent"
 ABILITY = "long_context_qa"

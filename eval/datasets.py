@@ -45,7 +45,7 @@ class Subset:
 
 def _read(path: str | Path) -> tuple[list[dict[str, Any]], str]:
     """The file's records and the sha256 of its bytes."""
-    from data_prep.files import read_records
+    from parser.jsonl import read_records
 
     path = Path(path)
     if not path.exists():

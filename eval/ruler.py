@@ -237,11 +237,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     def run(cfg: Any) -> None:
         try:
             sys.exit(asyncio.run(evaluate_ruler(cfg)))
-        except (RunDirLocked, InputsChanged) as error:
+        except (RunDirLocked, InputsChanged, ManifestDamaged) as error:
             print(f"eval.ruler: error: {error}", file=sys.stderr)
             sys.exit(2)
 
     from eval.inputs import InputsChanged
+    from eval.provenance import ManifestDamaged
     from eval.run import with_search_path
     from eval.store import RunDirLocked  # shared presets: configs/backend, configs/episode, configs/method
 

@@ -244,7 +244,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 def _main(cfg: DictConfig) -> None:
     try:
         sys.exit(asyncio.run(evaluate(cfg)))
-    except (RunDirLocked, InputsChanged) as error:
+    except (RunDirLocked, InputsChanged, provenance.ManifestDamaged) as error:
         print(f"eval.run: error: {error}", file=sys.stderr)
         sys.exit(2)
 

@@ -5,7 +5,7 @@ interrupted. Every finished sample is appended as one line and fsync'd before th
 counted, so a crash loses at most the samples in flight. A row is keyed by
 (dataset, length, condition, run, sample id); re-running the same command reads the keys back
 and skips them, so samples are never duplicated or lost (`eval.inputs` checks that the rows
-were computed on the same inputs). Each file follows `data_prep.files.JsonlStore`'s rules: a
+were computed on the same inputs). Each file follows `parser.jsonl.JsonlStore`'s rules: a
 line torn by a kill mid-write is cut on load, a failed append leaves no fragment, and a bad
 line is skipped and named by file and line, so the directory always reopens.
 
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from data_prep.files import JsonlStore
+from parser.jsonl import JsonlStore
 
 RESULTS = "results.jsonl"
 TIMINGS = "timings.jsonl"
@@ -84,12 +84,12 @@ def row_key(row: dict[str, Any]) -> Key:
 
 def read_jsonl(path: Path, repair: bool = False) -> Iterator[dict[str, Any]]:
     """The complete rows of one of a run's JSONL files, by the store's rules
-    (`data_prep.files.JsonlStore`); `repair=False` leaves the file as it is."""
+    (`parser.jsonl.JsonlStore`); `repair=False` leaves the file as it is."""
     yield from JsonlStore(path, readonly=not repair).rows
 
 
 class ResultsStore:
-    """A run directory's JSONL files, each a `data_prep.files.JsonlStore` (one set of rules: a
+    """A run directory's JSONL files, each a `parser.jsonl.JsonlStore` (one set of rules: a
     failed append loses no acknowledged row and leaves no fragment, the store always reopens,
     and what it skips it names by file and line); safe for concurrent coroutines/threads."""
 
