@@ -266,6 +266,9 @@ class JsonlStore:
       a complete row gives the row back.
     * With `key`, the first row of a key wins (`append` refuses a key already there); later
       duplicates in the file are reported.
+    * With `row_type` (a class with `from_dict(obj, source)` and `to_dict()`, e.g.
+      `parser.results.ResultRow`), rows are read into it and written from it; a line it refuses
+      (`DataError`, naming file, line and field) is skipped like any bad line.
 
     One writer at a time (eval.run holds `lock_run_dir`); `readonly=True` reads without repairing.
 
@@ -274,11 +277,11 @@ class JsonlStore:
             log.append({"id": "q7", ...})
     """
 
-    def __init__(self, path: str | os.PathLike, key: Callable[[dict[str, Any]], Hashable] | None = None, *,
-                 readonly: bool = False):
-        self.path, self.key, self.readonly = Path(path), key, readonly
-        self.rows: list[dict[str, Any]] = []
-        self.by_key: dict[Hashable, dict[str, Any]] = {}
+    def __init__(self, path: str | os.PathLike, key: Callable[[Any], Hashable] | None = None, *,
+                 readonly: bool = False, row_type: type | None = None):
+        self.path, self.key, self.readonly, self.row_type = Path(path), key, readonly, row_type
+        self.rows: list[Any] = []
+        self.by_key: dict[Hashable, Any] = {}
         self.problems: list[str] = []
         self._end = 0  # offset just past the last complete line: where the next row goes
         self._lock = threading.Lock()
@@ -339,8 +342,8 @@ class JsonlStore:
                 return fused, False
             if last and not error.complete:
                 return None, True
-            self.problems.append(f"{self.path}:{lineno}: not a row this store can read: {error}; skipped and left "
-                                 "in the file (fix or delete that line, then re-run)")
+            self.problems.append(f"{self.path}:{lineno}: not a JSON row ({error}); skipped and left in the file "
+                                 "(fix or delete that line, then re-run)")
             return None, False
         if not isinstance(row, dict):
             self.problems.append(f"{self.path}:{lineno}: a JSON {type(row).__name__}, not a row; skipped, left in the file")
@@ -348,6 +351,12 @@ class JsonlStore:
         return row, False
 
     def _accept(self, row: dict[str, Any], lineno: int) -> None:
+        if self.row_type is not None:
+            try:
+                row = self.row_type.from_dict(row, f"{self.path}:{lineno}")
+            except DataError as error:
+                self.problems.append(f"{error}; skipped, left in the file")
+                return
         if self.key is not None:
             try:
                 key = self.key(row)
@@ -360,12 +369,14 @@ class JsonlStore:
             self.by_key[key] = row
         self.rows.append(row)
 
-    def append(self, row: dict[str, Any]) -> bool:
+    def append(self, row: Any) -> bool:
         """Write one row and fsync it; False (nothing written) if its key is already there.
         Raises OSError if the write fails; the file and the rows before stay as they were."""
         if self.readonly:
             raise ValueError(f"{self.path}: opened read-only")
-        line = dumps_line(row)
+        if self.row_type is not None and not isinstance(row, self.row_type):
+            raise TypeError(f"{self.path}: rows are {self.row_type.__name__}s, got {type(row).__name__}")
+        line = dumps_line(row.to_dict() if self.row_type is not None else row)
         with self._lock:
             key = self.key(row) if self.key is not None else None
             if self.key is not None and key in self.by_key:

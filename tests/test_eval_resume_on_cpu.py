@@ -26,6 +26,7 @@ from eval import provenance
 from eval.run import evaluate
 from eval.store import ERRORS, RESULTS, read_jsonl
 from parser.methods import MethodResult, Sample
+from parser.results import ResultRow
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -120,9 +121,9 @@ def test_rows_are_keyed_by_condition_too(tmp_path):
 
     store = ResultsStore(tmp_path)
     row = {"dataset": "d", "length": 50, "run": 0, "sample_id": "q0", "sub_em": 1.0}
-    assert store.append({**row, "condition": "ordered"})
-    assert store.append({**row, "condition": "reverse_ordered"})  # the same id under another condition
-    assert not store.append({**row, "condition": "ordered"})
+    assert store.append(ResultRow(**row, condition="ordered"))
+    assert store.append(ResultRow(**row, condition="reverse_ordered"))  # the same id under another condition
+    assert not store.append(ResultRow(**row, condition="ordered"))
     assert ResultsStore(tmp_path).done_keys() == {("d", 50, "ordered", 0, "q0"), ("d", 50, "reverse_ordered", 0, "q0")}
 
 

@@ -191,31 +191,32 @@ def test_the_results_store_reopens_after_a_failed_append(tmp_path):
     script = textwrap.dedent(f"""
         import os, resource
         from eval.store import ResultsStore
+        from parser.results import ResultRow
         store = ResultsStore({str(tmp_path)!r})
-        store.append({result("a")!r})
+        store.append(ResultRow(**{result("a")!r}))
         size = os.path.getsize(store.results_path)
         soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
         resource.setrlimit(resource.RLIMIT_FSIZE, (size + 64, hard))
         try:
-            store.append({{**{result("big")!r}, "record": "r" * 200000}})
+            store.append(ResultRow(**{{**{result("big")!r}, "record": {{"r": "r" * 200000}}}}))
         except OSError:
             print("append failed")
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        print("acknowledged", store.append({result("b")!r}))
+        print("acknowledged", store.append(ResultRow(**{result("b")!r})))
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "append failed" in done.stdout and "acknowledged True" in done.stdout
     from eval.store import ResultsStore
 
-    assert sorted(row["sample_id"] for row in ResultsStore(tmp_path).rows()) == ["a", "b"]
+    assert sorted(row.sample_id for row in ResultsStore(tmp_path).rows()) == ["a", "b"]
 
 
 def test_the_results_store_keeps_a_complete_last_row_without_its_newline(tmp_path):
     from eval.store import RESULTS, ResultsStore
 
     (tmp_path / RESULTS).write_text(json.dumps(result("a")) + "\n" + json.dumps(result("b")))
-    assert sorted(row["sample_id"] for row in ResultsStore(tmp_path).rows()) == ["a", "b"]
+    assert sorted(row.sample_id for row in ResultsStore(tmp_path).rows()) == ["a", "b"]
 
 
 def test_a_result_row_without_its_key_names_its_file_and_line_and_blocks_nothing(tmp_path):
@@ -223,16 +224,16 @@ def test_a_result_row_without_its_key_names_its_file_and_line_and_blocks_nothing
 
     (tmp_path / RESULTS).write_text(json.dumps(result("a")) + "\n" + json.dumps({"sample_id": "x"}) + "\n" + json.dumps(result("b")) + "\n")
     store = ResultsStore(tmp_path)
-    assert sorted(row["sample_id"] for row in store.rows()) == ["a", "b"]
+    assert sorted(row.sample_id for row in store.rows()) == ["a", "b"]
     assert any(p.startswith(f"{tmp_path / RESULTS}:2: a row without its key") for p in store.problems)
 
 
 def test_a_bad_timing_line_does_not_stop_the_run_dir_from_opening(tmp_path):
     from eval.store import TIMINGS, ResultsStore
 
-    (tmp_path / TIMINGS).write_text('{"subset": "a", "wall_s": 1}\n{oops\n{"subset": "b", "wall_s": 2}\n')
+    (tmp_path / TIMINGS).write_text('{"dataset": "a", "length": 50, "wall_s": 1}\n{oops\n{"dataset": "b", "length": 50, "wall_s": 2}\n')
     store = ResultsStore(tmp_path)
-    assert [t["subset"] for t in store.timings.rows] == ["a", "b"]
+    assert [t.dataset for t in store.timings.rows] == ["a", "b"]
 
 
 # A hand-edited line: values JSON does not have, numbers past a double, nesting deeper than any
