@@ -87,8 +87,22 @@ def parse_json(data: bytes) -> Any:
         value = orjson.loads(data)
     except (orjson.JSONDecodeError, RecursionError):
         return _diagnose(data)
-    _check(value, replace=False)
+    if isinstance(value, (dict, list)) and not _within_depth(value):
+        _check(value, replace=False)  # raises, naming the field
     return value
+
+
+def _within_depth(value: dict | list) -> bool:
+    """Whether no container nests deeper than `MAX_DEPTH` (containers only: the fast check)."""
+    stack = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return False
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return True
 
 
 def _diagnose(data: bytes) -> Any:

@@ -250,3 +250,23 @@ def test_eval_run_exits_2_with_the_message(tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"{out / 'manifest.json'}: field 'sessions' should be a list" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+class Surrogates(Recorder):
+    """A method whose answer and trace hold lone surrogates (a tokenizer's byte-fallback pieces)."""
+
+    async def run(self, sample: Sample) -> MethodResult:
+        await super().run(sample)
+        return MethodResult(answer=f"{sample.answers[0]} \ud83d", steps=1, wall_s=0.0, record={"turns": [{"text": "\udc80"}]})
+
+
+def test_a_lone_surrogate_in_a_result_row_is_written_escaped_and_the_run_finishes(tmp_path):
+    """It raised UnicodeEncodeError from the store's append and aborted the run."""
+    out = tmp_path / "run"
+    overrides = ("dataset.lengths=[50]", "dataset.num_questions=2", "runs=1", "save_records=true")
+    assert asyncio.run(evaluate(_cfg(out, *overrides), Surrogates())) == 0
+    assert "\\ud83d" in (out / RESULTS).read_text(encoding="utf-8")
+    rows = _rows(out)
+    assert len(rows) == 2 and all(r["prediction"].endswith(" \ufffd") for r in rows)
+    second = Recorder()
+    assert asyncio.run(evaluate(_cfg(out, *overrides), second)) == 0 and second.asked == []  # resumes: nothing lost
