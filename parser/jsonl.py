@@ -68,7 +68,7 @@ def _float(text: str) -> float | _Refused:
 
 
 def _int(text: str) -> int | float | _Refused:
-    if len(text) <= 19:
+    if len(text.lstrip("-")) <= 20:  # every 64-bit integer, read exactly as orjson reads it
         return int(text)
     value = float(text)  # as orjson reads it: past 64 bits an integer is a double
     return value if math.isfinite(value) else _Refused(f"an integer of {len(text.lstrip('-'))} digits (beyond a double)")
