@@ -48,11 +48,12 @@ class BadJson(ValueError):
     """A JSON text this project refuses to read; the message names the field.
 
     `complete` is False when the text simply stops (a write cut short), True when it is whole
-    JSON that holds a refused value (a hand edit)."""
+    JSON (or bytes no write of ours produced). `refused` is True when the text is whole JSON whose
+    value is refused (a number, a depth): it cannot be a torn write fused with a row."""
 
-    def __init__(self, message: str, complete: bool):
+    def __init__(self, message: str, complete: bool, refused: bool = False):
         super().__init__(message)
-        self.complete = complete
+        self.complete, self.refused = complete, refused
 
 
 class _Refused:
@@ -128,14 +129,15 @@ def _check(value: Any, replace: bool) -> Any:
     while stack:
         node, path, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise BadJson(f"field {path or '(top level)'!r} is nested more than {MAX_DEPTH} levels deep", complete=True)
+            raise BadJson(f"field {path or '(top level)'!r} is nested more than {MAX_DEPTH} levels deep", complete=True,
+                          refused=True)
         items = list(node.items()) if isinstance(node, dict) else list(enumerate(node))
         for key, item in items:
             where = path if node is root else (f"{path}[{key}]" if isinstance(node, list) else f"{path}.{key}" if path else str(key))
             if isinstance(item, (dict, list)):
                 stack.append((item, where, depth + 1))
             elif isinstance(item, _Refused):
-                raise BadJson(f"field {where or '(top level)'!r} is {item.what}", complete=True)
+                raise BadJson(f"field {where or '(top level)'!r} is {item.what}", complete=True, refused=True)
             elif replace and isinstance(item, str) and not item.isascii():
                 node[key] = _LONE_SURROGATE.sub("\ufffd", item)
             if replace and isinstance(node, dict) and not key.isascii():
@@ -349,7 +351,7 @@ class JsonlStore:
         try:
             row = parse_json(line)
         except BadJson as error:
-            fused = _fused_row(line)
+            fused = None if error.refused else _fused_row(line)
             if fused is not None:
                 self.problems.append(f"{self.path}:{lineno}: an unfinished write was fused with the row after it; "
                                      "the row is read, the fragment skipped")
@@ -423,13 +425,19 @@ class JsonlStore:
 
 def _fused_row(line: bytes) -> dict[str, Any] | None:
     """The complete row at the end of a line that starts with an unfinished write's fragment:
-    the longest suffix starting at `{"` that parses as an object."""
+    the longest suffix starting at `{"` that parses as an object. Each try is orjson's alone (a
+    row we wrote is plain JSON), so a line with many candidates costs little."""
     position = line.find(b'{"', 1)
     while position > 0:
         try:
-            row = parse_json(line[position:])
-        except BadJson:
+            row = orjson.loads(line[position:])
+        except (orjson.JSONDecodeError, RecursionError):
             position = line.find(b'{"', position + 1)
             continue
-        return row if isinstance(row, dict) else None
+        if not isinstance(row, dict):
+            return None
+        try:
+            return parse_json(line[position:])  # the same bounds as any row
+        except BadJson:
+            return None
     return None

@@ -332,3 +332,13 @@ def test_atomic_writes_and_new_store_files_are_fsynced_with_their_directory(tmp_
     synced.clear()
     JsonlStore(tmp_path / "new" / "results.jsonl", key=by_id).append({"id": "a"})
     assert synced == [str(tmp_path / "new" / "results.jsonl"), str(tmp_path / "new")]
+
+
+@pytest.mark.parametrize("fragment", [b'{"a": ' * 20000, b'{"id": "frag", "deep": ' + b'{"k": ' * 20000])
+def test_a_line_with_thousands_of_nested_row_starts_still_gives_back_the_fused_row(tmp_path, fragment):
+    """Finding a row fused with a fragment tried every `{"` with the full parser (and a
+    nesting past the recursion limit crashed the store). Each try is now orjson's."""
+    path = tmp_path / "store.jsonl"
+    path.write_bytes(b'{"id": "a"}\n' + fragment + b'{"id": "b"}\n{"id": "c"}\n')
+    store = JsonlStore(path, key=by_id)
+    assert [r["id"] for r in store.rows] == ["a", "b", "c"] and "fused" in store.problems[0]
