@@ -366,7 +366,7 @@ def plot_controlled(controlled: dict[str, dict[str, Any]], fig_dir: Path) -> lis
         paths.append(_save(fig, fig_dir / f"controlled_{dataset}.png"))
     if len(controlled) > 1:
         fig, axes = plt.subplots(1, len(controlled), figsize=(5.2 * len(controlled), 4.2), squeeze=False)
-        for ax, (dataset, table) in zip(axes[0], controlled.items()):
+        for ax, (dataset, table) in zip(axes[0], controlled.items(), strict=True):
             _controlled_panel(ax, dataset, table)
         fig.suptitle("Accuracy under controlled evidence: position, order, distance")
         fig.tight_layout()
