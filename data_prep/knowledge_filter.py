@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from data_prep.files import JsonlStore
+from parser.jsonl import JsonlStore
 from data_prep.packing import derived_seed
 from parser.backends.base import Backend, SamplingParams
 from parser.chat_format import CHATML

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from data_prep.records import Corpus, DataError, Question
 from parser.chunking import render_paragraphs
+from parser.fields import Record
 
 COMPAT_SHUFFLE_SEED = 4  # the fixed seed of MemAgent's and ReMemR1's `random.Random(4).shuffle`
 
@@ -127,26 +128,27 @@ def evidence_meta(gold_positions: Sequence[int], logical_positions: Sequence[int
 def record_from_layout(question: Question, corpus: Corpus, order: Sequence[int], gold_positions: Sequence[int],
                        logical_positions: Sequence[int], *, record_id: str | None = None,
                        meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The eval row: MemAgent's fields (`index`, `input`, `answers`, `context`, `num_docs`) + ours."""
+    """The eval row (`parser.fields.Record.to_dict`): MemAgent's fields (`index`, `input`, `answers`,
+    `context`, `num_docs`) + ours; the record type checks it as it is written."""
     length = len(order)
-    return {
-        "index": question.index,
-        "input": question.question,
-        "answers": list(question.answers),
-        "context": render_paragraphs([corpus[i] for i in order]),
-        "num_docs": length,
-        "id": record_id or f"{question.id}_L{length}",
-        "question": question.question,
-        "dataset": question.dataset,
-        "length": length,
-        "gold_paragraph_ids": sorted({p + 1 for p in gold_positions}),  # "Document {i}" numbers
-        "evidence_order": [p + 1 for p in logical_positions],  # the same, in reasoning order
-        "meta": {"question_id": question.id, "type": question.qtype, "level": question.level,
-                 **evidence_meta(gold_positions, logical_positions),
-                 # 2Wiki's (subject, relation, object) triples: the chain a correct answer follows
-                 **({"evidences": [list(t) for t in question.evidences]} if question.evidences else {}),
-                 **(meta or {})},
-    }
+    return Record(
+        id=record_id or f"{question.id}_L{length}",
+        question=question.question,
+        answers=question.answers,
+        context=render_paragraphs([corpus[i] for i in order]),
+        index=question.index,
+        dataset=question.dataset,
+        length=length,
+        num_docs=length,
+        gold_paragraph_ids=tuple(sorted({p + 1 for p in gold_positions})),  # "Document {i}" numbers
+        evidence_order=tuple(p + 1 for p in logical_positions),  # the same, in reasoning order
+        meta={"question_id": question.id, "type": question.qtype, "level": question.level,
+              **evidence_meta(gold_positions, logical_positions),
+              # 2Wiki's (subject, relation, object) triples: the chain a correct answer follows
+              **({"evidences": [list(t) for t in question.evidences]} if question.evidences else {}),
+              **(meta or {})},
+        source=f"{question.dataset} question {question.id!r}",
+    ).to_dict()
 
 
 def eval_record(question: Question, packed: Packed, corpus: Corpus, **meta: Any) -> dict[str, Any]:

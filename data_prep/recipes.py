@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from data_prep import controlled as ctl
-from data_prep.files import read_records, write_card, write_records
+from data_prep.files import write_card
+from parser.jsonl import read_records, write_records
 from data_prep.packing import build_grid
 from data_prep.records import Corpus, DataError, Question
 from data_prep.sources import load_2wiki, load_hotpotqa, read_2wiki, read_hotpotqa

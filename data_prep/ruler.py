@@ -413,7 +413,8 @@ def build_files(cfg: dict[str, Any]) -> list[Path]:
     """Write one file per (task, length) with a dataset card; files whose card exists are kept."""
     from tqdm.auto import tqdm
 
-    from data_prep.files import write_card, write_records
+    from data_prep.files import write_card
+    from parser.jsonl import write_records
 
     tasks, lengths = [str(t) for t in cfg["tasks"]], sorted(int(x) for x in cfg["lengths"])
     num_samples, seed = int(cfg["num_samples"]), int(cfg["seed"])

@@ -3,8 +3,8 @@
 verl's `RLHFDataset` reads ``prompt`` (chat messages) and passes every other column to the
 agent loop named by ``agent_name``. The prompt holds the *question only*: the lead agent must
 never see document text, and the system prompt is added by the agent loop from
-`parser.prompts`. The document travels in ``extra_info["context"]``, where the agent loop
-chunks it for the subagents; ``reward_model.ground_truth`` holds the gold answers.
+`parser.prompts`. The document travels in ``extra_info["context"]`` (``extra_info`` holds the
+record's fields, read through `parser.fields.Record`), where the agent loop chunks it for the subagents; ``reward_model.ground_truth`` holds the gold answers.
 
     write_rl_parquet("data/train/hotpotqa_train.parquet", rows, data_source="hotpotqa")
 """
@@ -16,8 +16,8 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from data_prep.files import atomic_path
-from data_prep.records import DataError
+from parser.fields import DataError, Record
+from parser.jsonl import atomic_path
 
 AGENT_NAME = "parser_agent"
 ABILITY = "long_context_qa"
@@ -26,23 +26,26 @@ ABILITY = "long_context_qa"
 def rl_row(row: dict[str, Any], data_source: str, split: str = "train", agent_name: str = AGENT_NAME) -> dict[str, Any]:
     """One verl row from one eval row (`data_prep.packing.record_from_layout`), for the agent
     loop `agent_name` (configs/train/agent_loop.yaml: parser_agent, or memagent_agent)."""
-    meta = row.get("meta") or {}
+    record = Record.from_dict(row, f"{data_source} record {row.get('id', '?') if isinstance(row, dict) else '?'}")
+    for name in ("index", "num_docs"):
+        if getattr(record, name) is None:
+            raise DataError(f"{record.source}: missing field {name!r} (a verl row keeps MemAgent's fields)")
     return {
         "data_source": data_source,
-        "prompt": [{"role": "user", "content": row["question"]}],
+        "prompt": [{"role": "user", "content": record.question}],
         "ability": ABILITY,
-        "reward_model": {"style": "rule", "ground_truth": list(row["answers"])},
+        "reward_model": {"style": "rule", "ground_truth": list(record.answers)},
         "extra_info": {
-            "index": int(row["index"]),
-            "id": str(row["id"]),
+            "index": int(record.index),
+            "id": record.id,
             "split": split,
-            "question": row["question"],
-            "answers": list(row["answers"]),
-            "context": row["context"],
-            "num_docs": int(row["num_docs"]),
-            "gold_paragraph_ids": list(row.get("gold_paragraph_ids", [])),
-            "evidence_order": list(row.get("evidence_order", [])),
-            "type": meta.get("type") or "",
+            "question": record.question,
+            "answers": list(record.answers),
+            "context": record.context,
+            "num_docs": record.num_docs,
+            "gold_paragraph_ids": list(record.gold_paragraph_ids or []),
+            "evidence_order": list(record.evidence_order or []),
+            "type": (record.meta or {}).get("type") or "",
         },
         "agent_name": agent_name,
     }

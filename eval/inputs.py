@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from eval.datasets import Subset
+from parser.results import ResultRow
 
 # Method-config keys (at any depth: the episode, the reader's episode) that do not change results.
 OPERATIONAL = frozenset({"max_concurrency", "request_timeout_s", "max_attempts", "retry_backoff_s", "retry"})
@@ -46,7 +47,7 @@ def fingerprint(cfg: dict[str, Any], subsets: list[Subset]) -> dict[str, Any]:
 
 
 def check_unchanged(run_dir: str | Path, recorded: dict[str, Any] | None, current: dict[str, Any],
-                    rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+                    rows: Iterable[ResultRow]) -> dict[str, Any]:
     """Raise `InputsChanged` if rows exist that were computed on other inputs; otherwise return
     the fingerprint to record (the recorded subsets plus this run's)."""
     rows = list(rows)
@@ -57,7 +58,7 @@ def check_unchanged(run_dir: str | Path, recorded: dict[str, Any] | None, curren
         return current
     per_subset: dict[str, int] = {}
     for row in rows:
-        key = subset_key(row["dataset"], int(row["length"]), row.get("condition"))
+        key = subset_key(row.dataset, row.length, row.condition)
         per_subset[key] = per_subset.get(key, 0) + 1
     problems = []
     if rows:

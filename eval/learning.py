@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from eval.metrics import PRIMARY
 from eval.metrics import mean as _mean
 from eval.metrics import run_averaged as _run_averaged
+from parser.results import ResultRow
 
 WITHOUT, WITH = "w/o RL", "w/ RL"
 # The curve's panels: (verl metric logged by parser.verl.sampler, title).
@@ -36,17 +37,17 @@ MIN_SUB_EM_GAIN = 15.0
 MIN_REWARD_GAIN = 0.2
 
 
-def _method(row: dict[str, Any]) -> str:
+def _method(row: ResultRow) -> str:
     """The row label without its variant suffix ("ParSer w/ RL" -> "ParSer")."""
-    return row["row"].removesuffix(f" {row['variant']}") if row.get("variant") else row["row"]
+    return row.row.removesuffix(f" {row.variant}") if row.variant else row.row
 
 
-def rl_tables(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def rl_tables(rows: Sequence[ResultRow]) -> dict[str, dict[str, Any]]:
     """Per dataset: `lengths`, and `lines` = [(backbone, method, variant, {length: Sub_EM %}, avg)]."""
-    groups: dict[tuple, list[dict[str, Any]]] = collections.defaultdict(list)
+    groups: dict[tuple, list[ResultRow]] = collections.defaultdict(list)
     for r in rows:
-        if r.get("variant") and r.get("condition") is None:
-            groups[(r["dataset"], r["backbone"], _method(r), r["variant"], int(r["length"]))].append(r)
+        if r.variant and r.condition is None:
+            groups[(r.dataset, r.backbone, _method(r), r.variant, r.length)].append(r)
     tables: dict[str, dict[str, Any]] = {}
     cells: dict[tuple, dict[int, float]] = collections.defaultdict(dict)
     for (dataset, backbone, method, variant, length), members in groups.items():
@@ -116,23 +117,23 @@ def plot_training_curve(steps: dict[int, dict[str, float]], path: str | Path) ->
     return path
 
 
-def summary(rows: Sequence[dict[str, Any]], steps: dict[int, dict[str, float]]) -> dict[str, Any]:
+def summary(rows: Sequence[ResultRow], steps: dict[int, dict[str, float]]) -> dict[str, Any]:
     """The learning run's figures (see the module docstring for the keys)."""
     rewards = [m["parser/reward/mean"] for m in steps.values() if "parser/reward/mean" in m]
     if not rewards:
         raise ValueError("no step logged parser/reward/mean (the trainer's ParserReplayBuffer writes it)")
-    by_variant = {v: [r for r in rows if r.get("variant") == v and r.get("condition") is None] for v in (WITHOUT, WITH)}
+    by_variant = {v: [r for r in rows if r.variant == v and r.condition is None] for v in (WITHOUT, WITH)}
     missing = [v for v, members in by_variant.items() if not members]
     if missing:
         raise ValueError(f"no eval rows with variant {missing} (run eval.run with report.variant=...)")
 
-    def sub_em(members: list[dict[str, Any]]) -> float:
-        by_length: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
+    def sub_em(members: list[ResultRow]) -> float:
+        by_length: dict[int, list[ResultRow]] = collections.defaultdict(list)
         for r in members:
-            by_length[int(r["length"])].append(r)
+            by_length[r.length].append(r)
         return round(100 * _mean([_run_averaged(v, PRIMARY) for v in by_length.values()]), 2)
 
-    questions = {v: {r["question"] for r in members} for v, members in by_variant.items()}
+    questions = {v: {r.question for r in members} for v, members in by_variant.items()}
     if questions[WITHOUT] != questions[WITH]:
         raise ValueError("the w/o RL and w/ RL evals ran on different questions; compare them on the same set")
     return {
@@ -142,8 +143,8 @@ def summary(rows: Sequence[dict[str, Any]], steps: dict[int, dict[str, float]]) 
         "heldout_sub_em_before": sub_em(by_variant[WITHOUT]),
         "heldout_sub_em_after": sub_em(by_variant[WITH]),
         "heldout_questions": len(questions[WITH]),
-        "turns_before": round(_mean([float(r["steps"]) for r in by_variant[WITHOUT]]), 3),
-        "turns_after": round(_mean([float(r["steps"]) for r in by_variant[WITH]]), 3),
+        "turns_before": round(_mean([float(r.steps) for r in by_variant[WITHOUT]]), 3),
+        "turns_after": round(_mean([float(r.steps) for r in by_variant[WITH]]), 3),
     }
 
 

@@ -68,9 +68,10 @@ def mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
-def run_averaged(rows: Sequence[Mapping[str, Any]], field: str) -> float:
-    """Mean over samples within each run, then over runs (the paper's "average of 3 runs")."""
+def run_averaged(rows: Sequence[Any], field: str) -> float:
+    """Mean over samples within each run, then over runs (the paper's "average of 3 runs"), of
+    the attribute `field` of each row (`parser.results.ResultRow`, or any row with `run`)."""
     by_run: dict[int, list[float]] = collections.defaultdict(list)
     for r in rows:
-        by_run[int(r["run"])].append(float(r[field]))
+        by_run[r.run].append(float(getattr(r, field)))
     return mean([mean(v) for v in by_run.values()])

@@ -3,6 +3,8 @@
 A score without its code version, config, package versions, seeds and hardware cannot be
 compared with anything. `write_manifest` stores them next to the results; each resumed session
 adds one entry to `sessions` (start, end, samples written) instead of overwriting the first.
+The manifest is written atomically and fsync'd (`parser.jsonl.write_json`); a damaged one is
+refused with `ManifestDamaged`, naming the file and the fix, never a bare parse error.
 `inputs` is the fingerprint of what the rows are computed from (`eval.inputs`).
 
     write_manifest(run_dir, config_dict, seeds={"base": 0}, inputs=eval.inputs.fingerprint(...))
@@ -11,12 +13,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
-import json
 import os
 import platform
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from parser.jsonl import BadJson, parse_json, write_json
 
 MANIFEST = "manifest.json"
 PACKAGES = ("parser-agents", "torch", "transformers", "tokenizers", "sglang", "sglang-router", "verl",
@@ -70,9 +73,57 @@ def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+class ManifestDamaged(ValueError):
+    """`manifest.json` cannot be read (empty, cut, not UTF-8, not JSON, wrong types); the
+    message names the file, what is wrong and what to do."""
+
+
+# The manifest's top-level fields and the types a resume relies on (None: may be absent).
+_SHAPE = {"created": str, "sessions": list, "config": dict, "inputs": dict}
+
+
 def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:
+    """The run directory's manifest, None if it has none; `ManifestDamaged` if it is unreadable.
+
+    Nothing is repaired in place: the manifest is the only record of which inputs the rows were
+    computed on, so the message says how to set it aside and resume (the rows are kept)."""
     path = Path(run_dir) / MANIFEST
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    fix = (f"move it aside (mv {path} {path}.damaged) and re-run: the rows in {Path(run_dir) / 'results.jsonl'} "
+           "are kept and trusted by key, and a new manifest is written")
+    try:
+        manifest = parse_json(path.read_bytes())
+    except BadJson as error:
+        raise ManifestDamaged(f"{path}: cannot be read: {error}; {fix}") from None
+    except OSError as error:
+        raise ManifestDamaged(f"{path}: cannot be read ({error.strerror}); {fix}") from None
+    if not isinstance(manifest, dict):
+        raise ManifestDamaged(f"{path}: expected a JSON object, got {type(manifest).__name__}; {fix}")
+    for field, kind in _SHAPE.items():
+        if field in manifest and not isinstance(manifest[field], kind):
+            raise ManifestDamaged(f"{path}: field {field!r} should be a {kind.__name__}, got "
+                                  f"{type(manifest[field]).__name__}; {fix}")
+    if not all(isinstance(session, dict) for session in manifest.get("sessions", [])):
+        raise ManifestDamaged(f"{path}: field 'sessions' should hold objects; {fix}")
+    if "inputs" in manifest:
+        problem = _inputs_problem(manifest["inputs"])
+        if problem:
+            raise ManifestDamaged(f"{path}: {problem}; {fix}")
+    return manifest
+
+
+def _inputs_problem(inputs: dict[str, Any]) -> str | None:
+    """What is wrong with a recorded fingerprint (`eval.inputs.fingerprint`'s shape), if anything."""
+    for field in ("method", "seed", "subsets"):
+        if field not in inputs:
+            return f"field 'inputs.{field}' is missing"
+    if not isinstance(inputs["subsets"], dict):
+        return f"field 'inputs.subsets' should be an object, got {type(inputs['subsets']).__name__}"
+    for key, subset in inputs["subsets"].items():
+        if not isinstance(subset, dict) or not all(isinstance(subset.get(f), str) for f in ("source", "sha256")):
+            return f"field 'inputs.subsets.{key}' should be an object with string 'source' and 'sha256'"
+    return None
 
 
 def write_manifest(run_dir: str | Path, config: dict[str, Any], seeds: dict[str, Any],
@@ -81,6 +132,7 @@ def write_manifest(run_dir: str | Path, config: dict[str, Any], seeds: dict[str,
     with `close_session`). A changed config on resume is recorded, not silently merged."""
     path = Path(run_dir) / MANIFEST
     manifest = read_manifest(run_dir) or {"created": now(), "sessions": []}
+    manifest.setdefault("sessions", [])
     manifest.setdefault("config", config)
     if inputs is not None:
         manifest["inputs"] = inputs
@@ -95,18 +147,14 @@ def write_manifest(run_dir: str | Path, config: dict[str, Any], seeds: dict[str,
     if manifest["config"] != config:
         session["config"] = config  # this session ran with a different config than the first
     manifest["sessions"].append(session)
-    _atomic_write(path, manifest)
+    write_json(path, manifest, indent=True, default=str)
     return session
 
 
 def close_session(run_dir: str | Path, **fields: Any) -> None:
-    path = Path(run_dir) / MANIFEST
-    manifest = json.loads(path.read_text())
+    manifest = read_manifest(run_dir)
+    if not manifest or not manifest.get("sessions"):
+        raise ManifestDamaged(f"{Path(run_dir) / MANIFEST}: no session to close (the file was replaced while "
+                              "eval.run ran); re-run the same command to resume")
     manifest["sessions"][-1].update(ended=now(), **fields)
-    _atomic_write(path, manifest)
-
-
-def _atomic_write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    write_json(Path(run_dir) / MANIFEST, manifest, indent=True, default=str)

@@ -44,7 +44,8 @@ from typing import Any, Iterable, Sequence
 from eval import learning, paper_numbers
 from eval.metrics import BY_NAME, PRIMARY, run_averaged
 from eval.metrics import mean as _mean
-from eval.store import RESULTS, TIMINGS, read_jsonl
+from eval.store import RESULTS, read_results, read_timings
+from parser.results import ResultRow, TimingLine
 
 DATASET_TITLES = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2WikiMultiHopQA", "synthetic": "Synthetic world"}
 
@@ -63,26 +64,27 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
     return sorted(dirs)
 
 
-def load(run_dirs: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    rows, timings = [], []
+def load(run_dirs: Sequence[Path]) -> tuple[list[ResultRow], list[TimingLine]]:
+    rows: list[ResultRow] = []
+    timings: list[TimingLine] = []
     for d in run_dirs:
-        rows += list(read_jsonl(d / RESULTS))
-        timings += list(read_jsonl(d / TIMINGS))
+        rows += read_results(d)
+        timings += read_timings(d)
     return rows, timings
 
 
 # ----------------------------------------------------------------------------- accuracy
 
-def accuracy_cells(rows: Sequence[dict[str, Any]], metric: str = PRIMARY) -> dict[tuple[str, str, str], dict[int, dict[str, Any]]]:
+def accuracy_cells(rows: Sequence[ResultRow], metric: str = PRIMARY) -> dict[tuple[str, str, str], dict[int, dict[str, Any]]]:
     """(dataset, backbone, row) -> length -> {value (% if the metric is a percentage), n samples per run, runs}."""
     scale = 100 if BY_NAME[metric].percent else 1
-    groups: dict[tuple[str, str, str, int], list[dict[str, Any]]] = collections.defaultdict(list)
+    groups: dict[tuple[str, str, str, int], list[ResultRow]] = collections.defaultdict(list)
     for r in rows:
-        if r.get("condition") is None:
-            groups[(r["dataset"], r["backbone"], r["row"], int(r["length"]))].append(r)
+        if r.condition is None:
+            groups[(r.dataset, r.backbone, r.row, r.length)].append(r)
     cells: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = collections.defaultdict(dict)
     for (dataset, backbone, row, length), members in sorted(groups.items()):
-        runs = {int(m["run"]) for m in members}
+        runs = {m.run for m in members}
         cells[(dataset, backbone, row)][length] = {
             "value": scale * run_averaged(members, metric), "n": len(members) // max(len(runs), 1), "runs": len(runs)}
     return dict(cells)
@@ -92,7 +94,7 @@ def max_delta_avg(values: Sequence[float]) -> tuple[float, float]:
     return (max(values) - min(values), _mean(values)) if values else (math.nan, math.nan)
 
 
-def accuracy_table(rows: Sequence[dict[str, Any]], with_paper: bool, metric: str = PRIMARY) -> dict[str, dict[str, Any]]:
+def accuracy_table(rows: Sequence[ResultRow], with_paper: bool, metric: str = PRIMARY) -> dict[str, dict[str, Any]]:
     """Per dataset: `lengths`, and `lines` = [(backbone, label, {length: value}, max δ, avg, note)]."""
     cells = accuracy_cells(rows, metric)
     tables: dict[str, dict[str, Any]] = {}
@@ -179,7 +181,7 @@ def accuracy_rows(table: dict[str, Any], dataset: str, bold: dict[int, float] | 
 
 # ----------------------------------------------------------------------------- latency, tokens
 
-def latency_table(rows: Sequence[dict[str, Any]], timings: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def latency_table(rows: Sequence[ResultRow], timings: Sequence[TimingLine]) -> list[dict[str, Any]]:
     """Amortized s/sample = sum of subset wall times / samples they finished; steps from rows.
 
     A subset session that finished wrote a timing line. One that was killed did not; its rows
@@ -188,23 +190,23 @@ def latency_table(rows: Sequence[dict[str, Any]], timings: Sequence[dict[str, An
     """
     wall: dict[tuple, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for t in timings:
-        if t.get("condition") is None and t.get("samples"):
-            key = (t["dataset"], t["backbone"], t["row"], int(t["concurrency"]), int(t["length"]))
-            wall[key][0] += float(t["wall_s"])
-            wall[key][1] += int(t["samples"])
-    timed_sessions = {t["session"] for t in timings if t.get("session")}
-    killed: dict[tuple, list[dict[str, Any]]] = collections.defaultdict(list)
+        if t.condition is None and t.samples:
+            key = (t.dataset, t.backbone, t.row, t.concurrency, t.length)
+            wall[key][0] += t.wall_s
+            wall[key][1] += t.samples
+    timed_sessions = {t.session for t in timings if t.session}
+    killed: dict[tuple, list[ResultRow]] = collections.defaultdict(list)
     for r in rows:
-        if r.get("condition") is None and r.get("session") and r["session"] not in timed_sessions and "finished_at" in r:
-            killed[(r["session"], r["dataset"], r["backbone"], r["row"], int(r["concurrency"]), int(r["length"]))].append(r)
+        if r.condition is None and r.session and r.session not in timed_sessions and r.finished_at is not None:
+            killed[(r.session, r.dataset, r.backbone, r.row, r.concurrency, r.length)].append(r)
     for (_, *key), session_rows in killed.items():
-        started = min(float(r["finished_at"]) - float(r["wall_s"]) for r in session_rows)
-        wall[tuple(key)][0] += max(float(r["finished_at"]) for r in session_rows) - started
+        started = min(r.finished_at - r.wall_s for r in session_rows)
+        wall[tuple(key)][0] += max(r.finished_at for r in session_rows) - started
         wall[tuple(key)][1] += len(session_rows)
     steps: dict[tuple, list[float]] = collections.defaultdict(list)
     for r in rows:
-        if r.get("condition") is None:
-            steps[(r["dataset"], r["backbone"], r["row"], int(r["length"]))].append(float(r["steps"]))
+        if r.condition is None:
+            steps[(r.dataset, r.backbone, r.row, r.length)].append(float(r.steps))
     return [{"dataset": d, "backbone": b, "row": m, "concurrency": c, "length": L,
              "amortized_s": total / n, "samples": n, "steps": _mean(steps.get((d, b, m, L), []))}
             for (d, b, m, c, L), (total, n) in sorted(wall.items())]
@@ -224,15 +226,15 @@ def speedups(latency: Sequence[dict[str, Any]], parser_row: str = "ParSer") -> l
     return out
 
 
-def token_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    groups: dict[tuple, list[dict[str, Any]]] = collections.defaultdict(list)
+def token_table(rows: Sequence[ResultRow]) -> list[dict[str, Any]]:
+    groups: dict[tuple, list[ResultRow]] = collections.defaultdict(list)
     for r in rows:
-        if r.get("condition") is None:
-            groups[(r["dataset"], r["backbone"], r["row"], int(r["length"]))].append(r)
+        if r.condition is None:
+            groups[(r.dataset, r.backbone, r.row, r.length)].append(r)
     return [{"dataset": d, "backbone": b, "row": m, "length": L,
-             "lead": _mean([r["lead_output_tokens"] for r in g]),
-             "subagents": _mean([r["subagent_output_tokens"] for r in g]),
-             "total": _mean([r["lead_output_tokens"] + r["subagent_output_tokens"] for r in g])}
+             "lead": _mean([r.lead_output_tokens for r in g]),
+             "subagents": _mean([r.subagent_output_tokens for r in g]),
+             "total": _mean([r.lead_output_tokens + r.subagent_output_tokens for r in g])}
             for (d, b, m, L), g in sorted(groups.items())]
 
 
@@ -258,26 +260,26 @@ ANALYSES = {"position": "evidence position (window start, percentile)", "order":
             "distance": "evidence distance (paragraphs between)"}
 
 
-def analysis_of(dataset: str, rows: Sequence[dict[str, Any]]) -> str:
+def analysis_of(dataset: str, rows: Sequence[ResultRow]) -> str:
     """Which factor a controlled set varies: the rows' `meta.control` (data_prep.controlled), else the name's suffix."""
     for r in rows:
-        control = ((r.get("meta") or {}).get("meta") or {}).get("control")
+        control = (r.meta.get("meta") or {}).get("control")
         if control:
             return str(control)
     return next((a for a in ANALYSES if dataset.endswith(a)), dataset)
 
 
-def controlled_table(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def controlled_table(rows: Sequence[ResultRow]) -> dict[str, dict[str, Any]]:
     """dataset -> {analysis, conditions (ordered), lines: {(backbone, row): {condition: Sub_EM %}},
     spread: {(backbone, row): max − min over the conditions it has}}."""
-    groups: dict[tuple, list[dict[str, Any]]] = collections.defaultdict(list)
+    groups: dict[tuple, list[ResultRow]] = collections.defaultdict(list)
     order: dict[str, dict[str, int]] = collections.defaultdict(dict)
-    by_dataset: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    by_dataset: dict[str, list[ResultRow]] = collections.defaultdict(list)
     for r in rows:
-        if r.get("condition") is not None:
-            groups[(r["dataset"], r["backbone"], r["row"], r["condition"])].append(r)
-            order[r["dataset"]][r["condition"]] = int(r.get("condition_index") or 0)
-            by_dataset[r["dataset"]].append(r)
+        if r.condition is not None:
+            groups[(r.dataset, r.backbone, r.row, r.condition)].append(r)
+            order[r.dataset][r.condition] = r.condition_index or 0
+            by_dataset[r.dataset].append(r)
     out: dict[str, dict[str, Any]] = {}
     for (d, b, m, cond), members in groups.items():
         table = out.setdefault(d, {"analysis": analysis_of(d, by_dataset[d]), "conditions": sorted(order[d], key=order[d].get),
@@ -297,7 +299,7 @@ def sensitivity_rows(controlled: dict[str, dict[str, Any]]) -> tuple[list[str], 
     return header, [[b, m, *(_fmt(controlled[d]["spread"].get((b, m))) for d in datasets)] for b, m in lines]
 
 
-def evidence_reading(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def evidence_reading(rows: Sequence[ResultRow]) -> list[dict[str, Any]]:
     """When a sequential reader read the evidence, per (dataset, backbone, row, condition).
 
     From each row's reading order and the paragraphs in each chunk (`parser.methods.sequential`)
@@ -309,7 +311,7 @@ def evidence_reading(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple, list[tuple[float, float, int, float]]] = collections.defaultdict(list)
     chunks: dict[tuple, list[int]] = collections.defaultdict(list)
     for r in rows:
-        record, gold = r.get("record") or {}, (r.get("meta") or {}).get("gold_paragraph_ids")
+        record, gold = r.record or {}, r.meta.get("gold_paragraph_ids")
         if "reading_order" not in record or "chunk_paragraphs" not in record or not gold:
             continue
         step = {chunk: k for k, chunk in enumerate(record["reading_order"])}
@@ -318,8 +320,8 @@ def evidence_reading(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if not steps:
             continue
         last_step = max(len(record["reading_order"]) - 1, 1)
-        chain = [step[holder[g]] for g in (r["meta"].get("evidence_order") or gold) if g in holder]
-        key = (r["dataset"], r["backbone"], r["row"], r.get("condition"))
+        chain = [step[holder[g]] for g in (r.meta.get("evidence_order") or gold) if g in holder]
+        key = (r.dataset, r.backbone, r.row, r.condition)
         groups[key].append((steps[0] / last_step, steps[-1] / last_step, steps[-1] - steps[0], float(chain == sorted(chain))))
         chunks[key].append(len(record["reading_order"]))
     return [{"dataset": d, "backbone": b, "row": m, "condition": c, "samples": len(v), "chunks": _mean(chunks[(d, b, m, c)]),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import math
 import sys
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from data_prep.ruler_tasks import TASKS, get_task, load_ruler_file, ruler_file
+from parser.results import ResultRow
 from parser.reward import sub_em
 
 DATASET_PREFIX = "ruler_"  # eval rows carry dataset = "ruler_{task}"
@@ -65,27 +67,40 @@ def task_of(dataset: str) -> str:
 
 # ----------------------------------------------------------------------------- report
 
-def score_rows(rows: Iterable[dict[str, Any]], qa_golds: str = "all") -> list[dict[str, Any]]:
-    """Result rows of RULER datasets, each with `ruler_score` added (others are skipped)."""
+@dataclasses.dataclass(frozen=True)
+class Scored:
+    """A RULER result row with its task and its score in [0, 1] (`ruler_score`)."""
+
+    row: ResultRow
+    task: str
+    ruler_score: float
+
+    @property
+    def run(self) -> int:  # what `run_averaged` groups by
+        return self.row.run
+
+
+def score_rows(rows: Iterable[ResultRow], qa_golds: str = "all") -> list[Scored]:
+    """Result rows of RULER datasets, each scored (others are skipped)."""
     out = []
     for row in rows:
-        if not str(row.get("dataset", "")).startswith(DATASET_PREFIX):
+        if not row.dataset.startswith(DATASET_PREFIX):
             continue
-        task = task_of(row["dataset"])
-        out.append({**row, "task": task, "ruler_score": ruler_score(task, row.get("prediction"), row["answers"], qa_golds)})
+        task = task_of(row.dataset)
+        out.append(Scored(row, task, ruler_score(task, row.prediction, row.answers, qa_golds)))
     return out
 
 
-def score_table(scored: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def score_table(scored: Sequence[Scored]) -> dict[str, Any]:
     """(backbone, row) -> task -> length -> % (mean over samples within a run, then over runs)."""
     from eval.report import run_averaged
 
-    groups: dict[tuple[str, str, str, int], list[dict[str, Any]]] = collections.defaultdict(list)
-    for r in scored:
-        groups[(str(r.get("backbone")), str(r.get("row")), r["task"], int(r["length"]))].append(r)
+    groups: dict[tuple[str, str, str, int], list[Scored]] = collections.defaultdict(list)
+    for s in scored:
+        groups[(s.row.backbone, s.row.row, s.task, s.row.length)].append(s)
     table: dict[str, Any] = {}
     for (backbone, label, task, length), rs in sorted(groups.items()):
-        cell = {"value": 100 * run_averaged(rs, "ruler_score"), "samples": len(rs), "runs": len({r["run"] for r in rs})}
+        cell = {"value": 100 * run_averaged(rs, "ruler_score"), "samples": len(rs), "runs": len({s.run for s in rs})}
         table.setdefault(f"{backbone} / {label}", {}).setdefault(task, {})[length] = cell
     return table
 
@@ -237,11 +252,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     def run(cfg: Any) -> None:
         try:
             sys.exit(asyncio.run(evaluate_ruler(cfg)))
-        except (RunDirLocked, InputsChanged) as error:
+        except (RunDirLocked, InputsChanged, ManifestDamaged) as error:
             print(f"eval.ruler: error: {error}", file=sys.stderr)
             sys.exit(2)
 
     from eval.inputs import InputsChanged
+    from eval.provenance import ManifestDamaged
     from eval.run import with_search_path
     from eval.store import RunDirLocked  # shared presets: configs/backend, configs/episode, configs/method
 

@@ -49,10 +49,11 @@ from eval import provenance
 from eval.datasets import Subset, load_subsets
 from eval.inputs import InputsChanged, check_unchanged, fingerprint
 from eval.metrics import PRIMARY, completion_text, score
-from eval.store import Key, ResultsStore, RunDirLocked, lock_run_dir, row_key
+from eval.store import ResultsStore, RunDirLocked, lock_run_dir
 from parser import progress
 from parser.config import ConfigError, check_episode_keys
 from parser.methods import Method, MethodResult, Sample, build_method
+from parser.results import Key, ResultRow, TimingLine
 
 
 def seed_everything(seed: int) -> None:
@@ -79,35 +80,33 @@ def row_label(cfg: DictConfig) -> str:
 
 
 def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, cfg: DictConfig,
-               save_record: bool, session: str = "") -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "dataset": subset.dataset,
-        "length": subset.length,
-        "run": run,
-        "sample_id": sample.id,
-        "condition": subset.condition,
-        "condition_index": subset.condition_index,
-        "method": cfg.method.name,
-        "row": row_label(cfg),
-        "variant": cfg.report.get("variant"),
-        "backbone": cfg.report.backbone,
-        "question": sample.question,
-        "answers": sample.answers,
-        "prediction": result.answer,
+               save_record: bool, session: str = "") -> ResultRow:
+    return ResultRow(
+        dataset=subset.dataset,
+        length=subset.length,
+        run=run,
+        sample_id=sample.id,
+        condition=subset.condition,
+        condition_index=subset.condition_index,
+        method=cfg.method.name,
+        row=row_label(cfg),
+        variant=cfg.report.get("variant"),
+        backbone=cfg.report.backbone,
+        question=sample.question,
+        answers=sample.answers,
+        prediction=result.answer,
         **score(result.answer, sample.answers, completion_text(result.record)),
-        "steps": result.steps,
-        "wall_s": round(result.wall_s, 4),
-        "lead_output_tokens": result.lead_output_tokens,
-        "subagent_output_tokens": result.subagent_output_tokens,
-        "meta": sample.meta,
-        "finished": provenance.now(),
-        "finished_at": round(time.time(), 3),  # with `session`: times a subset whose session was killed
-        "session": session,
-        "concurrency": int(cfg.concurrency),
-    }
-    if save_record:
-        row["record"] = result.record
-    return row
+        steps=result.steps,
+        wall_s=round(result.wall_s, 4),
+        lead_output_tokens=result.lead_output_tokens,
+        subagent_output_tokens=result.subagent_output_tokens,
+        meta=sample.meta,
+        finished=provenance.now(),
+        finished_at=round(time.time(), 3),  # with `session`: times a subset whose session was killed
+        session=session,
+        concurrency=int(cfg.concurrency),
+        record=result.record if save_record else None,
+    )
 
 
 def sample_key(subset: Subset, run: int, sample: Sample) -> Key:
@@ -144,11 +143,11 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
     done = store.done_keys()
     pending = [s for s in subset.samples if sample_key(subset, run, s) not in done]
     mine = {sample_key(subset, run, s) for s in subset.samples}
-    finished = [r for r in store.rows() if row_key(r) in mine]
+    finished = [r for r in store.rows() if r.key in mine]
     if not pending:
         return 0, 0
     seed_everything(int(cfg.seed) + run)
-    scores = [r[PRIMARY] for r in finished]
+    scores = [r.score(PRIMARY) for r in finished]
     bar = tqdm(total=len(subset.samples), initial=len(subset.samples) - len(pending), desc=f"run {run} {subset.label}",
                disable=not cfg.progress, dynamic_ncols=True)
     semaphore = asyncio.Semaphore(int(cfg.concurrency))
@@ -188,7 +187,7 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
         if store.append(row):
             written += 1
             tally.written += 1
-            scores.append(row[PRIMARY])
+            scores.append(row.score(PRIMARY))
         bar.update(1)
         bar.set_postfix({PRIMARY: f"{100 * sum(scores) / len(scores):.1f}", "steps": result.steps})
 
@@ -196,10 +195,10 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
     await asyncio.gather(*(one(s) for s in pending))
     wall = time.perf_counter() - start
     bar.close()
-    store.log_timing({"dataset": subset.dataset, "length": subset.length, "run": run, "condition": subset.condition,
-                      "method": cfg.method.name, "row": row_label(cfg), "backbone": cfg.report.backbone,
-                      "concurrency": int(cfg.concurrency), "samples": written, "failed": failed,
-                      "wall_s": round(wall, 4), "pid": os.getpid(), "session": session, "finished": provenance.now()})
+    store.log_timing(TimingLine(dataset=subset.dataset, length=subset.length, run=run, condition=subset.condition,
+                                method=cfg.method.name, row=row_label(cfg), backbone=cfg.report.backbone,
+                                concurrency=int(cfg.concurrency), samples=written, failed=failed, wall_s=round(wall, 4),
+                                pid=os.getpid(), session=session, finished=provenance.now()))
     return written, failed
 
 
@@ -316,7 +315,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 def _main(cfg: DictConfig) -> None:
     try:
         sys.exit(asyncio.run(evaluate(cfg)))
-    except (BadSetting, RunDirLocked, InputsChanged, ConfigError) as error:
+    except (BadSetting, RunDirLocked, InputsChanged, ConfigError, provenance.ManifestDamaged) as error:
         print(f"eval.run: error: {error}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:  # what was saved and how to resume is already said, in one line

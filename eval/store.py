@@ -5,7 +5,7 @@ interrupted. Every finished sample is appended as one line and fsync'd before th
 counted, so a crash loses at most the samples in flight. A row is keyed by
 (dataset, length, condition, run, sample id); re-running the same command reads the keys back
 and skips them, so samples are never duplicated or lost (`eval.inputs` checks that the rows
-were computed on the same inputs). Each file follows `data_prep.files.JsonlStore`'s rules: a
+were computed on the same inputs). Each file follows `parser.jsonl.JsonlStore`'s rules: a
 line torn by a kill mid-write is cut on load, a failed append leaves no fragment, and a bad
 line is skipped and named by file and line, so the directory always reopens.
 
@@ -21,7 +21,7 @@ One process owns a run directory at a time: `lock_run_dir` holds an exclusive `f
     with lock_run_dir(run_dir):
         store = ResultsStore(run_dir)
         done = store.done_keys()
-        store.append(row)        # row carries dataset/length/condition/run/sample_id
+        store.append(row)        # a parser.results.ResultRow, keyed by row.key
 """
 from __future__ import annotations
 
@@ -32,14 +32,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from data_prep.files import JsonlStore
+from parser.jsonl import JsonlStore
+from parser.results import Key, ResultRow, TimingLine
 
 RESULTS = "results.jsonl"
 TIMINGS = "timings.jsonl"
 ERRORS = "errors.jsonl"
-KEY_FIELDS = ("dataset", "length", "condition", "run", "sample_id")
-
-Key = tuple[str, int, "str | None", int, str]
 LOCK = ".eval.lock"
 
 
@@ -71,25 +69,27 @@ def lock_run_dir(run_dir: str | Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def row_key(row: dict[str, Any]) -> Key:
-    """The identity of a result row; `length` and `run` are ints, the id a string, the
-    condition a string or None (a length subset)."""
-    try:
-        condition = row["condition"]
-        return (str(row["dataset"]), int(row["length"]), None if condition is None else str(condition), int(row["run"]),
-                str(row["sample_id"]))
-    except KeyError as err:
-        raise KeyError(f"result row lacks key field {err}; a row needs {KEY_FIELDS}") from None
-
-
 def read_jsonl(path: Path, repair: bool = False) -> Iterator[dict[str, Any]]:
-    """The complete rows of one of a run's JSONL files, by the store's rules
-    (`data_prep.files.JsonlStore`); `repair=False` leaves the file as it is."""
+    """The complete rows of one of a run's JSONL files as JSON objects, by the store's rules
+    (`parser.jsonl.JsonlStore`); `repair=False` leaves the file as it is."""
     yield from JsonlStore(path, readonly=not repair).rows
 
 
+def read_results(run_dir: str | Path) -> list[ResultRow]:
+    """A run directory's result rows, typed; a line that is not one is skipped and named."""
+    return JsonlStore(Path(run_dir) / RESULTS, readonly=True, row_type=ResultRow).rows
+
+
+def read_timings(run_dir: str | Path) -> list[TimingLine]:
+    return JsonlStore(Path(run_dir) / TIMINGS, readonly=True, row_type=TimingLine).rows
+
+
+def _key(row: ResultRow) -> Key:
+    return row.key
+
+
 class ResultsStore:
-    """A run directory's JSONL files, each a `data_prep.files.JsonlStore` (one set of rules: a
+    """A run directory's JSONL files, each a `parser.jsonl.JsonlStore` (one set of rules: a
     failed append loses no acknowledged row and leaves no fragment, the store always reopens,
     and what it skips it names by file and line); safe for concurrent coroutines/threads."""
 
@@ -97,8 +97,8 @@ class ResultsStore:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.results_path = self.run_dir / RESULTS
-        self.results = JsonlStore(self.results_path, key=row_key)
-        self.timings = JsonlStore(self.run_dir / TIMINGS)
+        self.results = JsonlStore(self.results_path, key=_key, row_type=ResultRow)
+        self.timings = JsonlStore(self.run_dir / TIMINGS, row_type=TimingLine)
         self.errors = JsonlStore(self.run_dir / ERRORS)
 
     @property
@@ -109,14 +109,14 @@ class ResultsStore:
     def done_keys(self) -> set[Key]:
         return set(self.results.by_key)
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[ResultRow]:
         return list(self.results.rows)
 
-    def append(self, row: dict[str, Any]) -> bool:
+    def append(self, row: ResultRow) -> bool:
         """Write one finished sample; returns False (and writes nothing) if its key is done."""
         return self.results.append(row)
 
-    def log_timing(self, entry: dict[str, Any]) -> None:
+    def log_timing(self, entry: TimingLine) -> None:
         self.timings.append(entry)
 
     def log_error(self, entry: dict[str, Any]) -> None:

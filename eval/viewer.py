@@ -20,7 +20,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from eval.store import RESULTS, read_jsonl
+from eval.store import read_results
+from parser.results import ResultRow
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#1d1d1f;background:#fafafa}
@@ -124,18 +125,18 @@ def render_trajectory(record: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def render_sample(row: dict[str, Any], anchor: str, open_: bool = False) -> str:
-    score = row.get("sub_em")
-    record = row.get("record") or {}
-    summary = (f'{_mark(score)} <code>{esc(row.get("sample_id"))}</code> · L={esc(row.get("length"))} · run {esc(row.get("run"))}'
-               + (f' · {esc(row.get("condition"))}' if row.get("condition") else "")
-               + f' — {esc(row.get("question"))}')
-    body = [f'<p><b>Question:</b> {esc(row.get("question"))}</p>',
-            f'<p><b>Prediction:</b> {esc(row.get("prediction")) or "<i>(no answer)</i>"} {_mark(score)} &nbsp; <b>Gold:</b> '
-            f'{esc(" | ".join(map(str, row.get("answers", []))))}</p>',
-            f'<p class="meta">Sub_EM {esc(score)} · EM {esc(row.get("em"))} · {esc(row.get("steps"))} steps · '
-            f'{esc(row.get("wall_s"))} s · lead {esc(row.get("lead_output_tokens"))} / subagents '
-            f'{esc(row.get("subagent_output_tokens"))} output tokens'
+def render_sample(row: ResultRow, anchor: str, open_: bool = False) -> str:
+    score = row.sub_em
+    record = row.record or {}
+    summary = (f'{_mark(score)} <code>{esc(row.sample_id)}</code> · L={esc(row.length)} · run {esc(row.run)}'
+               + (f' · {esc(row.condition)}' if row.condition else "")
+               + f' — {esc(row.question)}')
+    body = [f'<p><b>Question:</b> {esc(row.question)}</p>',
+            f'<p><b>Prediction:</b> {esc(row.prediction) or "<i>(no answer)</i>"} {_mark(score)} &nbsp; <b>Gold:</b> '
+            f'{esc(" | ".join(row.answers))}</p>',
+            f'<p class="meta">Sub_EM {esc(score)} · EM {esc(row.em)} · {esc(row.steps)} steps · '
+            f'{esc(row.wall_s)} s · lead {esc(row.lead_output_tokens)} / subagents '
+            f'{esc(row.subagent_output_tokens)} output tokens'
             + (f' · {esc(record.get("num_chunks"))} chunks' if record.get("num_chunks") is not None else "") + "</p>"]
     if record.get("turns") is not None:
         body.append(render_trajectory(record))
@@ -144,36 +145,35 @@ def render_sample(row: dict[str, Any], anchor: str, open_: bool = False) -> str:
     return f'<details class="sample" id="{anchor}"{" open" if open_ else ""}><summary>{summary}</summary>\n' + "\n".join(body) + "\n</details>"
 
 
-def render_page(rows: Sequence[dict[str, Any]], title: str) -> str:
-    rows = sorted(rows, key=lambda r: (str(r.get("dataset")), int(r.get("length", 0)), str(r.get("condition") or ""),
-                                       int(r.get("run", 0)), str(r.get("sample_id"))))
-    correct = sum(float(r.get("sub_em") or 0) for r in rows)
+def render_page(rows: Sequence[ResultRow], title: str) -> str:
+    rows = sorted(rows, key=lambda r: (r.dataset, r.length, r.condition or "", r.run, r.sample_id))
+    correct = sum(r.sub_em or 0 for r in rows)
     index = ["<table class='index'><tr><th></th><th>sample</th><th>L</th><th>run</th><th>prediction</th><th>gold</th><th>steps</th></tr>"]
     samples = []
     for i, r in enumerate(rows):
         anchor = f"s{i}"
-        index.append(f'<tr><td>{_mark(r.get("sub_em"))}</td><td><a href="#{anchor}">{esc(r.get("sample_id"))}</a></td>'
-                     f'<td>{esc(r.get("length"))}</td><td>{esc(r.get("run"))}</td><td>{esc(r.get("prediction", "—") or "—")}</td>'
-                     f'<td>{esc(" | ".join(map(str, r.get("answers", []))))}</td><td>{esc(r.get("steps"))}</td></tr>')
+        index.append(f'<tr><td>{_mark(r.sub_em)}</td><td><a href="#{anchor}">{esc(r.sample_id)}</a></td>'
+                     f'<td>{esc(r.length)}</td><td>{esc(r.run)}</td><td>{esc(r.prediction or "—")}</td>'
+                     f'<td>{esc(" | ".join(r.answers))}</td><td>{esc(r.steps)}</td></tr>')
         samples.append(render_sample(r, anchor, open_=i == 0))  # the first one open: the page shows a trajectory
     index.append("</table>")
-    head = rows[0] if rows else {}
+    head = rows[0] if rows else None
     return ("<!doctype html><html><head><meta charset='utf-8'>"
             f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"
-            f"<h1>{esc(title)}</h1><p class='meta'>method {esc(head.get('method'))} · {esc(head.get('row'))} · "
-            f"{esc(head.get('backbone'))} · {len(rows)} samples · Sub_EM {100 * correct / max(len(rows), 1):.1f}%</p>"
+            f"<h1>{esc(title)}</h1><p class='meta'>method {esc(head and head.method)} · {esc(head and head.row)} · "
+            f"{esc(head and head.backbone)} · {len(rows)} samples · Sub_EM {100 * correct / max(len(rows), 1):.1f}%</p>"
             + "\n".join(index) + "\n" + "\n".join(samples) + "</body></html>")
 
 
-def select(rows: Iterable[dict[str, Any]], only_wrong: bool = False, max_samples: int | None = None) -> list[dict[str, Any]]:
-    chosen = [r for r in rows if not only_wrong or not r.get("sub_em")]
+def select(rows: Iterable[ResultRow], only_wrong: bool = False, max_samples: int | None = None) -> list[ResultRow]:
+    chosen = [r for r in rows if not only_wrong or not r.sub_em]
     return chosen[:max_samples] if max_samples else chosen
 
 
 def write_viewer(run_dir: str | Path, out: str | Path | None = None, only_wrong: bool = False,
                  max_samples: int | None = 500) -> Path:
     run_dir = Path(run_dir)
-    rows = select(read_jsonl(run_dir / RESULTS), only_wrong, max_samples)
+    rows = select(read_results(run_dir), only_wrong, max_samples)
     out = Path(out) if out else run_dir / "viewer.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_page(rows, f"Trajectories · {run_dir.name}"), encoding="utf-8")

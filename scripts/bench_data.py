@@ -38,7 +38,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-from data_prep.files import write_records  # noqa: E402
+from parser.jsonl import write_records  # noqa: E402
 from data_prep.packing import build_grid  # noqa: E402
 from data_prep.synthetic_world import synthetic_source  # noqa: E402
 from parser.chunking import chunk_document, render_paragraphs  # noqa: E402

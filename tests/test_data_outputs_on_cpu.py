@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from data_prep import build_synthetic_eval, recipes
 from data_prep.build import run
-from data_prep.files import JsonlStore, write_json
+from parser.jsonl import JsonlStore, write_json
 from data_prep.knowledge_filter import is_correct, last_boxed, parametric_filter
 from data_prep.verl_parquet import AGENT_NAME, write_rl_parquet
 from parser.backends.base import SamplingParams

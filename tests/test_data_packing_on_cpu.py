@@ -13,7 +13,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from data_prep.files import read_records
+from parser.jsonl import read_records
 from data_prep.packing import build_grid, eval_record, pack
 from data_prep.records import DataError
 from data_prep.sources import read_hotpotqa

@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from data_prep import build_synthetic_eval
 from data_prep.controlled import distance_sets, order_sets, position_sets
-from data_prep.files import read_records
+from parser.jsonl import read_records
 from data_prep.recipes import controlled, eval_grid
 from data_prep.records import DataError
 from data_prep.sources import read_2wiki, read_eval_file

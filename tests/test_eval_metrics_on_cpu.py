@@ -16,6 +16,7 @@ import pytest
 
 from eval.metrics import METRICS, PRIMARY, score
 from eval.report import max_delta_avg, run_averaged
+from parser.results import ResultRow
 from parser.reward import exact_match, normalize_answer, sub_em
 
 
@@ -117,7 +118,7 @@ def test_metrics_declare_direction_and_the_report_reads_it(monkeypatch):
 
 
 def test_table_aggregation_averages_runs_then_reports_range():
-    rows = [{"run": 0, "sub_em": 1.0}, {"run": 0, "sub_em": 0.0}, {"run": 1, "sub_em": 1.0}, {"run": 1, "sub_em": 1.0},
-            {"run": 1, "sub_em": 1.0}, {"run": 1, "sub_em": 0.0}]
+    rows = [ResultRow("d", 50, run, f"q{i}", sub_em=sub)
+            for i, (run, sub) in enumerate([(0, 1.0), (0, 0.0), (1, 1.0), (1, 1.0), (1, 1.0), (1, 0.0)])]
     assert run_averaged(rows, "sub_em") == pytest.approx((0.5 + 0.75) / 2)  # per-run mean, then mean of runs
     assert max_delta_avg([85.68, 84.64, 83.60, 85.68, 85.42, 83.07, 83.07, 85.42]) == pytest.approx((2.61, 84.5725))

@@ -13,15 +13,17 @@ import pytest
 
 from eval import paper_numbers
 from eval.report import build_report, max_delta_avg
-from eval.store import RESULTS, ResultsStore, read_jsonl
+from eval.store import RESULTS, ResultsStore, read_jsonl, read_timings
 from eval.viewer import render_page
+from parser.results import ResultRow, TimingLine
 
 
-def _row(dataset="synthetic", length=50, run=0, sid="q0", row="ParSer", sub=1.0, steps=3, **kw):
-    return {"dataset": dataset, "length": length, "run": run, "sample_id": sid, "condition": None, "condition_index": None,
-            "method": row.lower(), "row": row, "backbone": "tiny", "question": "q?", "answers": ["a"], "prediction": "a",
-            "sub_em": sub, "em": sub, "sub_em_compat": sub, "em_compat": sub, "steps": steps, "wall_s": 1.0,
-            "lead_output_tokens": 10, "subagent_output_tokens": 20, "meta": {}, **kw}
+def _row(dataset="synthetic", length=50, run=0, sid="q0", row="ParSer", sub=1.0, steps=3, **kw) -> ResultRow:
+    return ResultRow(**{"dataset": dataset, "length": length, "run": run, "sample_id": sid, "condition": None,
+                        "condition_index": None, "method": row.lower(), "row": row, "backbone": "tiny", "question": "q?",
+                        "answers": ["a"], "prediction": "a", "sub_em": sub, "em": sub, "sub_em_compat": sub, "em_compat": sub,
+                        "steps": steps, "wall_s": 1.0, "lead_output_tokens": 10, "subagent_output_tokens": 20, "meta": {},
+                        **kw})
 
 
 def test_store_skips_done_keys_and_survives_a_torn_line(tmp_path):
@@ -38,7 +40,7 @@ def test_store_skips_done_keys_and_survives_a_torn_line(tmp_path):
 
 
 def test_store_names_the_line_of_a_corrupt_row_and_still_opens(tmp_path):
-    (tmp_path / RESULTS).write_text(json.dumps(_row()) + "\nnot json\n" + json.dumps(_row(sid="b")) + "\n")
+    (tmp_path / RESULTS).write_text(json.dumps(_row().to_dict()) + "\nnot json\n" + json.dumps(_row(sid="b").to_dict()) + "\n")
     store = ResultsStore(tmp_path)
     assert len(store.rows()) == 2 and store.problems[0].startswith(f"{tmp_path / RESULTS}:2: not a JSON row")
 
@@ -63,10 +65,10 @@ def test_report_tables_latency_and_figures(tmp_path):
             ms.append(_row(length=50, run=run, sid=sid, row="MemAgent", sub=0.0, steps=3))
             ms.append(_row(length=100, run=run, sid=sid, row="MemAgent", sub=1.0, steps=5))
         for L, p_wall, m_wall in ((50, 2.0, 4.0), (100, 2.0, 8.0)):
-            ps.log_timing({"dataset": "synthetic", "length": L, "run": run, "condition": None, "row": "ParSer",
-                           "backbone": "tiny", "concurrency": 1, "samples": 2, "wall_s": p_wall})
-            ms.log_timing({"dataset": "synthetic", "length": L, "run": run, "condition": None, "row": "MemAgent",
-                           "backbone": "tiny", "concurrency": 1, "samples": 2, "wall_s": m_wall})
+            ps.log_timing(TimingLine(dataset="synthetic", length=L, run=run, condition=None, row="ParSer",
+                                     backbone="tiny", concurrency=1, samples=2, wall_s=p_wall))
+            ms.log_timing(TimingLine(dataset="synthetic", length=L, run=run, condition=None, row="MemAgent",
+                                     backbone="tiny", concurrency=1, samples=2, wall_s=m_wall))
     out = build_report([tmp_path], tmp_path / "report")
 
     lines = {label: (values, delta, avg) for _, label, values, delta, avg, _ in out["tables"]["synthetic"]["lines"]}
@@ -88,7 +90,7 @@ def test_report_tables_latency_and_figures(tmp_path):
 
 def test_report_puts_paper_rows_beside_ours(tmp_path):
     store = ResultsStore(tmp_path / "run")
-    store.append({**_row(dataset="hotpotqa", length=50, sub=1.0), "backbone": "Qwen3.5-4B"})
+    store.append(_row(dataset="hotpotqa", length=50, sub=1.0, backbone="Qwen3.5-4B"))
     out = build_report([tmp_path], tmp_path / "report", with_paper=True, viewer=False)
     lines = {label: values for _, label, values, *_ in out["tables"]["hotpotqa"]["lines"]}
     assert lines["ParSer (paper)"] == {50: 85.68}
@@ -158,11 +160,11 @@ def test_latency_counts_the_samples_of_a_killed_session_once(tmp_path):
         store.append(_row(sid=f"q{i}", session="A", finished_at=finished_at, wall_s=wall, **base))
     for i in (3, 4):
         store.append(_row(sid=f"q{i}", session="B", finished_at=300.0 + i, wall_s=2.0, **base))
-    store.log_timing({"dataset": "synthetic", "length": 50, "run": 0, "condition": None, "row": "ParSer", "backbone": "tiny",
-                      "concurrency": 1, "samples": 2, "wall_s": 4.0, "session": "B"})
+    store.log_timing(TimingLine(dataset="synthetic", length=50, run=0, condition=None, row="ParSer", backbone="tiny",
+                                concurrency=1, samples=2, wall_s=4.0, session="B"))
     from eval.report import latency_table
 
-    (entry,) = latency_table(store.rows(), list(read_jsonl(tmp_path / "run" / "timings.jsonl")))
+    (entry,) = latency_table(store.rows(), read_timings(tmp_path / "run"))
     assert entry["samples"] == 5
     assert entry["amortized_s"] == pytest.approx((6.0 + 4.0) / 5)  # A: 100 s (first start) .. 106 s
 

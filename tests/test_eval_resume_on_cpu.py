@@ -14,16 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
+from eval import provenance
 from eval.run import evaluate
 from eval.store import ERRORS, RESULTS, read_jsonl
 from parser.methods import MethodResult, Sample
+from parser.results import ResultRow
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
 
 
 class Recorder:
@@ -115,9 +121,9 @@ def test_rows_are_keyed_by_condition_too(tmp_path):
 
     store = ResultsStore(tmp_path)
     row = {"dataset": "d", "length": 50, "run": 0, "sample_id": "q0", "sub_em": 1.0}
-    assert store.append({**row, "condition": "ordered"})
-    assert store.append({**row, "condition": "reverse_ordered"})  # the same id under another condition
-    assert not store.append({**row, "condition": "ordered"})
+    assert store.append(ResultRow(**row, condition="ordered"))
+    assert store.append(ResultRow(**row, condition="reverse_ordered"))  # the same id under another condition
+    assert not store.append(ResultRow(**row, condition="ordered"))
     assert ResultsStore(tmp_path).done_keys() == {("d", 50, "ordered", 0, "q0"), ("d", 50, "reverse_ordered", 0, "q0")}
 
 
@@ -193,3 +199,91 @@ def test_a_run_stops_after_a_streak_of_failed_samples_and_resumes_the_rest(tmp_p
     assert "3 samples in a row failed (stop_after_failures=3)" in capsys.readouterr().out
     code, method = _run(out, *_files(path), "stop_after_failures=3", "concurrency=1")
     assert code == 0 and sorted(method.asked) == ids
+
+
+# ------------------------------------------------------------------------------------- the manifest
+# A damaged `manifest.json` (hand-edited, cut by a full disk, written by another tool) stopped a
+# resume with a bare JSONDecodeError / KeyError / TypeError naming no file. Now it is refused with
+# `ManifestDamaged`: the file, what is wrong, and the fix (set it aside; the rows are kept).
+GOOD = {"created": "2026-01-01T00:00:00+00:00", "sessions": [{"started": "x"}], "config": {},
+        "inputs": {"method": {}, "seed": 0, "dataset": {}, "subsets": {"d/L50": {"source": "f", "sha256": "ab"}}}}
+DAMAGED = {
+    "empty": b"",
+    "whitespace": b"  \n",
+    "cut": json.dumps(GOOD).encode()[:40],
+    "not UTF-8": json.dumps(GOOD).encode().replace(b"2026", b"\xff\xfe26"),
+    "a list": b"[1, 2]",
+    "null": b"null",
+    "sessions a dict": json.dumps({**GOOD, "sessions": {}}).encode(),
+    "sessions of strings": json.dumps({**GOOD, "sessions": ["a"]}).encode(),
+    "config a string": json.dumps({**GOOD, "config": "x"}).encode(),
+    "inputs a list": json.dumps({**GOOD, "inputs": []}).encode(),
+    "inputs without subsets": json.dumps({**GOOD, "inputs": {"method": {}, "seed": 0}}).encode(),
+    "a subset without sha256": json.dumps({**GOOD, "inputs": {**GOOD["inputs"], "subsets": {"d/L50": {"source": "f"}}}}).encode(),
+    "Infinity": json.dumps(GOOD).replace('"seed": 0', '"seed": Infinity').encode(),
+    "nested 2000": b'{"created": ' + b"[" * 2000 + b"]" * 2000 + b"}",
+}
+
+
+@pytest.mark.parametrize("name", list(DAMAGED))
+def test_a_damaged_manifest_is_refused_naming_the_file_and_the_fix(tmp_path, name):
+    (tmp_path / "manifest.json").write_bytes(DAMAGED[name])
+    with pytest.raises(provenance.ManifestDamaged) as error:
+        provenance.read_manifest(tmp_path)
+    message = str(error.value)
+    assert message.startswith(str(tmp_path / "manifest.json")) and "move it aside" in message
+
+
+def test_a_good_manifest_and_none_read_back(tmp_path):
+    assert provenance.read_manifest(tmp_path) is None
+    (tmp_path / "manifest.json").write_text(json.dumps(GOOD))
+    assert provenance.read_manifest(tmp_path) == GOOD
+
+
+def test_a_resume_over_a_damaged_manifest_stops_before_writing_and_resumes_once_set_aside(tmp_path):
+    out = tmp_path / "run"
+    overrides = ("dataset.lengths=[50]", "dataset.num_questions=2", "runs=1")
+    assert asyncio.run(evaluate(_cfg(out, *overrides), Recorder())) == 0
+    rows = _rows(out)
+    manifest = out / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:25])  # a disk that filled mid-write
+    with pytest.raises(provenance.ManifestDamaged, match="manifest.json: cannot be read"):
+        asyncio.run(evaluate(_cfg(out, "dataset.num_questions=3", *overrides[:1], *overrides[2:]), Recorder()))
+    assert _rows(out) == rows and manifest.read_bytes()[:25] == manifest.read_bytes()  # nothing written
+    shutil.move(manifest, out / "manifest.json.damaged")  # the fix the message gives
+    second = Recorder()
+    assert asyncio.run(evaluate(_cfg(out, "dataset.num_questions=3", "dataset.lengths=[50]", "runs=1"), second)) == 0
+    assert len(second.asked) == 1 and len(_rows(out)) == 3
+    assert len(provenance.read_manifest(out)["sessions"]) == 1
+
+
+@pytest.mark.slow
+def test_eval_run_exits_2_with_the_message(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "manifest.json").write_bytes(b'{"sessions": 3}')
+    done = subprocess.run([sys.executable, "-m", "eval.run", "--config-name", "tiny_cpu", f"out_dir={out}", "limit=1",
+                           "runs=1", "progress=false"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{out / 'manifest.json'}: field 'sessions' should be a list" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+class Surrogates(Recorder):
+    """A method whose answer and trace hold lone surrogates (a tokenizer's byte-fallback pieces)."""
+
+    async def run(self, sample: Sample) -> MethodResult:
+        await super().run(sample)
+        return MethodResult(answer=f"{sample.answers[0]} \ud83d", steps=1, wall_s=0.0, record={"turns": [{"text": "\udc80"}]})
+
+
+def test_a_lone_surrogate_in_a_result_row_is_written_escaped_and_the_run_finishes(tmp_path):
+    """It raised UnicodeEncodeError from the store's append and aborted the run."""
+    out = tmp_path / "run"
+    overrides = ("dataset.lengths=[50]", "dataset.num_questions=2", "runs=1", "save_records=true")
+    assert asyncio.run(evaluate(_cfg(out, *overrides), Surrogates())) == 0
+    assert "\\ud83d" in (out / RESULTS).read_text(encoding="utf-8")
+    rows = _rows(out)
+    assert len(rows) == 2 and all(r["prediction"].endswith(" \ufffd") for r in rows)
+    second = Recorder()
+    assert asyncio.run(evaluate(_cfg(out, *overrides), second)) == 0 and second.asked == []  # resumes: nothing lost

@@ -14,7 +14,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from data_prep.files import read_records
+from parser.jsonl import read_records
 from data_prep.recipes import learn_sets
 from data_prep.synthetic_world import ONE_HOP, synthetic_rows
 from parser.chunking import render_paragraphs

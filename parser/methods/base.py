@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from parser.fields import DataError, require, require_answers, require_text
+from parser.fields import Record
 
 
 @dataclasses.dataclass
@@ -24,22 +24,14 @@ class Sample:
 
     @classmethod
     def from_record(cls, record: dict[str, Any], source: str = "<record>") -> "Sample":
-        """Accept the project's eval rows and MemAgent's (`input`, `answers`, `context`, `index`),
-        with the field rules data prep applies (`parser.fields`): a text question and context,
-        gold answers that can score. Errors name `source` (file:line) and the field."""
-        if not isinstance(record, dict):
-            raise DataError(f"{source}: expected a JSON object, got {type(record).__name__}")
-        question_field = "question" if record.get("question") is not None else "input"
-        answers_field = next((f for f in ("answers", "golden_answers", "outputs") if record.get(f) is not None), "answers")
-        question = require_text(record, question_field, source)
-        answers = require(record, answers_field, source)
-        answers = require_answers([answers] if isinstance(answers, str) else answers, answers_field, source)
-        context = require_text(record, "context", source)
-        sample_id = record.get("id", record.get("index", record.get("_id")))
-        if sample_id is None:
-            raise DataError(f"{source}: record has no id/index field")
-        meta = {k: v for k, v in record.items() if k not in {"question", "input", "answers", "golden_answers", "outputs", "context", "id"}}
-        return cls(id=str(sample_id), question=question, answers=answers, context=context, meta=meta)
+        """A sample from an eval row, ours or MemAgent's, read by the one record type
+        (`parser.fields.Record`, with its field rules); errors name `source` (file:line) and the field."""
+        return cls.of(Record.from_dict(record, source))
+
+    @classmethod
+    def of(cls, record: Record) -> "Sample":
+        return cls(id=record.id, question=record.question, answers=list(record.answers), context=record.context,
+                   meta=record.sample_meta())
 
 
 @dataclasses.dataclass

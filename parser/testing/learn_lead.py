@@ -320,7 +320,7 @@ def _lexicon(data: str | Path) -> list[str]:
 def build(data: str | Path, out: str | Path, gateway_url: str, overrides: Sequence[str] = (), cache: bool = True) -> dict[str, Any]:
     """Record the demonstrations of `data/warmup.json`, fit the tokenizer and the lead, write
     them to `out` (a Hugging Face model directory, tokenizer included)."""
-    from data_prep.files import read_records
+    from parser.jsonl import read_records
 
     from parser.testing import byte_bpe_tokenizer
     from parser.testing.assets import cached_directory

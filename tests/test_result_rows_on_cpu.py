@@ -1,0 +1,82 @@
+"""One result row type (`parser.results.ResultRow`): eval.run writes it, the report reads it by
+attribute, and files written before the type existed load unchanged.
+
+    .venv/bin/pytest tests/test_result_rows_on_cpu.py -q
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from eval.metrics import METRICS
+from eval.store import RESULTS, ResultsStore, read_results
+from parser.fields import DataError
+from parser.results import SCORES, ResultRow, TimingLine
+
+# A row exactly as eval.run wrote it before ResultRow (keys and their order), with a saved record.
+OLD_ROW = {
+    "dataset": "synthetic", "length": 50, "run": 1, "sample_id": "q3_L50", "condition": None, "condition_index": None,
+    "method": "parser", "row": "ParSer", "variant": None, "backbone": "tiny-qwen3", "question": "Who?",
+    "answers": ["Ann", "Anne"], "prediction": "Ann", "sub_em": 1.0, "em": 1.0, "sub_em_compat": 1.0, "em_compat": 1.0,
+    "sub_em_release": 1.0, "steps": 3, "wall_s": 0.1234, "lead_output_tokens": 40, "subagent_output_tokens": 120,
+    "meta": {"index": 3, "meta": {"control": "position"}}, "finished": "2026-11-02T10:00:00+00:00",
+    "finished_at": 1793000000.5, "session": "123@1793000000.000", "concurrency": 4,
+    "record": {"turns": [{"text": "x"}]},
+}
+
+
+def test_a_row_written_before_the_type_reads_and_writes_back_byte_for_byte():
+    row = ResultRow.from_dict(OLD_ROW, "run/results.jsonl:1")
+    assert row.key == ("synthetic", 50, None, 1, "q3_L50") and row.sub_em == 1.0 and row.meta["index"] == 3
+    assert json.dumps(row.to_dict()) == json.dumps(OLD_ROW)  # same keys, same order, same values
+    without_record = {k: v for k, v in OLD_ROW.items() if k != "record"}
+    assert json.dumps(ResultRow.from_dict(without_record).to_dict()) == json.dumps(without_record)
+
+
+def test_older_rows_missing_later_fields_still_load(tmp_path):
+    """Rows from before sessions, concurrency, the release metric and variants."""
+    oldest = {k: OLD_ROW[k] for k in ("dataset", "length", "run", "sample_id", "condition", "method", "row", "backbone",
+                                       "question", "answers", "prediction", "sub_em", "em", "steps", "wall_s",
+                                       "lead_output_tokens", "subagent_output_tokens", "meta", "finished")}
+    (tmp_path / RESULTS).write_text(json.dumps(oldest) + "\n" + json.dumps({**oldest, "length": "100"}) + "\n")
+    rows = read_results(tmp_path)
+    assert [r.length for r in rows] == [50, 100]
+    assert rows[0].session == "" and rows[0].finished_at is None and rows[0].sub_em_release is None
+    assert rows[0].variant is None and rows[0].record is None
+
+
+@pytest.mark.parametrize(("edit", "field"), [
+    ({"length": "fifty"}, "length"), ({"run": 1.5}, "run"), ({"run": [1]}, "run"), ({"sub_em": "yes"}, "sub_em"),
+    ({"meta": []}, "meta"), ({"answers": "Ann"}, "answers"), ({"record": "trace"}, "record"),
+    ({"concurrency": True}, "concurrency"), ({"dataset": None}, "dataset"), ({"sample_id": ""}, "sample_id"),
+])
+def test_a_row_of_the_wrong_shape_is_skipped_and_named_by_file_line_and_field(tmp_path, edit, field):
+    good = json.dumps(OLD_ROW)
+    (tmp_path / RESULTS).write_text(good + "\n" + json.dumps({**OLD_ROW, "sample_id": "x", **edit}) + "\n")
+    store = ResultsStore(tmp_path)
+    assert [r.sample_id for r in store.rows()] == ["q3_L50"]
+    (problem,) = store.problems
+    assert problem.startswith(f"{tmp_path / RESULTS}:2: ") and f"field {field!r}" in problem and "skipped" in problem
+    with pytest.raises(DataError, match=f"here: .*field {field!r}"):
+        ResultRow.from_dict({**OLD_ROW, **edit}, "here")
+
+
+def test_every_metric_eval_reports_is_a_field_of_the_row():
+    assert [m.name for m in METRICS] == list(SCORES)
+    assert set(SCORES) <= {f.name for f in dataclasses.fields(ResultRow)}
+
+
+def test_the_store_refuses_a_plain_dict_where_a_row_belongs(tmp_path):
+    store = ResultsStore(tmp_path)
+    with pytest.raises(TypeError, match="ResultRow"):
+        store.append(dict(OLD_ROW))
+    with pytest.raises(TypeError, match="TimingLine"):
+        store.log_timing({"dataset": "d", "length": 50})
+
+
+def test_a_timing_line_round_trips():
+    line = TimingLine(dataset="d", length=50, run=0, condition=None, method="parser", row="ParSer", backbone="b",
+                      concurrency=2, samples=3, failed=1, wall_s=1.5, pid=7, session="7@1.0", finished="t")
+    assert TimingLine.from_dict(json.loads(json.dumps(line.to_dict()))) == line
