@@ -37,7 +37,6 @@ import random
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 import hydra
@@ -50,6 +49,7 @@ from eval.inputs import InputsChanged, check_unchanged, fingerprint
 from eval.metrics import PRIMARY, completion_text, score
 from eval.store import Key, ResultsStore, RunDirLocked, lock_run_dir, row_key
 from parser.methods import Method, MethodResult, Sample, build_method
+from parser.resources import config_dir
 
 
 def seed_everything(seed: int) -> None:
@@ -237,10 +237,10 @@ async def _evaluate(cfg: DictConfig, method: Method | None) -> int:
 
 # configs/eval/ holds this entry point's own groups (dataset, method); the shared presets it
 # composes (configs/backend, configs/episode) are found through Hydra's search path.
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = config_dir()
 
 
-@hydra.main(config_path="../configs/eval", config_name="default", version_base="1.3")
+@hydra.main(config_path=str(CONFIGS / "eval"), config_name="default", version_base="1.3")
 def _main(cfg: DictConfig) -> None:
     try:
         sys.exit(asyncio.run(evaluate(cfg)))

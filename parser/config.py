@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 from typing import Any, Mapping
 
-EPISODE_PRESETS = Path(__file__).resolve().parent.parent / "configs" / "episode"
+from parser.resources import config_dir
+
+EPISODE_PRESETS = config_dir("episode")
 PROTOCOLS = ("parser", "release")  # whose behaviour the engine has; parser/protocol.py, docs/fidelity.md
 
 

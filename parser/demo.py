@@ -32,9 +32,10 @@ from parser.backends.models import build_models
 from parser.config import episode_preset
 from parser.gateway import ProcessGroup, worker_launches
 from parser.methods import MethodResult, Sample, build_method
+from parser.resources import config_dir
 from parser.reward import sub_em
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+CONFIG_DIR = str(config_dir())
 CPU_PRESET = "cpu"  # configs/episode/cpu.yaml: in-process models on a CPU cannot afford the paper's budgets
 
 

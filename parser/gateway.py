@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from parser.backends.base import ROUTING_HEADER
+from parser.resources import config_dir
 
 ROUTER_KINDS = ("smg", "sglang_router")
 WORKER_KINDS = ("sglang", "parser_serve", "loopback")
@@ -58,7 +59,7 @@ WORKER_KINDS = ("sglang", "parser_serve", "loopback")
 HEADER_KEYED_POLICIES = ("consistent_hashing", "manual")
 # The module each router kind is started with (`python -m MODULE [launch] ...`).
 ROUTER_MODULES = {"smg": ("smg", "launch"), "sglang_router": ("sglang_router.launch_router",)}
-ROUTER_PRESETS = Path(__file__).resolve().parent.parent / "configs" / "serve" / "router"
+ROUTER_PRESETS = config_dir("serve", "router")
 
 
 # ---------------------------------------------------------------------------- small helpers

@@ -31,20 +31,17 @@ import argparse
 import asyncio
 import math
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from data_prep.synthetic_world import build_synthetic_eval  # noqa: E402
-from parser.backends.loading import load_model_and_tokenizer  # noqa: E402
-from parser.backends.transformers import TransformersBackend  # noqa: E402
-from parser.chunking import chunk_document  # noqa: E402
-from parser.config import episode_preset  # noqa: E402
-from parser.readers.subagent import SubagentReader  # noqa: E402
+from data_prep.synthetic_world import build_synthetic_eval
+from parser.backends.loading import load_model_and_tokenizer
+from parser.backends.transformers import TransformersBackend
+from parser.chunking import chunk_document
+from parser.config import episode_preset
+from parser.readers.subagent import SubagentReader
 
 ROUNDS = ("first", "cached")
 QUERIES = {"first": None, "cached": "Which person or place does this passage name first, and what is said about them?"}

@@ -23,19 +23,16 @@ import argparse
 import asyncio
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from hydra import compose, initialize_config_dir
 
-from hydra import compose, initialize_config_dir  # noqa: E402
+from eval.report import latency_table, load, speedups, table_to_markdown
+from eval.run import evaluate
+from parser.resources import config_dir
 
-from eval.report import latency_table, load, speedups, table_to_markdown  # noqa: E402
-from eval.run import evaluate  # noqa: E402
-
-CONFIGS = ROOT / "configs"
+CONFIGS = config_dir()
 # --smoke: the same bench on tiny random-weight models, one short length, no warm-up
 SMOKE = ["backend@models=tiny_cpu", "dataset.lengths=[12]", "dataset.num_questions=1", "warmup=0"]
 

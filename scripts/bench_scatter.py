@@ -31,11 +31,10 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from parser import prompts  # noqa: E402
-from parser.backends.base import ROUTING_HEADER, SamplingParams  # noqa: E402
-from parser.backends.http import HttpBackend  # noqa: E402
-from parser.chat_format import CHATML  # noqa: E402
+from parser import prompts
+from parser.backends.base import ROUTING_HEADER, SamplingParams
+from parser.backends.http import HttpBackend
+from parser.chat_format import CHATML
 
 CHARS_PER_TOKEN = 4
 QUERY = "Which city did the author of the report move to after the flood?"

@@ -38,20 +38,17 @@ import argparse
 import asyncio
 import dataclasses
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from data_prep.files import JsonlStore  # noqa: E402
-from data_prep.synthetic_world import build_synthetic_eval  # noqa: E402
-from parser.backends.models import build_models  # noqa: E402
-from parser.config import episode_preset  # noqa: E402
-from parser.methods import Sample, build_method  # noqa: E402
-from parser.reward import normalize_answer, sub_em  # noqa: E402
+from data_prep.files import JsonlStore
+from data_prep.synthetic_world import build_synthetic_eval
+from parser.backends.models import build_models
+from parser.config import episode_preset
+from parser.methods import Sample, build_method
+from parser.reward import normalize_answer, sub_em
 
 MODELS = ["smollm2", "gemma3-270m", "qwen2.5-coder-0.5b"]
 EPISODE_HEADER = ["model", "samples", "reader precision", "findings/round", "lead answer rate", "Sub_EM",

@@ -60,19 +60,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-import yaml  # noqa: E402
+import yaml
 
-from parser import prompts  # noqa: E402
-from parser.backends.base import Completion, SamplingParams  # noqa: E402
-from parser.backends.http import HttpBackend  # noqa: E402
-from parser.backends.pool import WorkerPool  # noqa: E402
-from parser.chunking import Chunk  # noqa: E402
-from parser.config import EpisodeConfig  # noqa: E402
-from parser.gateway import ProcessGroup, router_launch, router_preset, worker_launches  # noqa: E402
-from parser.protocol import protocol_for  # noqa: E402
-from parser.tools import QueryAgents, ReaderReply  # noqa: E402
+from parser import prompts
+from parser.backends.base import Completion, SamplingParams
+from parser.backends.http import HttpBackend
+from parser.backends.pool import WorkerPool
+from parser.chunking import Chunk
+from parser.config import EpisodeConfig
+from parser.gateway import ProcessGroup, router_launch, router_preset, worker_launches
+from parser.protocol import protocol_for
+from parser.tools import QueryAgents, ReaderReply
 
 FAULTS = ("kill", "freeze", "hang", "garbage", "flap")
 SETUPS = ("smg", "sglang_router", "pool")
