@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="run directories go here (replaced); default outputs/bench[_vllm]")
     ap.add_argument("--smoke", action="store_true", help="seconds-long run on tiny models (keeps the bench from rotting)")
     ap.add_argument("--vllm", metavar="URL", help="lead and subagents on this vLLM server (configs/backend/vllm.yaml), "
-                                                  "serving the SmolLM2 weights of parser.testing.assets.smollm2_dir")
+                                                  "serving the SmolLM2 weights of parser.offline.assets.smollm2_dir")
     args = ap.parse_args()
     vllm = ["backend@models=vllm", *(f"models.{role}.{key}={value}" for role in ("lead", "subagent")
                                      for key, value in (("base_url", args.vllm), ("tokenizer", "smollm2")))] if args.vllm else []
