@@ -12,13 +12,21 @@ file imports nothing from the package, so any module can use it.
 """
 from __future__ import annotations
 
+import importlib
 from importlib import resources
 from pathlib import Path
+
+OWNER = "parser-agents"  # configs/__init__.py says the same
 
 
 def config_dir(*parts: str) -> Path:
     """The `configs/` tree (or a folder or file inside it) of the imported `configs` package."""
-    return Path(str(resources.files("configs"))).joinpath(*parts)
+    package = importlib.import_module("configs")
+    if getattr(package, "OWNER", None) != OWNER:
+        raise ImportError(f"`import configs` found {getattr(package, '__file__', None) or list(package.__path__)}, "
+                          "not ParSer's configs: another project's `configs` package is earlier on the path "
+                          "(run from another directory, or take that directory off PYTHONPATH)")
+    return Path(str(resources.files(package))).joinpath(*parts)
 
 
 def config_file(path: str | Path) -> Path:
