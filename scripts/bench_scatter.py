@@ -55,7 +55,7 @@ def start_workers(n: int) -> tuple[list[subprocess.Popen], list[str]]:
     for i in range(n):
         port = free_port()
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests/support/loopback.py", "--port", str(port),
+            [sys.executable, "-m", "support.loopback", "--port", str(port),
              "--worker-id", f"w{i}", "--no-records"],
             env={**os.environ, "PYTHONPATH": LOOPBACK_PATH}, stdout=subprocess.DEVNULL))
         urls.append(f"http://127.0.0.1:{port}")

@@ -269,7 +269,7 @@ async def _drive(backend: RecordingBackend, args: argparse.Namespace, fault: str
 
 def run_one(fault: str, setup: str, args: argparse.Namespace, log_root: Path) -> Row:
     group = ProcessGroup(log_root / f"{fault}-{setup}")
-    workers = worker_launches({"kind": "module", "module": "tests/support/loopback.py", "num": 3, "env": {"PYTHONPATH": LOOPBACK_PATH},
+    workers = worker_launches({"kind": "module", "module": "support.loopback", "num": 3, "env": {"PYTHONPATH": LOOPBACK_PATH},
                                "local_args": {"delay_s": args.delay_s}})
     try:
         for w in workers:
