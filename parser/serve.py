@@ -3,7 +3,8 @@
 Why it exists: the whole serving path (HttpBackend -> sglang-router gateway -> workers) must
 run and be tested on a laptop without a GPU. This puts the in-process `TransformersBackend`
 (or any other Backend) behind the endpoints an SGLang worker exposes, so the gateway and the
-HTTP client see the same wire format as in production:
+HTTP client see the same wire format as in production (each body's type and checks live in
+`parser.wire`, which the client and the loopback worker use too):
 
     GET  /health  /health_generate  /get_model_info  /get_server_info  /get_load  /v1/models
     POST /generate              SGLang native schema (text / input_ids, meta_info incl. cached_tokens)
@@ -20,21 +21,29 @@ with `max_tokens: 0` and `logprobs` (echo with generation is refused).
 
 Constrained decoding is read in each server's dialect and handed to the backend
 (`SamplingParams.json_schema` / `.regex`): SGLang's `sampling_params.json_schema` / `regex`,
-vLLM's `structured_outputs: {json | regex}`, OpenAI's `response_format: {type: json_schema}`.
+vLLM's `structured_outputs: {json | regex}`, OpenAI's `response_format: {type: json_schema}`
+(`{type: json_object}`: any JSON object, as vLLM's JSON grammar). OpenAI fields nothing here
+implements (tools, logit bias, penalties, top-k alternatives in logprobs, ...) are a 400 naming
+them; a request naming another model is vLLM's 404 (`The model `x` does not exist.`); the context
+advertised (`/v1/models` max_model_len) and enforced is the model's `max_position_embeddings`,
+or less with `--context-length`.
     POST /flush_cache
 
 Every response carries `X-Worker-Id`, so clients and gateway tests can see which worker
 answered. It binds 127.0.0.1 unless `--host` says otherwise, and shuts down gracefully on
 SIGINT/SIGTERM. Streaming, `n > 1` and batched prompts are refused with a 400.
 
-A client error is a 400 naming the field, never a 500 (which clients and routers retry):
-token ids outside the vocabulary, `top_p` outside (0, 1], `top_k` 0, a negative temperature,
-a seed outside 64 bits, a constraint of the wrong type, an empty stop string, unknown roles,
-messages the chat template refuses, a prompt over `context_length` tokens or 16 bytes per
-token of it. A temperature below 1e-5 means greedy, as in SGLang and vLLM.
+A client error is a 4xx naming the field, never a 500 (which clients and routers retry):
+token ids outside the vocabulary (checked with the body, whatever the request then does),
+`top_p` outside (0, 1], `top_k` 0, a negative temperature, a seed that is not an exact integer
+in [-2**63, 2**64) (never rounded), a constraint of the wrong type or nested more than
+`parser.wire.common.MAX_SCHEMA_DEPTH` deep, an empty stop string, unknown roles, messages the
+chat template refuses, a prompt over `context_length` tokens or 16 bytes per token of it. A
+temperature below 1e-5 means greedy, as in SGLang and vLLM.
 
-Every request is bounded (`ServerLimits`): its body at 16 MB, read within `body_timeout_s`
-(else 408); a connection that has not sent a whole request header `idle_timeout_s` after it
+Every request is bounded (`ServerLimits`): its body at 16 MB (a declared Content-Length over it
+is a 413 before the body is read), read within `body_timeout_s` (else 408); it counts as in
+flight (`/get_load`) only once its body is read and checked; a connection that has not sent a whole request header `idle_timeout_s` after it
 opened or after its last response is closed (a slow or stalled client holds no connection for
 ever); and a stop list at `max_stop_strings` strings of at most `max_stop_chars` characters
 (each generated token is checked against every stop string, so a huge list held the model for
@@ -61,22 +70,19 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 from aiohttp import web
+from pydantic import ValidationError
 
 from parser.backends import build_backend
 from parser.backends.base import ROUTING_HEADER, Backend, BackendError, Completion, SamplingParams
+from parser.wire.chat import AssistantMessage, ChatChoice, ChatLogprobs, ChatRequest, ChatResponse, ChatTokenLogprob
+from parser.wire.common import Bounds, ErrorBody, ModelCard, ModelList, Usage, WireModel, describe
+from parser.wire.completions import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
+from parser.wire.sglang import GenerateRequest, GenerateResponse
 
 WORKER_HEADER = "X-Worker-Id"
 BACKLOG = 4096  # a scatter round opens up to T connections at once; the default 128 drops SYNs
-MAX_REQUEST_BYTES = 16 * 1024**2  # aiohttp answers 413 above this, before reading the body
+MAX_REQUEST_BYTES = 16 * 1024**2  # a body over this is a 413 (a declared one before it is read)
 BYTES_PER_TOKEN_BOUND = 16  # a prompt longer than this many bytes per context token cannot fit
-GREEDY_BELOW = 1e-5  # SGLang/vLLM read a smaller temperature as greedy (logits / 1e-30 overflow)
-ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
-# apply_chat_template's own parameters: a client may set template variables, not these
-_RESERVED_TEMPLATE_KWARGS = frozenset({
-    "chat_template", "tools", "documents", "tokenize", "add_generation_prompt", "continue_final_message",
-    "return_tensors", "return_dict", "return_assistant_tokens_mask", "padding", "truncation", "max_length",
-    "tokenizer_kwargs", "conversation",
-})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,10 +101,8 @@ class ServerLimits:
                 raise ValueError(f"parser.serve: {field.name} must be a positive finite number, got {value!r}")
 
 
-def error_response(message: str, status: int) -> web.Response:
-    kind = "BadRequestError" if status < 500 else "InternalServerError"
-    return json_response({"object": "error", "error": {"message": message, "type": kind,
-                                                       "code": status}}, status)
+def error_response(message: str, status: int, kind: str | None = None, param: str | None = None) -> web.Response:
+    return json_response(ErrorBody.of(message, status, kind, param).reply(), status)
 
 
 # ---------------------------------------------------------------------- hosting an app
@@ -187,18 +191,24 @@ class RequestTimeout(BadRequest):
     """The client did not send its body in time: a 408 (which clients may retry)."""
 
 
-async def read_json(request: web.Request, timeout_s: float) -> dict[str, Any]:
+class ModelNotFound(BadRequest):
+    """A request for a model this server does not serve: vLLM's 404."""
+
+
+class BodyTooLarge(BadRequest):
+    """A declared body over MAX_REQUEST_BYTES: a 413 before a byte of it is read."""
+
+
+async def read_request(request: web.Request, kind: type[WireModel], timeout_s: float, bounds: Bounds) -> Any:
+    """The body as `kind` (parser.wire), read within `timeout_s`; a refused one names its fields."""
     try:
         raw = await asyncio.wait_for(request.read(), timeout_s)
     except asyncio.TimeoutError:
         raise RequestTimeout(f"{request.path}: the request body did not arrive within {timeout_s:g} s") from None
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise BadRequest(f"{request.path}: body is not JSON: {e}") from e
-    if not isinstance(body, dict):
-        raise BadRequest(f"{request.path}: body must be a JSON object, got {type(body).__name__}")
-    return body
+        return kind.model_validate_json(raw, context=bounds.context())
+    except ValidationError as error:
+        raise BadRequest(describe(error, request.path)) from None
 
 
 # ---------------------------------------------------------------------- the model server
@@ -208,14 +218,16 @@ class ModelServer:
     `backend.tokenizer` when the backend has one."""
 
     def __init__(self, backend: Backend, *, tokenizer: Any = None, model_name: str = "default",
-                 worker_id: str = "worker-0", context_length: int = 32768, limits: ServerLimits | None = None):
+                 worker_id: str = "worker-0", context_length: int | None = None, limits: ServerLimits | None = None):
         self.backend = backend
         self.limits = limits or ServerLimits()
         self.tokenizer = tokenizer if tokenizer is not None else getattr(backend, "tokenizer", None)
         self.vocab_size = _vocab_size(backend, self.tokenizer)
+        self.bounds = Bounds(vocab_size=self.vocab_size, max_stop_strings=self.limits.max_stop_strings,
+                             max_stop_chars=self.limits.max_stop_chars)
         self.model_name = model_name
         self.worker_id = worker_id
-        self.context_length = context_length
+        self.context_length = _context_length(backend, context_length)
         self.inflight = 0
         self.inflight_tokens = 0  # prompt tokens of running requests (the router's load signal)
         self.started = time.time()
@@ -225,14 +237,14 @@ class ModelServer:
         add_worker_header(app, self.worker_id)
         route = self._guarded
         app.router.add_get("/health", self.health)
-        app.router.add_get("/health_generate", route(self.health_generate))
+        app.router.add_get("/health_generate", route(self.health_generate, None))
         app.router.add_get("/get_model_info", self.model_info)
         app.router.add_get("/get_server_info", self.server_info)
         app.router.add_get("/get_load", self.load)
         app.router.add_get("/v1/models", self.models)
-        app.router.add_post("/generate", route(self.generate))
-        app.router.add_post("/v1/completions", route(self.completions))
-        app.router.add_post("/v1/chat/completions", route(self.chat))
+        app.router.add_post("/generate", route(self.generate, GenerateRequest))
+        app.router.add_post("/v1/completions", route(self.completions, CompletionRequest))
+        app.router.add_post("/v1/chat/completions", route(self.chat, ChatRequest))
         app.router.add_post("/flush_cache", self.flush_cache)
         app.on_cleanup.append(self._close_backend)
         return app
@@ -240,13 +252,26 @@ class ModelServer:
     async def _close_backend(self, app: web.Application) -> None:
         await self.backend.aclose()
 
-    def _guarded(self, handler: Callable[[web.Request], Awaitable[web.Response]]):
+    def _guarded(self, handler: Callable[..., Awaitable[web.Response]], kind: type[WireModel] | None):
+        """`handler(request, body)` with the body read and checked as `kind` first; a request counts
+        as in flight (`/get_load`) only from then on, and every client error is a 4xx."""
         async def wrapped(request: web.Request) -> web.Response:
-            self.inflight += 1
             try:
-                return await handler(request)
+                if kind is not None:
+                    body = await self._body(request, kind)
+            except BodyTooLarge as e:
+                response = error_response(str(e), 413)
+                response.force_close()  # the unread body must not be taken for the next request
+                return response
+            except ModelNotFound as e:
+                return error_response(str(e), 404, "NotFoundError", "model")
             except RequestTimeout as e:
                 return error_response(str(e), 408)
+            except BadRequest as e:
+                return error_response(str(e), 400)
+            self.inflight += 1
+            try:
+                return await (handler(request, body) if kind is not None else handler(request))
             except BadRequest as e:
                 return error_response(str(e), 400)
             except BackendError as e:
@@ -255,6 +280,16 @@ class ModelServer:
                 self.inflight -= 1
 
         return wrapped
+
+    async def _body(self, request: web.Request, kind: type[WireModel]) -> Any:
+        if request.content_length is not None and request.content_length > MAX_REQUEST_BYTES:
+            raise BodyTooLarge(f"{request.path}: Content-Length {request.content_length} is over the "
+                               f"{MAX_REQUEST_BYTES}-byte bound on a request body; not read")
+        body = await read_request(request, kind, self.limits.body_timeout_s, self.bounds)
+        model = getattr(body, "model", None)
+        if model is not None and model != self.model_name:  # vLLM's words and status
+            raise ModelNotFound(f"The model `{model}` does not exist.")
+        return body
 
     # -------------------------------------------------------------- info endpoints
     async def health(self, request: web.Request) -> web.Response:
@@ -298,10 +333,9 @@ class ModelServer:
                                "num_tokens": self.inflight_tokens}])
 
     async def models(self, request: web.Request) -> web.Response:
-        return json_response({"object": "list", "data": [{
-            "id": self.model_name, "object": "model", "created": int(self.started),
-            "owned_by": "parser", "root": self.model_name, "max_model_len": self.context_length,
-        }]})
+        card = ModelCard(id=self.model_name, created=int(self.started), owned_by="parser", root=self.model_name,
+                         max_model_len=self.context_length)
+        return json_response(ModelList(data=[card]).reply())
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         flush = getattr(self.backend, "flush_cache", None)
@@ -322,11 +356,7 @@ class ModelServer:
                 return 0
             count = len(await asyncio.to_thread(self.tokenizer.encode, prompt, add_special_tokens=False))
         else:
-            count = len(prompt)
-            if self.vocab_size is not None:
-                bad = next((i for i, t in enumerate(prompt) if not 0 <= t < self.vocab_size), None)
-                if bad is not None:
-                    raise BadRequest(f"{field}[{bad}]: token id {prompt[bad]} is outside the vocabulary [0, {self.vocab_size})")
+            count = len(prompt)  # ids were checked against the vocabulary with the body (parser.wire)
         if count > budget:
             raise BadRequest(f"{field}: {count} prompt tokens + {max_new} new tokens exceed the context of {self.context_length}")
         return count
@@ -353,14 +383,9 @@ class ModelServer:
             return str(token_id)
         return self.tokenizer.decode([token_id])
 
-    def _logprob_block(self, token_ids: list[int], logprobs: list[float | None]) -> dict[str, Any]:
-        """OpenAI completions' `logprobs` object for these tokens."""
-        tokens = [self._token_text(t) for t in token_ids]
-        offsets, pos = [], 0
-        for tok in tokens:
-            offsets.append(pos)
-            pos += len(tok)
-        return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": None, "text_offset": offsets}
+    def _logprob_block(self, token_ids: list[int], logprobs: list[float | None] | None) -> CompletionLogprobs:
+        """OpenAI completions' `logprobs` object for these tokens (none when the backend gave none)."""
+        return CompletionLogprobs.of([self._token_text(t) for t in token_ids], logprobs if logprobs is not None else [])
 
     # -------------------------------------------------------------- scoring (input logprobs)
     async def _prompt_ids(self, prompt: str | list[int], field: str) -> list[int]:
@@ -391,199 +416,77 @@ class ModelServer:
             self.inflight_tokens -= len(ids)
         return [None, *values]
 
-    async def generate(self, request: web.Request) -> web.Response:
-        body = await read_json(request, self.limits.body_timeout_s)
-        text, ids = body.get("text"), body.get("input_ids")
-        if (text is None) == (ids is None):
-            raise BadRequest("/generate: give exactly one of 'text' or 'input_ids'")
-        prompt = _single_prompt(ids if ids is not None else text, "/generate: " +
-                                ("input_ids" if ids is not None else "text"))
-        sp = body.get("sampling_params")
-        sp = {} if sp is None else sp
-        if not isinstance(sp, dict):
-            raise BadRequest("/generate: sampling_params must be an object")
-        want_logprobs = bool(body.get("return_logprob", False))
-        sampling = _sampling(sp, "/generate: sampling_params", self.limits, max_key="max_new_tokens",
-                             default_max=128, seed_key="sampling_seed", logprobs=want_logprobs)
-        if body.get("stream"):
-            raise BadRequest("/generate: stream=true is not supported by parser.serve")
-        field = "/generate: " + ("input_ids" if ids is not None else "text")
-        start = _number(body, "logprob_start_len", -1, int, "/generate")
+    def _usage(self, comp: Completion) -> Usage:
+        return Usage.of(comp.prompt_tokens, len(comp.token_ids), comp.cached_tokens)
+
+    async def generate(self, request: web.Request, body: GenerateRequest) -> web.Response:
+        sampling = body.params()
+        prompt, field = body.prompt, f"/generate.{body.prompt_field}"
+        start = body.logprob_start_len
         t0 = time.perf_counter()
         input_lps = None
-        if want_logprobs and start >= 0:  # SGLang's input logprobs (-1, its default: none)
+        if body.return_logprob and start >= 0:  # SGLang's input logprobs (-1, its default: none)
             if sampling.temperature != 1.0:  # SGLang scales them by it; the backend scores at 1
-                raise BadRequest("/generate: sampling_params.temperature: input logprobs are given at temperature 1 "
+                raise BadRequest("/generate.sampling_params.temperature: input logprobs are given at temperature 1 "
                                  f"only on parser.serve, got {sampling.temperature}")
             prompt = await self._prompt_ids(prompt, field)
-            input_lps = await self._input_logprobs(request, prompt, start, field)
+            scores = await self._input_logprobs(request, prompt, start, field)
+            input_lps = [(lp, t, None) for lp, t in zip(scores, prompt[start:], strict=True)]
         if input_lps is not None and sampling.max_new_tokens == 0:  # scoring only: nothing to generate
             comp = Completion(text="", finish_reason="length", prompt_tokens=len(prompt))
         else:
             comp = await self._run(request, prompt, sampling, field)
-        n_out = len(comp.token_ids)
-        reason: dict[str, Any] = ({"type": "length", "length": n_out}
-                                  if comp.finish_reason == "length" else {"type": "stop"})
-        meta: dict[str, Any] = {
-            "id": uuid.uuid4().hex,
-            "finish_reason": reason,
-            "prompt_tokens": comp.prompt_tokens,
-            "completion_tokens": n_out,
-            "cached_tokens": comp.cached_tokens,
-            "e2e_latency": time.perf_counter() - t0,
-        }
-        if want_logprobs:
-            lps = comp.logprobs or []
-            meta["output_token_logprobs"] = [[lp, tid, None] for lp, tid in zip(lps, comp.token_ids)]
-        if input_lps is not None:
-            meta["input_token_logprobs"] = [[lp, tid, None] for lp, tid in zip(input_lps, prompt[start:])]
-        return json_response({"text": comp.text, "output_ids": comp.token_ids, "meta_info": meta})
+        return json_response(GenerateResponse.of(comp, request_id=uuid.uuid4().hex, logprobs=body.return_logprob,
+                                                 input_logprobs=input_lps, latency=time.perf_counter() - t0).reply())
 
-    def _usage(self, comp: Completion) -> dict[str, Any]:
-        n_out = len(comp.token_ids)
-        return {
-            "prompt_tokens": comp.prompt_tokens,
-            "completion_tokens": n_out,
-            "total_tokens": comp.prompt_tokens + n_out,
-            "prompt_tokens_details": {"cached_tokens": comp.cached_tokens},
-        }
-
-    async def completions(self, request: web.Request) -> web.Response:
-        body = await read_json(request, self.limits.body_timeout_s)
-        _refuse_unsupported(body, "/v1/completions")
-        if "prompt" not in body:
-            raise BadRequest("/v1/completions: missing field 'prompt'")
-        prompt = _single_prompt(body["prompt"], "/v1/completions: prompt")
-        logprobs = body.get("logprobs")
-        sampling = _sampling(body, "/v1/completions", self.limits, max_key="max_tokens", default_max=16,
-                             seed_key="seed", logprobs=logprobs is not None and logprobs is not False)
-        field = "/v1/completions: prompt"
+    async def completions(self, request: web.Request, body: CompletionRequest) -> web.Response:
+        sampling = body.params()
+        prompt, field = body.prompt, "/v1/completions.prompt"
         # input logprobs two ways: vLLM's `prompt_logprobs`, or OpenAI's `echo` with max_tokens 0
-        prompt_logprobs = _number(body, "prompt_logprobs", None, int, "/v1/completions")
-        if prompt_logprobs not in (None, 0):
-            raise BadRequest(f"/v1/completions.prompt_logprobs: only 0 (the prompt tokens' own logprobs) is supported, "
-                             f"got {prompt_logprobs}")
-        echo = bool(body.get("echo"))
-        if echo and sampling.max_new_tokens != 0:
-            raise BadRequest("/v1/completions.echo: only with max_tokens 0 (scoring the prompt) on parser.serve")
         extra: dict[str, Any] = {}
-        if prompt_logprobs is not None or (echo and sampling.return_logprobs):
+        if body.prompt_logprobs is not None or (body.echo and sampling.return_logprobs):
             prompt = await self._prompt_ids(prompt, field)
             scores = await self._input_logprobs(request, prompt, 0, field)
-            if prompt_logprobs is not None:
+            if body.prompt_logprobs is not None:
                 extra["prompt_logprobs"] = [None] + [
                     {str(t): {"logprob": lp, "rank": None, "decoded_token": self._token_text(t)}}
-                    for t, lp in zip(prompt[1:], scores[1:])]
-        if echo or (prompt_logprobs is not None and sampling.max_new_tokens == 0):
+                    for t, lp in zip(prompt[1:], scores[1:], strict=True)]
+        if body.echo or (body.prompt_logprobs is not None and sampling.max_new_tokens == 0):
             text = prompt if isinstance(prompt, str) else (self.tokenizer.decode(prompt) if self.tokenizer else "")
-            comp = Completion(text=text if echo else "", finish_reason="length",
+            comp = Completion(text=text if body.echo else "", finish_reason="length",
                               prompt_tokens=len(prompt) if isinstance(prompt, list) else 0)
-            lp_block = self._logprob_block(prompt, scores) if echo and sampling.return_logprobs else None
+            lp_block = self._logprob_block(prompt, scores) if body.echo and sampling.return_logprobs else None
         else:
             comp = await self._run(request, prompt, sampling, field)
-            lp_block = self._logprob_block(comp.token_ids, comp.logprobs or []) if sampling.return_logprobs else None
-        return json_response({
-            "id": "cmpl-" + uuid.uuid4().hex,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [{"index": 0, "text": comp.text, "logprobs": lp_block, "finish_reason": comp.finish_reason,
-                         **_token_ids_field(body, comp), **extra}],
-            "usage": self._usage(comp),
-        })
+            lp_block = self._logprob_block(comp.token_ids, comp.logprobs) if sampling.return_logprobs else None
+        if body.return_token_ids:
+            extra["token_ids"] = comp.token_ids
+        choice = CompletionChoice(text=comp.text, logprobs=lp_block, finish_reason=comp.finish_reason, **extra)
+        return json_response(CompletionResponse.of(self.model_name, choice, self._usage(comp)).reply())
 
-    async def chat(self, request: web.Request) -> web.Response:
-        body = await read_json(request, self.limits.body_timeout_s)
-        _refuse_unsupported(body, "/v1/chat/completions")
+    async def chat(self, request: web.Request, body: ChatRequest) -> web.Response:
         where = "/v1/chat/completions"
-        messages = _messages(body.get("messages"), where)
-        kwargs = _template_kwargs(body, where)
         if self.tokenizer is None:
             raise BadRequest(f"{where}: this server has no tokenizer to render chat")
-        max_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        sampling = _sampling(body, where, self.limits, max_key=max_key, default_max=1024,
-                             seed_key="seed", logprobs=bool(body.get("logprobs")))
-        size = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else len(orjson.dumps(m)) for m in messages)
+        sampling = body.params()
+        size = sum(message.size() for message in body.messages)
         if size > BYTES_PER_TOKEN_BOUND * self.context_length:
-            raise BadRequest(f"{where}: messages: {size} characters cannot fit the context of {self.context_length} tokens")
+            raise BadRequest(f"{where}.messages: {size} characters cannot fit the context of {self.context_length} tokens")
         try:  # the server's own template, on a worker thread; what it raises is about these messages
-            text = await asyncio.to_thread(self.tokenizer.apply_chat_template, messages, tokenize=False,
-                                           add_generation_prompt=True, **kwargs)
+            text = await asyncio.to_thread(self.tokenizer.apply_chat_template, body.template_messages(), tokenize=False,
+                                           add_generation_prompt=True, **body.chat_template_kwargs)
         except Exception as error:  # noqa: BLE001 - jinja raises TemplateError, but templates raise anything
-            raise BadRequest(f"{where}: messages: the chat template refused them: {type(error).__name__}: {error}") from None
-        comp = await self._run(request, text, sampling, f"{where}: messages")
+            raise BadRequest(f"{where}.messages: the chat template refused them: {type(error).__name__}: {error}") from None
+        comp = await self._run(request, text, sampling, f"{where}.messages")
         lp_block = None
         if sampling.return_logprobs:
-            lp_block = {"content": [
-                {"token": self._token_text(t), "logprob": lp, "bytes": None, "top_logprobs": []}
-                for t, lp in zip(comp.token_ids, comp.logprobs or [])
-            ]}
-        return json_response({
-            "id": "chatcmpl-" + uuid.uuid4().hex,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": comp.text},
-                         "logprobs": lp_block, "finish_reason": comp.finish_reason, **_token_ids_field(body, comp)}],
-            "usage": self._usage(comp),
-        })
-
-
-def _token_ids_field(body: dict[str, Any], comp: Completion) -> dict[str, Any]:
-    return {"token_ids": comp.token_ids} if body.get("return_token_ids") else {}
-
-
-def _constraint(d: dict[str, Any], where: str) -> dict[str, str]:
-    """SamplingParams' json_schema / regex from any of the dialects in the module docstring."""
-    found: dict[str, Any] = {}
-    structured = _object(d, "structured_outputs", where)
-    fmt = d.get("response_format")
-    if fmt is not None and not isinstance(fmt, (dict, str)):
-        raise BadRequest(f"{where}.response_format: expected an object, got {type(fmt).__name__}")
-    schema = d.get("json_schema", structured.get("json"))
-    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        schema = _object(fmt, "json_schema", f"{where}.response_format").get("schema", schema)
-    if schema is not None:
-        if not isinstance(schema, (str, dict, bool)):
-            raise BadRequest(f"{where}: json schema: expected an object or a JSON string, got {type(schema).__name__}")
-        found["json_schema"] = schema if isinstance(schema, str) else orjson.dumps(schema).decode()
-    regex = d.get("regex", structured.get("regex"))
-    if regex is not None:
-        if not isinstance(regex, str):
-            raise BadRequest(f"{where}: regex: expected a string, got {type(regex).__name__}")
-        found["regex"] = regex
-    if len(found) > 1:
-        raise BadRequest(f"{where}: give one constraint (json schema or regex), not both")
-    return found
-
-
-def _object(d: dict[str, Any], key: str, where: str) -> dict[str, Any]:
-    value = d.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise BadRequest(f"{where}.{key}: expected an object, got {type(value).__name__}")
-    return value
-
-
-def _refuse_unsupported(body: dict[str, Any], where: str) -> None:
-    if body.get("stream"):
-        raise BadRequest(f"{where}: stream=true is not supported by parser.serve")
-    if body.get("n", 1) != 1:
-        raise BadRequest(f"{where}: n={body.get('n')!r}; only n=1 is supported")
-
-
-def _single_prompt(value: Any, where: str) -> str | list[int]:
-    """One prompt: a string or token ids; a batch of exactly one is unwrapped."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        value = value[0]
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool)
-                                                 for t in value):
-        return value
-    raise BadRequest(f"{where}: expected one string or one non-empty list of token ids "
-                     "(batched prompts are not supported)")
+            lps = comp.logprobs if comp.logprobs is not None else []
+            lp_block = ChatLogprobs(content=[ChatTokenLogprob(token=self._token_text(t), logprob=lp)
+                                             for t, lp in zip(comp.token_ids, lps, strict=bool(lps))])
+        choice = ChatChoice(message=AssistantMessage(content=comp.text), logprobs=lp_block,
+                            finish_reason=comp.finish_reason,
+                            token_ids=comp.token_ids if body.return_token_ids else None)
+        return json_response(ChatResponse.of(self.model_name, choice, self._usage(comp)).reply())
 
 
 def _vocab_size(backend: Backend, tokenizer: Any) -> int | None:
@@ -594,97 +497,26 @@ def _vocab_size(backend: Backend, tokenizer: Any) -> int | None:
     return len(tokenizer) if tokenizer is not None and hasattr(tokenizer, "__len__") else None
 
 
-def _messages(messages: Any, where: str) -> list[dict[str, Any]]:
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise BadRequest(f"{where}: 'messages' must be a non-empty list of objects")
-    for i, message in enumerate(messages):
-        role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
-            raise BadRequest(f"{where}: messages[{i}].role: {str(role)[:40]!r} is not one of {', '.join(sorted(ROLES))}")
-        if not (content is None or isinstance(content, str)
-                or (isinstance(content, list) and all(isinstance(p, dict) for p in content))):
-            raise BadRequest(f"{where}: messages[{i}].content: expected a string or a list of content parts")
-    return messages
-
-
-def _template_kwargs(body: dict[str, Any], where: str) -> dict[str, Any]:
-    """Template variables a client may set (`enable_thinking`): scalars, never a template."""
-    if "chat_template" in body:
-        raise BadRequest(f"{where}: chat_template: templates are not accepted from requests; the server renders its model's own")
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise BadRequest(f"{where}: chat_template_kwargs must be an object")
-    for key, value in kwargs.items():
-        if key in _RESERVED_TEMPLATE_KWARGS:
-            raise BadRequest(f"{where}: chat_template_kwargs.{key}: not accepted from requests")
-        if not (value is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= 256)):
-            raise BadRequest(f"{where}: chat_template_kwargs.{key}: expected a boolean, number or short string")
-    return kwargs
-
-
-def _number(d: dict[str, Any], key: str, default: Any, kind: type, where: str) -> Any:
-    value = d.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRequest(f"{where}.{key}: expected a number, got {value!r}")
-    if kind is int and value != int(value):
-        raise BadRequest(f"{where}.{key}: expected an integer, got {value!r}")
-    return kind(value)
-
-
-def _stop(d: dict[str, Any], where: str, limits: ServerLimits) -> tuple[str, ...]:
-    stop = d.get("stop")
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise BadRequest(f"{where}.stop: expected a string or a list of strings, got {str(stop)[:80]!r}")
-    if len(stops) > limits.max_stop_strings:
-        raise BadRequest(f"{where}.stop: {len(stops)} stop strings; at most {limits.max_stop_strings} are accepted")
-    for i, text in enumerate(stops):
-        if not text:
-            raise BadRequest(f"{where}.stop[{i}]: an empty stop string matches everywhere")
-        if len(text) > limits.max_stop_chars:
-            raise BadRequest(f"{where}.stop[{i}]: {len(text)} characters; at most {limits.max_stop_chars} are accepted")
-    return tuple(stops)
-
-
-def _sampling(d: dict[str, Any], where: str, limits: ServerLimits, *, max_key: str, default_max: int, seed_key: str,
-              logprobs: bool) -> SamplingParams:
-    stop_t = _stop(d, where, limits)
-    max_new = _number(d, max_key, default_max, int, where)
-    if max_new < 0:
-        raise BadRequest(f"{where}.{max_key}: must be >= 0, got {max_new}")
-    temperature = _number(d, "temperature", 1.0, float, where)
-    if not 0.0 <= temperature < float("inf"):
-        raise BadRequest(f"{where}.temperature: must be a finite number >= 0, got {temperature}")
-    top_p = _number(d, "top_p", 1.0, float, where)
-    if not 0.0 < top_p <= 1.0:
-        raise BadRequest(f"{where}.top_p: must be in (0, 1], got {top_p}")
-    top_k = _number(d, "top_k", -1, int, where)
-    if top_k < -1 or top_k == 0:
-        raise BadRequest(f"{where}.top_k: must be -1 (off) or at least 1, got {top_k}")
-    seed = d.get(seed_key)
-    if seed is not None:
-        seed = _number(d, seed_key, None, int, where)
-        if not -(2**63) <= seed < 2**64:
-            raise BadRequest(f"{where}.{seed_key}: must fit in 64 bits, got {seed}")
-    return SamplingParams(
-        max_new_tokens=max_new,
-        temperature=0.0 if temperature < GREEDY_BELOW else temperature,
-        top_p=top_p,
-        top_k=top_k,
-        stop=stop_t,
-        seed=seed,
-        return_logprobs=logprobs,
-        **_constraint(d, where),
-    )
+def _context_length(backend: Backend, asked: int | None) -> int:
+    """The context advertised and enforced: the model's own positions (its config), or less if asked."""
+    config = getattr(getattr(backend, "model", None), "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limit = getattr(text_config, "max_position_embeddings", None)
+    if asked is None:
+        if limit is None:
+            raise ValueError(f"parser.serve: {type(backend).__name__} states no max_position_embeddings; "
+                             "give context_length (--context-length)")
+        return int(limit)
+    if isinstance(asked, bool) or not isinstance(asked, int) or asked < 1:
+        raise ValueError(f"parser.serve: context_length must be a positive integer, got {asked!r}")
+    if limit is not None and asked > limit:
+        raise ValueError(f"parser.serve: context_length {asked} is over the model's max_position_embeddings {limit}")
+    return asked
 
 
 def start_server(backend: Backend, host: str = "127.0.0.1", port: int = 0, *,
                  tokenizer: Any = None, model_name: str = "default",
-                 worker_id: str = "worker-0", context_length: int = 32768,
+                 worker_id: str = "worker-0", context_length: int | None = None,
                  limits: ServerLimits | None = None) -> ServerHandle:
     """Serve `backend` on a background thread; port 0 picks a free port (`handle.port`)."""
     server = ModelServer(backend, tokenizer=tokenizer, model_name=model_name, worker_id=worker_id,
@@ -700,7 +532,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--worker-id", default=None, help="sent back as X-Worker-Id (default host:port)")
-    ap.add_argument("--context-length", type=int, default=32768)
+    ap.add_argument("--context-length", type=int, default=None,
+                    help="tokens a request may span (default: the model's max_position_embeddings; never more)")
     for field in dataclasses.fields(ServerLimits):  # the request bounds, e.g. --max-stop-strings 32
         ap.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
     args = ap.parse_args(argv)

@@ -108,7 +108,7 @@ def test_full_context_overflow_is_said_clearly(samples, tiny_tokenizer):
 # -- MemAgent / ReMemR1 --------------------------------------------------------------------
 def test_memagent_threads_memory_through_chunks_in_order(samples, tiny_tokenizer):
     sample = samples[(36, 1)]
-    model = ScriptedModel(lambda p, i: f"memory after update {i}" if "<section>" in p else "so the answer is \\boxed{Vrystork}")
+    model = ScriptedModel(lambda p, i: f"memory after update {i}" if "<section>" in p else "Therefore, the answer is Vrystork.")
     method = build_method("memagent", models_for(model, tiny_tokenizer), chunk_size=700)
     result = run(method.run(sample))
     chunks = method.chunks(sample.context)
@@ -119,7 +119,7 @@ def test_memagent_threads_memory_through_chunks_in_order(samples, tiny_tokenizer
         assert f"<memory>\nmemory after update {i - 1}\n</memory>" in model.prompts[i]
         assert chunks[i] in model.prompts[i]
     assert "<section>" not in model.prompts[-1] and f"memory after update {len(chunks) - 1}" in model.prompts[-1]
-    assert result.answer == "Vrystork" and result.record["extracted_by"] == "boxed"
+    assert result.answer == "Vrystork" and result.record["extracted_by"] == "recurrent"  # MemAgent's run scripts' mode
 
 
 def test_rememr1_recalls_the_most_similar_past_memory(samples, tiny_tokenizer):

@@ -1,5 +1,7 @@
-"""parser.serve answers a malformed request with a 400 naming the field, and bounds what a
-request may hold: the time its header and body may take, and its stop list.
+"""parser.serve answers a malformed request with a 4xx naming the field, bounds what a request
+may hold (the time its header and body may take, its size, its stop list), and tells the truth
+about what it serves: unknown models are vLLM's 404, OpenAI fields it does not implement are
+refused by name, and the context it advertises is the model's own.
 
     .venv/bin/pytest tests/test_serve_bounds_on_cpu.py -q
 
@@ -13,13 +15,21 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import aiohttp
 import pytest
+from aiohttp import web
 
+from parser.backends.base import BackendError, SamplingParams
+from parser.backends.http import HttpBackend
 from parser.backends.transformers import TransformersBackend
-from parser.serve import ServerLimits, start_server
+from parser.serve import MAX_REQUEST_BYTES, ModelServer, ServerHandle, ServerLimits, start_server
+from parser.wire.common import MAX_SCHEMA_DEPTH
+
+CHAT = "/v1/chat/completions"
+USER = [{"role": "user", "content": "Who wrote the letter?"}]
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +53,12 @@ def post(url: str, raw_json: str) -> tuple[int, dict]:
     ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_schema", "json_schema": "x"}}, "response_format.json_schema: expected an object"),
     ("/v1/completions", {"prompt": "x", "structured_outputs": "x"}, "structured_outputs: expected an object"),
     ("/v1/completions", {"prompt": "x", "response_format": 7}, "response_format: expected an object"),
-    ("/generate", {"text": "x", "sampling_params": {"json_schema": 5}}, "json schema: expected an object or a JSON string"),
+    ("/generate", {"text": "x", "sampling_params": {"json_schema": 5}}, "sampling_params.json_schema: expected an object or a JSON string"),
     ("/generate", {"text": "x", "sampling_params": {"regex": ["a"]}}, "regex: expected a string"),
     ("/generate", {"text": "x", "sampling_params": {"sampling_seed": 2**70}}, "sampling_params.sampling_seed: must fit in 64 bits"),
     ("/v1/completions", {"prompt": "x", "seed": 2**64}, "/v1/completions.seed: must fit in 64 bits"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "seed": -(2**64)}, "seed: must fit in 64 bits"),
-    ("/generate", {"text": "x", "sampling_params": []}, "sampling_params must be an object"),
+    ("/generate", {"text": "x", "sampling_params": []}, "sampling_params: expected an object"),
     ("/generate", {"text": "x", "sampling_params": {"stop": [""]}}, "sampling_params.stop[0]: an empty stop string"),
     ("/generate", {"text": "x", "sampling_params": {"stop": [f"zq{i}" for i in range(17)]}}, "17 stop strings; at most 16"),
     ("/v1/completions", {"prompt": "x", "stop": "y" * 257}, "/v1/completions.stop[0]: 257 characters; at most 256"),
@@ -118,3 +128,130 @@ def test_the_request_bounds_are_cli_flags():
 def test_a_request_bound_that_cannot_work_is_refused(field, value):
     with pytest.raises(ValueError, match=field):
         ServerLimits(**{field: value})
+
+
+# ---------------------------------------------------------------------- client errors found by probes, and the truth
+def nested(depth: int) -> dict:
+    """An object schema `depth` properties deep (2 * depth - 1 JSON levels)."""
+    schema: dict = {"type": "object"}
+    for _ in range(depth - 1):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.mark.parametrize("path, body, field", [
+    # echo without logprobs still checks the prompt's ids (they were decoded unchecked: 500, or 200 past the vocabulary)
+    ("/v1/completions", {"prompt": [5, -1], "echo": True, "max_tokens": 0}, "prompt[1]: token id -1 is outside"),
+    ("/v1/completions", {"prompt": [2**63 - 1], "echo": True, "max_tokens": 0}, "prompt[0]: token id 9223372036854775807"),
+    ("/v1/completions", {"prompt": [[3, 10**6]], "echo": True, "max_tokens": 0}, "prompt[1]: token id 1000000 is outside"),
+    # a seed past 64 bits was read as a float, rounded into range and accepted
+    ("/v1/completions", {"prompt": "x", "seed": -(2**63) - 1}, "/v1/completions.seed: must fit in 64 bits"),
+    ("/generate", {"text": "x", "sampling_params": {"sampling_seed": -(2**63) - 1}}, "sampling_seed: must fit in 64 bits"),
+    ("/v1/completions", {"prompt": "x", "seed": 7.5}, "seed: must fit in 64 bits"),
+    # a schema deeper than the encoder writes was a 500; one past the bound is named
+    ("/generate", {"text": "x", "sampling_params": {"json_schema": nested(300)}}, "/generate: body is not JSON: recursion limit"),
+    ("/generate", {"text": "x", "sampling_params": {"json_schema": nested(MAX_SCHEMA_DEPTH + 1)}}, f"nested more than {MAX_SCHEMA_DEPTH}"),
+    (CHAT, {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"schema": nested(MAX_SCHEMA_DEPTH // 2 + 1)}}},
+     "response_format.json_schema.schema: nested more than"),
+    ("/generate", {"text": "x", "sampling_params": {"json_schema": "{not json"}}, "json_schema: a JSON string that does not parse"),
+])
+def test_client_errors_are_400s_naming_the_field(server, path, body, field):
+    status, out = post(server.url + path, json.dumps(body))
+    assert status == 400 and field in out["error"]["message"], out
+
+
+@pytest.mark.parametrize("body, named", [
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": USER, "tool_choice": "required", "logit_bias": {"5": 10}}, "logit_bias, tool_choice"),
+    ({"messages": USER, "logprobs": True, "top_logprobs": 3}, "top_logprobs=3"),
+    ({"messages": USER, "presence_penalty": 0.5}, "presence_penalty"),
+])
+def test_openai_fields_that_are_not_implemented_are_refused_by_name(server, body, named):
+    """They were silently ignored: the answer looked as if the server had honoured them."""
+    status, out = post(server.url + CHAT, json.dumps(body))
+    assert status == 400 and named in out["error"]["message"] and "not implemented" in out["error"]["message"], out
+
+
+def test_completions_top_k_logprobs_are_refused(server):
+    status, out = post(server.url + "/v1/completions", json.dumps({"prompt": "x", "logprobs": 2}))
+    assert status == 400 and "logprobs=2: the top-k alternatives are not implemented" in out["error"]["message"]
+
+
+def test_neutral_values_of_those_fields_are_accepted(server):
+    body = {"messages": USER, "max_tokens": 2, "tools": [], "tool_choice": "none", "presence_penalty": 0, "n": 1,
+            "user": "someone", "model": "default"}
+    assert post(server.url + CHAT, json.dumps(body))[0] == 200
+
+
+def test_json_object_is_decoded_under_a_json_grammar(server):
+    """response_format json_object was ignored; it now constrains decoding as vLLM's JSON grammar does."""
+    body = {"messages": USER, "max_tokens": 6, "temperature": 0, "response_format": {"type": "json_object"}}
+    status, out = post(server.url + CHAT, json.dumps(body))
+    text = out["choices"][0]["message"]["content"]
+    assert status == 200 and text.lstrip().startswith("{"), text
+
+
+def test_another_model_name_is_vllms_404(server):
+    status, out = post(server.url + CHAT, json.dumps({"model": "gpt-4o", "messages": USER}))
+    assert status == 404 and out["error"] == {"message": "The model `gpt-4o` does not exist.", "type": "NotFoundError",
+                                              "code": 404, "param": "model"}
+
+    async def go():
+        async with HttpBackend(server.url, api="completions", model="gpt-4o") as backend:
+            await backend.generate("x", SamplingParams(max_new_tokens=1))
+
+    with pytest.raises(BackendError, match="does not exist") as error:
+        asyncio.run(go())
+    assert error.value.retryable is False and error.value.status == 404
+
+
+def test_a_declared_body_over_the_bound_is_a_413_before_it_is_read(server):
+    """It waited for the body timeout and then answered 408."""
+    with socket.create_connection((server.host, server.port), timeout=20) as conn:
+        conn.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n{" % (MAX_REQUEST_BYTES + 1))
+        reply = conn.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 413") and b"not read" in reply, reply[:200]
+
+
+def test_a_request_counts_as_in_flight_only_once_its_body_is_read(tiny_qwen3_5_model, tiny_tokenizer):
+    """A client that sends headers and never its body is not load (the router would route around it)."""
+    entered = threading.Event()
+
+    @web.middleware
+    async def mark(request, handler):
+        if request.path == "/generate":
+            entered.set()  # the handler runs next, on this loop, until it waits for the body
+        return await handler(request)
+
+    server = ModelServer(TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer), tokenizer=tiny_tokenizer)
+    app = server.app()
+    app.middlewares.append(mark)
+    with ServerHandle(app) as handle, socket.create_connection((handle.host, handle.port), timeout=20) as conn:
+        conn.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        assert entered.wait(20)
+
+        async def load():
+            async with aiohttp.ClientSession() as session, session.get(handle.url + "/get_load") as r:
+                return await r.json()
+
+        assert asyncio.run(load())[0]["num_reqs"] == 0
+
+
+def test_the_advertised_context_is_the_models_own(tiny_tokenizer):
+    """It was 32768 whatever the model; a context over the model's positions is refused."""
+    from parser.offline import tiny_qwen3
+
+    backend = TransformersBackend(tiny_qwen3(tiny_tokenizer, max_position_embeddings=4096), tiny_tokenizer)
+    with start_server(backend, tokenizer=tiny_tokenizer, model_name="short") as handle:
+        async def info():
+            async with aiohttp.ClientSession() as session:
+                async with session.get(handle.url + "/v1/models") as r:
+                    models = await r.json()
+                async with session.get(handle.url + "/get_model_info") as r:
+                    return models, await r.json()
+
+        models, model_info = asyncio.run(info())
+    assert models["data"][0]["max_model_len"] == 4096 == model_info["max_context_length"]
+    with pytest.raises(ValueError, match="over the model's max_position_embeddings 4096"):
+        ModelServer(backend, tokenizer=tiny_tokenizer, context_length=8192)

@@ -5,7 +5,8 @@ Why it exists: subagent scatter rounds send hundreds to thousands of concurrent 
 not be the bottleneck, so this is one pooled aiohttp session per event loop with a large
 connection limit and keep-alive, and orjson on both sides of the wire.
 
-Three wire formats, chosen by `api`:
+Three wire formats, chosen by `api`; each body's type lives in `parser.wire` (the server and the
+loopback worker read and write the same types):
 - "sglang":      SGLang's native `POST /generate` (text or `input_ids`; token ids and
                  per-token logprobs come back, which the lead agent needs).
 - "completions": OpenAI `POST /v1/completions` (text or token-id prompt). The lead's path on
@@ -67,9 +68,13 @@ import orjson
 from parser.backends.base import ROUTING_HEADER, BackendError, Completion, Prompt, SamplingParams
 from parser.backends.scoring import (SCORE_TEMPERATURE, check_request, echo_token_logprobs, sglang_input_logprobs,
                                      vllm_prompt_logprobs)
+from parser.wire.chat import ChatRequest, ChatResponse
+from parser.wire.common import ModelList
+from parser.wire.completions import CompletionRequest, CompletionResponse
+from parser.wire.openai import Server
+from parser.wire.sglang import GenerateRequest, GenerateResponse
 
 Api = Literal["sglang", "completions", "chat"]
-Server = Literal["sglang", "vllm", "generic"]
 _PATHS = {"sglang": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
 _RETRYABLE_4XX = {408, 429}  # request timeout / queue full at the gateway: try again later
 # OpenAI-style error types that mean "this request is wrong", whatever the status says
@@ -176,11 +181,11 @@ class HttpBackend:
             if self.model is None:
                 url = self.base_url + "/v1/models"
                 body = await self._request("GET", url, None, self.headers)
-                models = body.get("data") if isinstance(body, dict) else None
-                if not models or not isinstance(models[0], dict) or not models[0].get("id"):
+                try:
+                    self.model = ModelList.model_validate(body).data[0].id
+                except ValueError:
                     raise BackendError(f"GET {url}: no served model listed ({str(body)[:200]}); set `model`",
-                                       retryable=False)
-                self.model = str(models[0]["id"])
+                                       retryable=False) from None
         return self.model
 
     # ------------------------------------------------------------------ generate
@@ -192,7 +197,7 @@ class HttpBackend:
         routing_key: str | None = None,
         request_id: str | None = None,
     ) -> Completion:
-        payload = _BUILD[self.api](self, prompt, sampling)
+        payload = _BODY[self.api](self, prompt, sampling)
         if self.api != "sglang":
             payload["model"] = await self.served_model()
         if self.extra_body:
@@ -200,12 +205,10 @@ class HttpBackend:
         meta: dict[str, str | None] = {}
         body = await self._request("POST", self.url, orjson.dumps(payload), self._headers(routing_key, request_id), meta)
         try:
-            completion = _PARSE[self.api](body, sampling, self.url)
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:  # 200 with a broken body
+            completion = _completion(self.api, body, sampling, self.url)
+        except (IndexError, TypeError, ValueError) as error:  # 200 with a broken body
             raise BackendError(f"POST {self.url}: HTTP 200 but not a {self.api} completion ({type(error).__name__}: "
-                               f"{error}): {str(body)[:200]}", retryable=True) from error
-        if not isinstance(completion.text, str):
-            raise BackendError(f"POST {self.url}: HTTP 200 but 'text' is {type(completion.text).__name__}", retryable=True)
+                               f"{_cap(str(error))}): {str(body)[:200]}", retryable=True) from error
         completion.worker = meta.get("worker")
         return completion
 
@@ -222,33 +225,27 @@ class HttpBackend:
         input logprobs, vLLM's prompt logprobs, or an OpenAI echo; a chat API cannot score."""
         prompt, continuation = check_request(prompt_ids, continuation_ids, f"HttpBackend({self.url})")
         ids = prompt + continuation
-        params = {"temperature": SCORE_TEMPERATURE, "top_p": 1.0}
-        if self.api == "sglang":
-            payload: dict[str, Any] = {"input_ids": ids, "return_logprob": True, "logprob_start_len": len(prompt) - 1,
-                                       "sampling_params": {**params, "top_k": -1, "max_new_tokens": 0}}
-        elif self.api == "completions":
-            payload = {"prompt": ids, **params, "model": await self.served_model()}
-            if self.server == "vllm":  # vLLM's extension; it samples one token it then drops
-                payload.update(prompt_logprobs=0, max_tokens=1)
-            else:  # the OpenAI legacy way: echo the prompt with its logprobs, generate nothing
-                payload.update(echo=True, logprobs=0, max_tokens=0)
-        else:
+        if self.api == "chat":
             raise BackendError("HttpBackend(api='chat'): a chat server renders the template itself and scores no "
                                "given tokens; score with api='completions' (vLLM) or api='sglang'", retryable=False)
-        body = await self._request("POST", self.url, orjson.dumps(payload), self._headers(routing_key, request_id))
+        if self.api == "sglang":
+            request: GenerateRequest | CompletionRequest = GenerateRequest.scoring(ids, len(prompt) - 1, SCORE_TEMPERATURE)
+        else:
+            request = CompletionRequest.scoring(ids, self.server, await self.served_model(), SCORE_TEMPERATURE)
+        body = await self._request("POST", self.url, orjson.dumps(request.body()), self._headers(routing_key, request_id))
         where = f"POST {self.url}"
         try:
             if self.api == "sglang":
-                out = body[0] if isinstance(body, list) and body else body
-                meta = _field(out, "meta_info", self.url)
-                _finish_kind(meta, self.url)
-                return sglang_input_logprobs(meta, continuation, where)
-            choice = _field(body, "choices", self.url)[0]
+                meta = GenerateResponse.model_validate(body[0] if isinstance(body, list) and body else body).meta_info
+                meta.finish_kind(self.url)
+                return sglang_input_logprobs(meta.model_dump(), continuation, where)
+            choice = CompletionResponse.model_validate(body).choices[0]
             if self.server == "vllm":
-                return vllm_prompt_logprobs(choice.get("prompt_logprobs"), continuation, where)
-            return echo_token_logprobs(choice.get("logprobs"), len(prompt), continuation, where)
-        except (KeyError, IndexError, TypeError, AttributeError) as error:  # 200 with a broken body
-            raise BackendError(f"{where}: HTTP 200 but no scores ({type(error).__name__}: {error}): {str(body)[:200]}",
+                return vllm_prompt_logprobs(choice.prompt_logprobs, continuation, where)
+            return echo_token_logprobs(choice.logprobs.model_dump() if choice.logprobs else None, len(prompt),
+                                       continuation, where)
+        except ValueError as error:  # 200 with a broken body (pydantic's ValidationError)
+            raise BackendError(f"{where}: HTTP 200 but no scores ({_cap(str(error))}): {str(body)[:200]}",
                                retryable=True) from error
 
     def _headers(self, routing_key: str | None, request_id: str | None) -> Mapping[str, str]:
@@ -326,7 +323,7 @@ async def _read_body(resp: aiohttp.ClientResponse, limit: int, *, truncate: bool
     return bytes(body[:limit])
 
 
-# ---------------------------------------------------------------------- request bodies
+# ---------------------------------------------------------------------- request and response bodies (parser.wire)
 def _token_ids(prompt: Prompt) -> list[int] | None:
     """Token-id prompts arrive as any int sequence (list, tuple, array)."""
     if isinstance(prompt, str):
@@ -338,81 +335,18 @@ def _token_ids(prompt: Prompt) -> list[int] | None:
 
 
 def _sglang_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "max_new_tokens": s.max_new_tokens,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "top_k": s.top_k,
-    }
-    if s.stop:
-        params["stop"] = list(s.stop)
-    if s.seed is not None:
-        params["sampling_seed"] = s.seed
-    if s.json_schema is not None:
-        params["json_schema"] = s.json_schema
-    if s.regex is not None:
-        params["regex"] = s.regex
-    body: dict[str, Any] = {"sampling_params": params}
     ids = _token_ids(prompt)
-    if ids is not None:
-        body["input_ids"] = ids
-    elif isinstance(prompt, str):
-        body["text"] = prompt
-    else:
+    if ids is None and not isinstance(prompt, str):
         raise ValueError("HttpBackend(api='sglang'): prompt is a message list; render it to "
                          "text first or use api='chat'")
-    if s.return_logprobs:
-        body["return_logprob"] = True
-    return body
-
-
-def _openai_sampling(self: HttpBackend, s: SamplingParams) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "max_tokens": s.max_new_tokens,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-    }
-    if s.top_k != -1:
-        body["top_k"] = s.top_k  # SGLang/vLLM extension to the OpenAI schema
-    if s.stop:
-        body["stop"] = list(s.stop)
-    if s.seed is not None:
-        body["seed"] = s.seed
-    if self.server == "vllm":
-        body["return_token_ids"] = True
-    if s.constraint is not None:
-        body.update(_openai_constraint(self, *s.constraint))
-    return body
-
-
-def _openai_constraint(self: HttpBackend, kind: str, spec: str) -> dict[str, Any]:
-    """The request fields that make `server` decode under a JSON schema or a regex."""
-    if self.server == "vllm":
-        if kind == "regex":
-            return {"structured_outputs": {"regex": spec}}
-        # compact JSON, as in process: a budgeted reply spends no tokens on free whitespace
-        return {"structured_outputs": {"json": orjson.loads(spec), "disable_any_whitespace": True}}
-    if self.server == "sglang":
-        if kind == "regex":
-            return {"regex": spec}
-        return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": orjson.loads(spec)}}}
-    raise BackendError(f"HttpBackend(server='generic'): no known way to constrain decoding by {kind} on this "
-                       "server (llama.cpp ignores json_schema on completions); set server: vllm or sglang, or "
-                       "turn the constraint off", retryable=False)
+    return GenerateRequest.build(ids if ids is not None else prompt, s).body()  # type: ignore[arg-type]
 
 
 def _completions_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[str, Any]:
-    body = _openai_sampling(self, s)
     ids = _token_ids(prompt)
-    if ids is not None:
-        body["prompt"] = ids
-    elif isinstance(prompt, str):
-        body["prompt"] = prompt
-    else:
+    if ids is None and not isinstance(prompt, str):
         raise ValueError("HttpBackend(api='completions'): prompt is a message list; use api='chat'")
-    if s.return_logprobs:
-        body["logprobs"] = 0  # per-token logprobs, no alternatives
-    return body
+    return CompletionRequest.build(ids if ids is not None else prompt, s, self.server).body()  # type: ignore[arg-type]
 
 
 def _chat_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[str, Any]:
@@ -423,94 +357,19 @@ def _chat_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[str
     if _token_ids(prompt) is not None:
         raise ValueError("HttpBackend(api='chat'): prompt is token ids (the lead's exact token stream); serve "
                          "the lead with api='completions' (server: vllm returns the generated ids) or api='sglang'")
-    body = _openai_sampling(self, s)
-    body["messages"] = list(prompt)
-    if self.chat_template_kwargs:
-        body["chat_template_kwargs"] = self.chat_template_kwargs
-    if s.return_logprobs:
-        body["logprobs"] = True
-        body["top_logprobs"] = 0
-    return body
+    return ChatRequest.build(list(prompt), s, self.server, self.chat_template_kwargs).body()  # type: ignore[arg-type]
 
 
-_BUILD = {"sglang": _sglang_body, "completions": _completions_body, "chat": _chat_body}
+_BODY = {"sglang": _sglang_body, "completions": _completions_body, "chat": _chat_body}
 
 
-# ---------------------------------------------------------------------- response bodies
-def _field(obj: Any, key: str, url: str) -> Any:
-    if not isinstance(obj, dict) or key not in obj:
-        raise BackendError(f"POST {url}: response has no field {key!r}: {str(obj)[:200]}",
-                           retryable=True)
-    return obj[key]
-
-
-def _parse_sglang(out: Any, s: SamplingParams, url: str) -> Completion:
-    if isinstance(out, list):  # a server that answers batch-shaped even for one prompt
-        out = out[0] if out else {}
-    meta = _field(out, "meta_info", url)
-    kind = _finish_kind(meta, url)
-    triples = meta.get("output_token_logprobs") or []
-    token_ids = out.get("output_ids") or [int(t[1]) for t in triples]
-    return Completion(
-        text=_field(out, "text", url),
-        token_ids=list(token_ids),
-        logprobs=[float(t[0]) for t in triples] if s.return_logprobs and triples else None,
-        finish_reason="length" if kind == "length" else "stop",
-        prompt_tokens=int(meta.get("prompt_tokens") or 0),
-        cached_tokens=int(meta.get("cached_tokens") or 0),
-    )
-
-
-def _usage(out: dict[str, Any]) -> tuple[int, int]:
-    usage = out.get("usage") or {}
-    details = usage.get("prompt_tokens_details") or {}
-    return int(usage.get("prompt_tokens") or 0), int(details.get("cached_tokens") or 0)
-
-
-def _parse_completions(out: Any, s: SamplingParams, url: str) -> Completion:
-    choice = _field(out, "choices", url)[0]
-    prompt_tokens, cached = _usage(out)
-    lp = (choice.get("logprobs") or {}).get("token_logprobs")
-    return Completion(
-        text=choice.get("text") or "",
-        token_ids=list(choice.get("token_ids") or []),  # vLLM's return_token_ids, if on
-        logprobs=[float(x) for x in lp] if s.return_logprobs and lp else None,
-        finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
-        prompt_tokens=prompt_tokens,
-        cached_tokens=cached,
-    )
-
-
-def _parse_chat(out: Any, s: SamplingParams, url: str) -> Completion:
-    choice = _field(out, "choices", url)[0]
-    prompt_tokens, cached = _usage(out)
-    content = (choice.get("logprobs") or {}).get("content")
-    return Completion(
-        text=(choice.get("message") or {}).get("content") or "",
-        token_ids=list(choice.get("token_ids") or []),
-        logprobs=[float(c["logprob"]) for c in content] if s.return_logprobs and content else None,
-        finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
-        prompt_tokens=prompt_tokens,
-        cached_tokens=cached,
-    )
-
-
-def _finish_kind(meta: dict[str, Any], url: str) -> str | None:
-    """SGLang's finish-reason type; an abort (the server gave up: prompt too long, OOM) raises."""
-    reason = meta.get("finish_reason")
-    kind = reason.get("type") if isinstance(reason, dict) else reason
-    if kind == "abort":
-        code = reason.get("status_code") if isinstance(reason, dict) else None
-        raise BackendError(
-            f"POST {url}: request aborted by the server: "
-            f"{reason.get('message') if isinstance(reason, dict) else reason}",
-            retryable=not (isinstance(code, int) and 400 <= code < 500),
-            status=code,
-        )
-    return kind
-
-
-_PARSE = {"sglang": _parse_sglang, "completions": _parse_completions, "chat": _parse_chat}
+def _completion(api: Api, body: Any, s: SamplingParams, url: str) -> Completion:
+    """A 200's body read as `api`'s response type (pydantic's ValidationError is a ValueError)."""
+    if api == "sglang":
+        out = body[0] if isinstance(body, list) and body else body  # a server that answers batch-shaped
+        return GenerateResponse.model_validate(out).completion(s.return_logprobs, url)
+    response = CompletionResponse if api == "completions" else ChatResponse
+    return response.model_validate(body).completion(s.return_logprobs)
 
 
 def _error_message(raw: bytes) -> tuple[str, str | None]:

@@ -40,7 +40,8 @@ class ChainOfAgentsMethod(SequentialMethod):
         return prompts.BASELINES.render("coa_worker", self.prompt_version, question=question, unit=state["unit"], chunk=chunk)
 
     def absorb(self, reply: str, state: dict[str, Any]) -> dict[str, Any]:
-        state["unit"] = split_thinking(reply)[1].strip() or state["unit"]  # an empty CU hands the previous one on
+        unit = split_thinking(reply)[1].strip()
+        state["unit"] = self.untrusted(unit) if unit else state["unit"]  # an empty CU hands the previous one on
         return {}
 
     def final_prompt(self, question: str, state: dict[str, Any]) -> str:

@@ -4,6 +4,10 @@ Each version lives in its own folder (`v1/`); a change that alters model behavio
 folder, so results files can say which prompts produced them (`PROMPT_VERSION`). Templates
 are `str.format` strings; the fields each one takes are listed in `FIELDS`.
 
+A template is its file's text without the file's final line break: a template that must end in
+a newline (MemAgent's and ReMemR1's end `Updated memory:\n`, as their authors send them) ends its
+file with an empty line.
+
 Ordering rule for the subagent prompt: fixed instructions -> its chunk -> the query, so that
 instructions+chunk is an identical prefix across rounds (SGLang RadixCache / the CPU backend's
 prefix cache reuse it). Keep the instructions short next to a chunk: the router's cache-aware
@@ -68,7 +72,7 @@ class PromptSet:
         path = self.path(version, f"{name}.txt")
         if not path.is_file():
             raise FileNotFoundError(f"prompt {name!r} missing for version {version!r}: {path}")
-        return path.read_text(encoding="utf-8").rstrip("\n")
+        return path.read_text(encoding="utf-8").removesuffix("\n")
 
     def render(self, name: str, version: str | None = None, **fields: Any) -> str:
         missing = self.fields.get(name, set()) - fields.keys()
@@ -91,7 +95,8 @@ BASELINE_FIELDS = {
     "full_context_user": {"context", "question"},
     "full_context_followup": set(),
     "memagent_update": {"question", "memory", "chunk"},
-    "memagent_final": {"question", "memory"},
+    "memagent_final": {"question", "memory"},  # boxed: MemAgent's training prompt, its "recurrent-boxed" eval
+    "memagent_final_recurrent": {"question", "memory"},  # MemAgent's "recurrent" eval, what its run scripts use
     "rememr1_update": {"question", "memory", "recalled_memory", "chunk"},
     "rememr1_final": {"question", "memory", "recalled_memory"},
     "coa_worker": {"question", "unit", "chunk"},

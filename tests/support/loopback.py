@@ -2,7 +2,8 @@
 
 Why it exists: to measure what the *client* and the *gateway* cost without a model in the
 way (scatter throughput, `scripts/bench_scatter.py`) and to check routing (does a chunk keep
-landing on the same worker?). Each request is recorded with the routing-key header, the hash
+landing on the same worker?). Bodies are read and written through `parser.wire`, the types the
+client and `parser.serve` use (a body they refuse is a 400 here too). Each request is recorded with the routing-key header, the hash
 of the prompt's reusable prefix (what a RadixCache would share: everything before the last
 "Query:", per the subagent prompt's instructions -> chunk -> query order) and this worker's
 id. It answers with the subagent's abstention, or with a finding when the prompt contains
@@ -41,11 +42,18 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from parser.backends.base import ROUTING_HEADER
+from pydantic import ValidationError
+
+from parser.backends.base import ROUTING_HEADER, Completion
 from parser.serve import BACKLOG, ServerHandle, add_worker_header, json_response
+from parser.wire.chat import AssistantMessage, ChatChoice, ChatLogprobs, ChatRequest, ChatResponse, ChatTokenLogprob
+from parser.wire.common import ErrorBody, ModelCard, ModelList, Usage, describe
+from parser.wire.completions import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
+from parser.wire.sglang import GenerateRequest, GenerateResponse
 
 ABSTENTION = '{"answer": "unknown"}'  # parser/prompts/v1/subagent.txt's abstention
 PREFIX_MARKER = "Query:"
+_REQUESTS = {"/generate": GenerateRequest, "/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest}
 FAIL_MODES = ("drop", "garbage", "hang")  # besides an HTTP status like "500"
 MAX_HANG_S = 3600.0  # a held request is dropped after at most this long: nothing waits forever
 # the knobs POST /fault may set, with their types
@@ -141,8 +149,7 @@ class LoopbackWorker:
         for path in ("/health", "/health_generate", "/server_info", "/model_info", "/get_model_info",
                      "/get_server_info"):
             app.router.add_get(path, lambda r, info=info: json_response(info))
-        app.router.add_get("/v1/models", lambda r: json_response(
-            {"object": "list", "data": [{"id": "loopback", "object": "model"}]}))
+        app.router.add_get("/v1/models", lambda r: json_response(ModelList(data=[ModelCard(id="loopback")]).reply()))
         app.router.add_get("/get_load", lambda r: json_response([{
             "dp_rank": 0, "num_reqs": self.inflight, "num_waiting_reqs": self.held,
             "num_tokens": self.inflight_len}]))
@@ -154,8 +161,7 @@ class LoopbackWorker:
     @web.middleware
     async def _flap(self, request: web.Request, handler) -> web.StreamResponse:
         if request.path not in ("/fault", "/records", "/reset") and self.down():
-            return json_response({"object": "error", "error": {
-                "message": f"loopback {self.worker_id}: down (flapping)", "code": 503}}, 503)
+            return json_response(ErrorBody.of(f"loopback {self.worker_id}: down (flapping)", 503).reply(), 503)
         return await handler(request)
 
     def reply_text(self, prompt: Any) -> str:
@@ -173,14 +179,12 @@ class LoopbackWorker:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.count += 1
         n = self.count
-        body = orjson.loads(await request.read())
         path = request.path
-        if path == "/generate":
-            prompt = body["input_ids"] if body.get("input_ids") is not None else body.get("text", "")
-        elif path == "/v1/completions":
-            prompt = body.get("prompt", "")
-        else:
-            prompt = body.get("messages", [])
+        try:
+            body = _REQUESTS[path].model_validate_json(await request.read())
+        except ValidationError as error:
+            return json_response(ErrorBody.of(describe(error, path), 400).reply(), 400)
+        prompt = body.template_messages() if isinstance(body, ChatRequest) else body.prompt
         if self.keep_records:
             self.records.append(RequestRecord(
                 worker_id=self.worker_id, path=path,
@@ -212,9 +216,9 @@ class LoopbackWorker:
                     self.held -= 1
                 request.transport.close()
                 raise asyncio.CancelledError
-            return json_response({"object": "error", "error": {
-                "message": f"loopback {self.worker_id}: injected failure on request {n}",
-                "code": int(self.fail_mode)}}, int(self.fail_mode))
+            status = int(self.fail_mode)
+            return json_response(ErrorBody.of(f"loopback {self.worker_id}: injected failure on request {n}", status).reply(),
+                                 status)
         return json_response(_shape(path, self.reply_text(prompt), len(prompt)))
 
     async def dump_records(self, request: web.Request) -> web.Response:
@@ -241,7 +245,7 @@ class LoopbackWorker:
                     setattr(self, key, value)
                 raise
         except (ValueError, TypeError, orjson.JSONDecodeError) as error:
-            return json_response({"object": "error", "error": {"message": f"POST /fault: {error}", "code": 400}}, 400)
+            return json_response(ErrorBody.of(f"POST /fault: {error}", 400).reply(), 400)
         self.count = 0  # fail_first / fail_every count from the change
         self.flap_since = time.monotonic()
         return json_response({k: getattr(self, k) for k in FAULT_KNOBS})
@@ -250,23 +254,17 @@ class LoopbackWorker:
 def _shape(path: str, text: str, prompt_len: int) -> dict[str, Any]:
     """The same answer in the three wire formats. Token ids are byte values (no tokenizer)."""
     ids = list(text.encode())
+    comp = Completion(text=text, token_ids=ids, logprobs=[0.0] * len(ids), prompt_tokens=prompt_len)
     if path == "/generate":
-        return {"text": text, "output_ids": ids, "meta_info": {
-            "id": "loopback", "finish_reason": {"type": "stop"}, "prompt_tokens": prompt_len,
-            "completion_tokens": len(ids), "cached_tokens": 0,
-            "output_token_logprobs": [[0.0, t, None] for t in ids]}}
-    usage = {"prompt_tokens": prompt_len, "completion_tokens": len(ids),
-             "total_tokens": prompt_len + len(ids), "prompt_tokens_details": {"cached_tokens": 0}}
+        return GenerateResponse.of(comp, request_id="loopback", logprobs=True).reply()
+    usage = Usage.of(prompt_len, len(ids), 0)
     if path == "/v1/completions":
-        choice = {"index": 0, "text": text, "finish_reason": "stop",
-                  "logprobs": {"tokens": [chr(t) for t in ids], "token_logprobs": [0.0] * len(ids),
-                               "top_logprobs": None, "text_offset": list(range(len(ids)))}}
-        return {"id": "cmpl-loopback", "object": "text_completion", "model": "loopback",
-                "choices": [choice], "usage": usage}
-    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop",
-              "logprobs": {"content": [{"token": chr(t), "logprob": 0.0} for t in ids]}}
-    return {"id": "chatcmpl-loopback", "object": "chat.completion", "model": "loopback",
-            "choices": [choice], "usage": usage}
+        logprobs = CompletionLogprobs.of([chr(t) for t in ids], comp.logprobs or [])
+        return CompletionResponse.of("loopback", CompletionChoice(text=text, finish_reason="stop", logprobs=logprobs),
+                                     usage).reply()
+    content = [ChatTokenLogprob(token=chr(t), logprob=0.0) for t in ids]
+    return ChatResponse.of("loopback", ChatChoice(message=AssistantMessage(content=text), finish_reason="stop",
+                                                  logprobs=ChatLogprobs(content=content)), usage).reply()
 
 
 class LoopbackHandle(ServerHandle):

@@ -58,7 +58,7 @@ async def record_conversations(method_settings: dict[str, Any], tokenizer: Any) 
     from parser.methods.memagent_loop import RecordingLead, method_settings as split_settings
     from parser.verl.server_manager import ServerManagerBackend
 
-    name, kwargs = split_settings(method_settings)
+    name, kwargs, _ = split_settings(method_settings)
     sequences = []
     for answer in (ANSWER, WRONG):
         server = ServerManagerBackend(_ScriptedMemory(tokenizer, answer), {"temperature": 1.0},
