@@ -25,8 +25,8 @@ episodes' text (prompt, tool calls, observations) and the *training* world's par
 names are a few tokens and the system prompt ~500 instead of ~1,000. Held-out names are made of
 the same syllables and never seen as words.
 
-    python -m support.loopback --port 31001 --reader world &
-    python -m support.learn_lead --data runs/learn/data --out runs/learn/lead \
+    PYTHONPATH=tests python -m support.loopback --port 31001 --reader world &
+    PYTHONPATH=tests python -m support.learn_lead --data runs/learn/data --out runs/learn/lead \
         --gateway-url http://127.0.0.1:31001
     # -> runs/learn/lead/{config.json,model.safetensors,tokenizer files}; recipes/train_cpu_learn.sh runs it
 

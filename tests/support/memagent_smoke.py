@@ -10,7 +10,7 @@ answer right ("Miro Tal") or wrong ("Anna Berg") with equal probability. The con
 learns from are recorded through the real memory agent (`parser.methods.memagent`) and the
 training loop's own recording lead, so their token streams are exactly what the rollout makes.
 
-    python -m support.memagent_smoke --out runs/memagent_cpu
+    PYTHONPATH=tests python -m support.memagent_smoke --out runs/memagent_cpu
     python -m parser.verl.train --config-name train/memagent_cpu actor_rollout_ref.model.path=runs/memagent_cpu/lead \\
         data.train_files=runs/memagent_cpu/data/train.parquet data.val_files=runs/memagent_cpu/data/val.parquet
 """
