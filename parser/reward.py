@@ -7,12 +7,12 @@ bidirectional-substring variant that MemAgent's and ReMemR1's open-source eval c
 `compat=True` is the reference's *string scorer* (MemAgent's and ReMemR1's eval): a falsy raw
 prediction scores 0 (its caller's `if pred else 0` guard), but a prediction that only
 *normalizes* to the empty string ("the", "...") counts as a hit under Sub_EM ("" is a substring
-of everything). What it scores is the method's extraction (`parser.methods.memagent_rules` for
+of everything). What it scores is the method's extraction (`parser.methods.memagent.rules` for
 MemAgent/ReMemR1); their skipping of empty outputs is not reproduced (docs/fidelity.md, row 35).
 Use it only to compare with published numbers; the default scores any empty prediction 0.
 
 `memagent_rl_reward` is MemAgent's RL reward (boxed answer, math-string equality), which the
-memory-agent training loop uses by default (`parser.methods.memagent_loop`).
+memory-agent training loop uses by default (`parser.verl.memagent_loop`).
 
 `release_normalize` / `release_exact_match` are the authors' *training* reward (release
 train/scripts/reward.py; `parser.protocol.ReleaseProtocol` trains with it): articles are replaced

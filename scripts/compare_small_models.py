@@ -42,12 +42,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 from data_prep.files import JsonlStore
 from data_prep.synthetic_world import build_synthetic_eval
 from parser.backends.models import build_models
 from parser.config import episode_preset
-from parser.methods import Sample, build_method
+from parser.methods import Sample
+from parser.methods.parser import ParSerMethod
 from parser.reward import normalize_answer, sub_em
 
 MODELS = ["smollm2", "gemma3-270m", "qwen2.5-coder-0.5b"]
@@ -136,7 +136,7 @@ async def run_model(lead: str, readers: str | None, samples: list[Sample], episo
     except ValueError as exc:  # a model build_models refuses (it says why): a row, not a crash
         print(f"[compare] {label}: unusable: {exc}", flush=True)
         return dataclasses.replace(row, unusable=str(exc))
-    method = build_method("parser", models, episode=episode)
+    method = ParSerMethod(models, episode=episode)
     out.mkdir(parents=True, exist_ok=True)
     stem = label.strip("/").replace("/", "_") + (".probe" if probe else "")  # a model given as a path
     store = JsonlStore(out / f"{stem}.jsonl", key=lambda line: str(line["id"]))

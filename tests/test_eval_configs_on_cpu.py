@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from eval.datasets import load_subsets
 from parser.config import EpisodeConfig
-from parser.methods import METHODS as KNOWN_METHODS
+from parser.methods import method_class
 from parser.tools import TurnRules
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -44,7 +44,9 @@ def test_primary_configs_compose(name):
 def test_method_options_name_registered_methods(method):
     full = OmegaConf.to_container(_compose("default", f"method={method}"), resolve=True)
     cfg = full["method"]
-    assert cfg["name"] in KNOWN_METHODS
+    cls = method_class(cfg["_target_"])  # the one place that names the method's class
+    assert isinstance(cls, type) and all(callable(getattr(cls, hook, None)) for hook in ("run", "aclose"))
+    assert cfg["_target_"].startswith(f"parser.methods.{cls.__module__.split('.')[2]}.")  # a method is a folder
     assert full["report"]["row"] == cfg["label"]  # tables label the row by the method, not by a default
     for episode in (cfg.get("episode"), (cfg.get("reader") or {}).get("episode")):
         if episode is not None:  # unknown or misspelled keys fail here; turn rules are the tool set's

@@ -19,12 +19,14 @@ import pytest
 from omegaconf import OmegaConf
 
 from data_prep.knowledge_filter import PROMPT_TEMPLATE
-from parser import prompts
 from parser.backends.base import Completion
 from parser.backends.models import Models
-from parser.methods import Sample, build_method
-from parser.methods.memagent import NO_RECALL_RESULT, TfidfRecall
-from parser.methods.memagent_rules import memagent_memory, prediction, recall_query, remove_recalls
+from parser.methods import Sample, method_class, method_config
+from parser.methods.coa import PROMPTS as COA_PROMPTS
+from parser.methods.memagent import PROMPTS as MEMAGENT_PROMPTS
+from parser.methods.rememr1 import PROMPTS as REMEMR1_PROMPTS
+from parser.methods.rememr1.method import NO_RECALL_RESULT, TfidfRecall
+from parser.methods.memagent.rules import memagent_memory, prediction, recall_query, remove_recalls
 from parser.reward import authors_boxed, memagent_rl_reward, sub_em
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,10 +48,15 @@ class ScriptedModel:
         pass
 
 
+def built(method: str, models: Models, **kwargs):
+    """The class configs/method/<method>.yaml names, with the class's defaults and `kwargs`."""
+    return method_class(method_config(method)["_target_"])(models, **kwargs)
+
+
 def read(method: str, script, tokenizer, context: str = "Document 1: Vrystork was directed by Quouv.", **kwargs):
     model = ScriptedModel(script)
     models = Models(lead=model, lead_tokenizer=tokenizer, subagent=model, subagent_tokenizer=tokenizer)
-    result = asyncio.run(build_method(method, models, **kwargs).run(Sample(id="s", question=QUESTION, answers=["Quouv"],
+    result = asyncio.run(built(method, models, **kwargs).run(Sample(id="s", question=QUESTION, answers=["Quouv"],
                                                                              context=context)))
     return result, model
 
@@ -68,7 +75,11 @@ def test_prompts_are_the_authors_bytes_with_the_question_stripped():
     recurrent.py `TEMPLATE`, `TEMPLATE_FINAL`; recurrent_boxed.py `TEMPLATE_FINAL`; R taskutils/
     memory_eval/utils/rememr1.py `TEMPLATE`, `TEMPLATE_FINAL_BOXED`; M taskutils/memory_data/filter.py
     `TEMPLATE` (question as given). Each ends in a newline ("Updated memory:\\n")."""
-    q, render = QUESTION.strip(), prompts.BASELINES.render
+    q = QUESTION.strip()
+
+    def render(name, **fields):  # each method folder's own prompts
+        return (MEMAGENT_PROMPTS if name.startswith("memagent") else REMEMR1_PROMPTS).render(name, **fields)
+
     assert sha(render("memagent_update", question=q, memory="No previous memory", chunk="Doc 1 text")) == \
         "3ae46911ae474cfbe2efd28d6ac5f0edbd1b412755f172158ef9374dbb66bbf4"
     assert sha(render("memagent_final_recurrent", question=q, memory="m1")) == \
@@ -80,7 +91,7 @@ def test_prompts_are_the_authors_bytes_with_the_question_stripped():
     assert sha(render("rememr1_final", question=q, memory="m1", recalled_memory="r1")) == \
         "b236223589e680b24351963f4f30616684a5de9b44b01ef485406b30c99ba70b"
     assert sha(PROMPT_TEMPLATE.format(question=QUESTION)) == "96c918f4929fcef732bc02d4d586437bc6a4d3985071d5ccd0d940c9811e2b98"
-    assert not prompts.BASELINES.load("coa_worker").endswith("\n")  # other prompts: the file's line break only
+    assert not COA_PROMPTS.load("coa_worker").endswith("\n")  # other prompts: the file's line break only
 
 
 @pytest.mark.parametrize("method", ["memagent", "rememr1"])
@@ -90,7 +101,7 @@ def test_the_method_sends_the_stripped_question_and_the_final_newline(tiny_token
     result, model = read(method, lambda p, i: "m", tiny_tokenizer)
     for prompt in model.prompts:
         assert "<problem> \nWho directed Vrystork?\n</problem>" in user_turn(prompt)
-    reader = build_method(method, Models(lead=model, lead_tokenizer=tiny_tokenizer))
+    reader = built(method, Models(lead=model, lead_tokenizer=tiny_tokenizer))
     state = reader.new_state()
     assert reader.update_prompt(QUESTION, "chunk", state).endswith("</section>\n\nUpdated memory:\n")
     assert reader.final_prompt(QUESTION, state).endswith("</memory>\n\nYour answer:\n")

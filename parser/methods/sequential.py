@@ -23,7 +23,7 @@ a model that thinks with thinking off). What a method keeps goes through `untrus
 reaches a prompt. The prediction is each method's `extract`; here (Chain-of-Agents, whose
 authors released no code) the project's lenient rule: the last `\\boxed{...}`, else the text after
 the last "the answer is", else the reply itself. MemAgent and ReMemR1 use their authors' rules
-(`parser.methods.memagent_rules`). Every call goes through
+(`parser.methods.memagent.rules`). Every call goes through
 `parser.retry` (`retry:`): timeouts and retryable backend errors are retried, and a call that
 still fails fails the sample, which eval records and retries on re-run.
 """

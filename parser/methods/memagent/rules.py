@@ -8,7 +8,7 @@ section "MemAgent and ReMemR1", names each source. Sources: MemAgent = BytedTsin
 @ 76b7a65 (`taskutils/memory_eval/utils/__init__.py`, `utils/recurrent.py`, `ruler_hqa.py`);
 ReMemR1 = syr-cn/ReMemR1 @ 43e69f3 (`taskutils/memory_eval/utils/rememr1.py`, `test_qa.py`).
 
-    from parser.methods.memagent_rules import prediction
+    from parser.methods.memagent.rules import prediction
     prediction("Therefore, the answer is Paris.", "recurrent")   # ("Paris", "recurrent")
 """
 from __future__ import annotations

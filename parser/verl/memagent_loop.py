@@ -10,8 +10,8 @@ of `AgentLoopOutput`s; `AgentLoopWorkerTQ._agent_loop_postprocess` stores each u
 broadcasts its advantage to every output of the session. (verl's older `AgentLoopWorker`,
 the non-TransferQueue path, takes one output per run; this loop needs `trainer.use_v1`.)
 
-The memory agent is the eval baseline itself (`parser.methods.memagent`, built by name), never a
-copy: its lead backend is `RecordingLead`, which turns each rendered prompt into token ids,
+The memory agent is the eval baseline itself (`parser.methods.memagent` or `parser.methods.rememr1`,
+named by `parser.memagent.method`), never a copy: its lead backend is `RecordingLead`, which turns each rendered prompt into token ids,
 generates through verl's rollout servers (`parser.verl.server_manager`), and keeps every
 conversation's exact token stream — prompt ids as sent, the generated ids with their rollout
 log-probs — from which the outputs are built (mask 1 on every generated token: a memory agent's
@@ -27,7 +27,7 @@ and the replay buffer composes the group (`parser.verl.info_gain`).
 Registration (configs/train/agent_loop.yaml) and settings (the trainer config's `parser:` block):
 
     - name: memagent_agent
-      _target_: parser.methods.memagent_loop.MemAgentAgentLoop
+      _target_: parser.verl.memagent_loop.MemAgentAgentLoop
 
     parser.memagent: {method: memagent, reward: memagent, answer_mode: boxed, chunk_size: 5000, ...}
     # dataset rows with agent_name = memagent_agent (data_prep.verl_parquet.write_rl_parquet(agent_name=...))
@@ -48,9 +48,9 @@ from parser.backends.models import Models
 from parser.chat_format import CHATML
 from parser.config import EpisodeConfig
 from parser.info_gain import SUCCESS, GainRecord, GainScorer, InfoGainConfig, matched_gold
-from parser.methods import build_method
 from parser.methods.base import Sample
-from parser.methods.memagent import NO_MEMORY
+from parser.methods.memagent import NO_MEMORY, MemAgentMethod
+from parser.methods.rememr1 import ReMemR1Method
 from parser.protocol import protocol_for
 from parser.retry import RETRY_KEYS, RetryingBackend, RetryPolicy
 from parser.reward import memagent_rl_reward
@@ -59,7 +59,8 @@ from parser.verl.rows import episode_inputs
 from parser.verl.server_manager import ServerManagerBackend
 
 AGENT_NAME = "memagent_agent"  # configs/train/agent_loop.yaml `name`; the dataset's agent_name
-MEMORY_METHODS = ("memagent", "rememr1")
+# the memory agents this loop trains, by `parser.memagent.method` (their configs/method/<name>.yaml `name`)
+MEMORY_METHODS = {"memagent": MemAgentMethod, "rememr1": ReMemR1Method}
 REWARD_RULES = ("memagent", "exact_match")  # parser.memagent.reward
 
 
@@ -100,7 +101,7 @@ def method_settings(settings: Mapping[str, Any] | None) -> tuple[str, dict[str, 
     settings = dict(settings or {})
     name = settings.pop("method", "memagent")
     if name not in MEMORY_METHODS:
-        raise ValueError(f"parser.memagent.method={name!r}; expected one of {MEMORY_METHODS}")
+        raise ValueError(f"parser.memagent.method={name!r}; expected one of {tuple(MEMORY_METHODS)}")
     reward = settings.pop("reward", "memagent")
     if reward not in REWARD_RULES:
         raise ValueError(f"parser.memagent.reward={reward!r}; expected one of {REWARD_RULES}")
@@ -142,7 +143,7 @@ class MemAgentAgentLoop(AgentLoopBase):
         golds = gold_answers(inputs.golds)
         server = ServerManagerBackend(self.server_manager, sampling_params, stop_token_ids=CHATML.stop_token_ids(self.tokenizer))
         lead = RecordingLead(server, self.tokenizer)
-        method = build_method(self.method_name, Models(lead=lead, lead_tokenizer=self.tokenizer), **self.method_kwargs)
+        method = MEMORY_METHODS[self.method_name](models=Models(lead=lead, lead_tokenizer=self.tokenizer), **self.method_kwargs)
         request_id = uuid4().hex
         started = asyncio.get_running_loop().time()
         try:
