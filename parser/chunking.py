@@ -95,6 +95,8 @@ def chunk_document(document: str, tokenizer: Any, chunk_size: int) -> list[Chunk
     Each paragraph is tokenized once (batched); chunk sizes are the sum of paragraph and
     separator token counts, so the growing chunk is never re-tokenized.
     """
+    if not isinstance(document, str):
+        raise TypeError(f"chunk_document: document must be a str, got {type(document).__name__}")
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     paragraphs = split_paragraphs(document)

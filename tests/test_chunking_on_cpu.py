@@ -73,3 +73,9 @@ def test_896k_token_document_chunks_within_bounds(qwen3_tokenizer):
     assert sum(c.num_tokens for c in chunks) > 800_000
     assert all(c.num_tokens <= 4096 for c in chunks)
     assert [pid for c in chunks for pid in c.paragraph_ids] == list(range(1, 6401))
+
+
+@pytest.mark.parametrize("document", [None, b"bytes are not text", 42, ["a", "b"], {"context": "x"}])
+def test_a_document_that_is_not_text_is_refused_naming_the_argument(qwen3_tokenizer, document):
+    with pytest.raises(TypeError, match=f"document must be a str, got {type(document).__name__}"):
+        chunk_document(document, qwen3_tokenizer, 128)

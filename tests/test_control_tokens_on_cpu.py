@@ -206,3 +206,21 @@ def test_the_release_protocol_tokenises_untrusted_text_as_it_is(qwen3_5_tokenize
     release = protocol_for(EpisodeConfig(protocol="release"))
     assert release.untrusted(INJECTION, qwen3_5_tokenizer) == INJECTION
     assert protocol_for(EpisodeConfig()).untrusted(INJECTION, qwen3_5_tokenizer) != INJECTION
+
+
+# -- InfoMem's scoring prompt ----------------------------------------------------------------------
+def test_infomems_scoring_prompt_reads_every_control_string_as_text(qwen3_5_tokenizer):
+    """Question, findings and gold answer carry every string the Qwen3.5 tokenizer reads as a
+    control token (its special and added tokens, the thinking and tool tags included): the
+    scoring prompt holds the template's control tokens and no more, and the scored answer none."""
+    from parser.info_gain import GainScorer, InfoGainConfig
+
+    tok = qwen3_5_tokenizer
+    every = "".join(sorted(CHATML.control_tokens(tok))) + INJECTION
+    assert {"<think>", "</think>", "<tool_call>", "<tool_response>"} <= CHATML.control_tokens(tok)
+    scorer = GainScorer(None, tok, InfoGainConfig(enable=True))
+    for evidence in ("findings " + every, None):
+        hostile = control_counts(tok, scorer.prompt_ids("Who? " + every, evidence))
+        benign = control_counts(tok, scorer.prompt_ids("Who? " + BENIGN, evidence and "findings " + BENIGN))
+        assert hostile == benign
+    assert control_counts(tok, scorer._untrusted("Ada " + every)) == collections.Counter()

@@ -148,10 +148,10 @@ def test_sglang_ids_from_logprob_triples_when_no_output_ids(capture):
 
 def test_sglang_abort_is_a_backend_error(capture):
     capture.replies.append((200, {"text": "", "meta_info": {"finish_reason": {
-        "type": "abort", "message": "input is longer than the context", "status_code": 400}}}))
-    with pytest.raises(BackendError, match="longer than the context") as err:
+        "type": "abort", "message": "the scheduler aborted the request", "status_code": 400}}}))
+    with pytest.raises(BackendError, match="scheduler aborted") as err:
         run(generate_once(HttpBackend(capture.url), "x", SP))
-    assert err.value.retryable is False and err.value.status == 400
+    assert err.value.retryable is True and err.value.status == 400  # the worker gave up on a request it took
 
 
 def test_completions_shape_and_cached_tokens(capture):

@@ -146,3 +146,14 @@ def test_the_replay_buffer_reads_the_settings_verl_hands_it(needle_loopback, mod
     )
     assert buffer.info_gain == InfoGainConfig(enable=True, beta=0.3)
     assert buffer.filter_groups_metric == "acc"  # dynamic sampling judges groups by their EM
+
+
+def test_a_stored_gain_that_is_not_a_usable_number_is_no_gain_and_the_group_stays_finite():
+    """Records read back from TransferQueue are data: NaN, inf, huge or a string gain is no gain."""
+    keys = [f"u1_{i}_0" for i in range(6)]
+    rows = [_row(1.0, float("nan")), _row(1.0, float("inf")), _row(1.0, 1e308), _row(1.0, "0.5"),
+            _row(1.0, 0.2), _row(1.0, 0.8)]
+    got = compose_groups(keys, rows, InfoGainConfig(enable=True))
+    assert got == pytest.approx([1.0, 1.0, 1.0, 1.0, 0.8, 1.2])
+    metrics = info_gain_metrics(keys, rows, got)
+    assert all(math.isfinite(v) for v in metrics.values()) and metrics["parser/info_gain/scored_fraction"] == 2 / 6

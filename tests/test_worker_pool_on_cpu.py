@@ -112,3 +112,83 @@ def test_a_worker_that_keeps_failing_is_reprobed_ever_more_rarely():
     probes = len(dead.worker.records)
     # a fixed 0.05 s cooldown would probe it ~30 times in 1.5 s; doubling to 0.4 s: 0.05+0.1+0.2+0.4+0.4+0.4
     assert 3 <= probes <= 8, probes
+
+
+# ---------------------------------------------------------------------- any refused reply fails over
+def _faulty_app():
+    """One aiohttp worker per fault, as SGLang `/generate` would answer: each reply passes the
+    transport but the client refuses it (or the connection dies), except `bad_request`, which is
+    a 400 for a request of ours that every worker would refuse alike."""
+    from aiohttp import web
+
+    async def oversized(request):
+        return web.json_response({"text": "x" * 4096, "meta_info": {"finish_reason": "stop"}})
+
+    async def brotli(request):
+        return web.Response(body=b"\x0b\x02\x80{}\x03", headers={"Content-Encoding": "br"})
+
+    async def aborted(request):
+        return web.json_response({"text": "", "meta_info": {"finish_reason": {
+            "type": "abort", "message": "aborted", "status_code": 400}}})
+
+    async def reset(request):
+        request.transport.close()
+        return web.Response()
+
+    async def bad_request(request):
+        return web.json_response({"error": {"message": "bad sampling", "type": "invalid_request_error"}}, status=400)
+
+    return {"oversized": oversized, "brotli": brotli, "aborted": aborted, "reset": reset, "bad_request": bad_request}
+
+
+async def _serve(handler):
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/generate", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+@pytest.mark.parametrize("fault", ["oversized", "brotli", "aborted", "reset"])
+def test_a_worker_whose_replies_are_refused_is_marked_down_and_its_chunks_move(fault):
+    handler = _faulty_app()[fault]
+
+    async def go():
+        runner, bad_url = await _serve(handler)
+        with start_loopback("good") as good:
+            pool = WorkerPool([HttpBackend(bad_url, max_response_bytes=1024), HttpBackend(good.url)], cooldown_s=60)
+            try:
+                results = await asyncio.gather(*(attempts(pool, f"doc:chunk{i}", timeout_s=10) for i in range(16)))
+                return results, pool._strikes[0] >= 1
+            finally:
+                await pool.aclose()
+                await runner.cleanup()
+
+    results, down = asyncio.run(go())
+    assert all(c.worker == "good" for c, _ in results)  # no chunk lost
+    assert any(used == 2 for _, used in results) and all(used <= 2 for _, used in results)  # moved once, in the call
+    assert down  # counted toward the faulty worker's health
+
+
+def test_a_bad_request_of_ours_is_neither_retried_nor_held_against_the_worker():
+    async def go():
+        runner, url = await _serve(_faulty_app()["bad_request"])
+        with start_loopback("good") as good:
+            pool = WorkerPool([HttpBackend(url), HttpBackend(good.url)], cooldown_s=60)
+            keys = [k for k in (f"doc:chunk{i}" for i in range(64)) if pool.ranking(k)[0] == 0][:4]
+            try:
+                for key in keys:
+                    with pytest.raises(BackendError, match="bad sampling") as error:
+                        await attempts(pool, key, timeout_s=10)
+                    assert not error.value.retryable
+                return pool._strikes[0], len(good.worker.records)
+            finally:
+                await pool.aclose()
+                await runner.cleanup()
+
+    strikes, sent_to_good = asyncio.run(go())
+    assert strikes == 0 and sent_to_good == 0  # one attempt each, on the key's own worker
