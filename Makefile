@@ -24,8 +24,10 @@ setup: $(STAMP)
 demo: setup
 	$(PY) -m parser.demo
 
+# The offline models' cached files (parser.offline.assets): the demo's SmolLM2, the tiny models'
+# chat template, and the real tokenizers the tests use.
 assets: setup
-	$(PY) -m parser.testing.assets
+	$(PY) -m parser.offline.assets
 
 # ruff with the rules in pyproject.toml ([tool.ruff]): pyflakes and a few bug rules.
 lint: setup
@@ -69,7 +71,7 @@ bench: setup
 	$(PY) scripts/bench_chunking.py
 	$(PY) scripts/bench_data.py
 	$(PY) scripts/bench_latency.py
-	$(PY) scripts/bench_backend.py
+	PYTHONPATH=tests $(PY) scripts/bench_backend.py  # tests/support/vllm_server.py, if PARSER_VLLM_PYTHON is set
 
 # A real vLLM (CPU build) in its own environment, for tests/servers/: vLLM pins its own torch and
 # transformers, so it never shares .venv. PyPI's torchvision/torchaudio/torchcodec are CUDA builds

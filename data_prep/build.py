@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep import recipes
 from data_prep.records import DataError
+from parser.resources import config_dir
 
 
 def run(cfg: dict[str, Any]) -> Any:
@@ -32,7 +33,7 @@ def run(cfg: dict[str, Any]) -> Any:
     return recipe(**cfg)
 
 
-@hydra.main(config_path="../configs/data", config_name="synthetic_eval", version_base="1.3")
+@hydra.main(config_path=str(config_dir("data")), config_name="synthetic_eval", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
         written = run(OmegaConf.to_container(cfg, resolve=True))

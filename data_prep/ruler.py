@@ -41,6 +41,7 @@ from data_prep.records import Corpus, DataError, Question
 from data_prep.ruler_tasks import (NIAH_ANSWER_PREFIX, NIAH_NEEDLE, NIAH_TEMPLATE, NIAH_TEMPLATE_SINGLE, NOISE,
                                    RulerTask, get_task, ruler_file)
 from parser.chunking import render_paragraphs
+from parser.resources import config_dir
 
 TOLERANCE = 0.02  # rows are at most 2% (or one haystack unit) below their target length
 DEPTHS = [round(100 * i / 39) for i in range(40)]  # RULER's 40 needle depths, 0..100 %
@@ -442,7 +443,7 @@ def build_files(cfg: dict[str, Any]) -> list[Path]:
     return written
 
 
-@hydra.main(config_path="../configs/data", config_name="ruler", version_base="1.3")
+@hydra.main(config_path=str(config_dir("data")), config_name="ruler", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     for path in build_files(OmegaConf.to_container(cfg, resolve=True)):
         print(f"[ruler] wrote {path}")

@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from eval.run import CONFIGS, BadSetting, with_search_path
 
-    @hydra.main(config_path="../configs/eval", config_name="order_study", version_base="1.3")
+    @hydra.main(config_path=str(CONFIGS / "eval"), config_name="order_study", version_base="1.3")
     def run(cfg: DictConfig) -> None:
         hydra_cfg = HydraConfig.get()
         base = [*hydra_cfg.overrides.task, f"hydra.searchpath=[file://{CONFIGS}]"]

@@ -27,8 +27,9 @@ PACKAGES = ("parser-agents", "torch", "transformers", "tokenizers", "sglang", "s
 
 
 def git_state(repo: str | Path | None = None) -> dict[str, Any]:
-    """Commit hash and whether the tree had uncommitted changes (a dirty tree is not reproducible)."""
-    repo = Path(repo or Path(__file__).resolve().parent.parent)
+    """Commit hash and whether the tree had uncommitted changes (a dirty tree is not reproducible).
+    By default git looks from this package's own folder: a checkout's commit, none when installed."""
+    repo = Path(repo or Path(__file__).parent)
 
     def git(*args: str) -> str | None:
         try:

@@ -248,7 +248,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     import hydra
 
-    @hydra.main(config_path="../configs/eval", config_name="ruler", version_base="1.3")
+    from parser.resources import config_dir
+
+    @hydra.main(config_path=str(config_dir("eval")), config_name="ruler", version_base="1.3")
     def run(cfg: Any) -> None:
         try:
             sys.exit(asyncio.run(evaluate_ruler(cfg)))

@@ -53,6 +53,7 @@ from eval.store import ResultsStore, RunDirLocked, lock_run_dir
 from parser import progress
 from parser.config import ConfigError, check_episode_keys
 from parser.methods import Method, MethodResult, Sample, build_method
+from parser.resources import config_dir
 from parser.results import Key, ResultRow, TimingLine
 
 
@@ -308,10 +309,10 @@ async def _evaluate(cfg: DictConfig, method: Method | None) -> int:
 
 # configs/eval/ holds this entry point's own groups (dataset, method); the shared presets it
 # composes (configs/backend, configs/episode) are found through Hydra's search path.
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = config_dir()
 
 
-@hydra.main(config_path="../configs/eval", config_name="default", version_base="1.3")
+@hydra.main(config_path=str(CONFIGS / "eval"), config_name="default", version_base="1.3")
 def _main(cfg: DictConfig) -> None:
     try:
         sys.exit(asyncio.run(evaluate(cfg)))

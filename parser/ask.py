@@ -32,9 +32,10 @@ import orjson
 from parser import progress
 from parser.chunking import Chunk, render_paragraphs
 from parser.config import ConfigError, check_episode_keys
+from parser.resources import config_dir
 from parser.reward import normalize_answer
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = config_dir()
 PASSAGE_FIELDS = ("text", "content", "context")  # what a JSONL line's passage may be called
 OVERRIDE = re.compile(r"^[+~]?[A-Za-z_][\w@./-]*=")  # `key=value` (a question has a space before any `=`)
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 from typing import Any, Mapping
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+from parser.resources import config_dir
+
+CONFIGS = config_dir()
 PROTOCOLS = ("parser", "release")  # whose behaviour the engine has; parser/protocol.py, docs/fidelity.md
 
 

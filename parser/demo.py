@@ -34,9 +34,10 @@ from parser import progress
 from parser.gateway import ProcessGroup, worker_launches
 from parser.methods import MethodResult, Sample
 from parser.methods.parser import ParSerMethod
+from parser.resources import config_dir
 from parser.reward import sub_em
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+CONFIG_DIR = str(config_dir())
 CPU_PRESET = "cpu"  # configs/episode/cpu.yaml: in-process models on a CPU cannot afford the paper's budgets
 
 

@@ -3,7 +3,8 @@
 Why it exists: ParSer re-reads every chunk every round, which is cheap only when each chunk's
 instructions+chunk prefix stays in one worker's KV cache and the router keeps sending that
 chunk there. This module turns a config (`configs/serve/*.yaml`) into the exact command lines
-for the workers (SGLang servers on GPUs; `parser.serve` or the loopback worker on CPU) and for
+for the workers (SGLang servers on GPUs; `parser.serve`, or any module that serves the same
+way, on CPU: the tests' loopback worker is `workers.module=support.loopback`) and for
 the router, starts them as child processes, waits until each answers, and stops exactly the
 processes it started (by their own PIDs / process groups — never by name).
 `scripts/serve_subagents.py` and the gateway tests are thin users.
@@ -51,14 +52,15 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from parser.backends.base import ROUTING_HEADER
+from parser.resources import config_dir
 
 ROUTER_KINDS = ("smg", "sglang_router")
-WORKER_KINDS = ("sglang", "parser_serve", "loopback")
+WORKER_KINDS = ("sglang", "parser_serve", "module")
 # Policies that choose the worker from the routing-key header instead of the prompt text.
 HEADER_KEYED_POLICIES = ("consistent_hashing", "manual")
 # The module each router kind is started with (`python -m MODULE [launch] ...`).
 ROUTER_MODULES = {"smg": ("smg", "launch"), "sglang_router": ("sglang_router.launch_router",)}
-ROUTER_PRESETS = Path(__file__).resolve().parent.parent / "configs" / "serve" / "router"
+ROUTER_PRESETS = config_dir("serve", "router")
 
 
 # ---------------------------------------------------------------------------- small helpers
@@ -126,8 +128,10 @@ def worker_launches(workers: Mapping[str, Any], python: str = sys.executable) ->
     sglang: one `python -m sglang.launch_server` per `gpus_per_worker` GPUs (CUDA_VISIBLE_DEVICES
     set per worker, tensor parallel over them); `args` are SGLang server flags. Set `num: 1` and
     `args.dp_size: 8` to let one SGLang process own all GPUs instead (the router sees one worker).
-    parser_serve / loopback: the project's CPU server / zero-compute worker, one per `num`, with
-    `local_args` as their flags (`args` are SGLang's and are not passed to them).
+    parser_serve: the project's CPU server; module: `python -m <workers.module>`, any server that
+    takes `--host --port --worker-id` as `parser.serve` does (the tests' zero-compute loopback
+    worker, `tests/support/loopback.py`, from a checkout's tests/). One per `num`, with `local_args` as
+    their flags (`args` are SGLang's and are not passed to them).
     """
     kind = _get(workers, "kind", "sglang")
     if kind not in WORKER_KINDS:
@@ -162,7 +166,11 @@ def worker_launches(workers: Mapping[str, Any], python: str = sys.executable) ->
             argv = [python, "-m", "parser.serve", "--model", str(model), "--host", host,
                     "--port", str(port), "--worker-id", f"w{i}", *local_args]
         else:
-            argv = [python, "-m", "parser.testing.loopback", "--host", host, "--port", str(port),
+            module = _get(workers, "module")
+            if not module:
+                raise ValueError("workers.module is required for workers.kind=module "
+                                 "(a module run as `python -m MODULE --host H --port P --worker-id wI`)")
+            argv = [python, "-m", str(module), "--host", host, "--port", str(port),
                     "--worker-id", f"w{i}", *local_args]
         launches.append(Launch(f"worker{i}", argv, http_url(host, port), env))
     return launches

@@ -9,13 +9,15 @@
 #   recipes/train_cpu_learn.sh --smoke                 # the same pipeline at 2 steps (CI); learning not judged
 #   LEARN_DIR=/tmp/learn recipes/train_cpu_learn.sh trainer.total_training_steps=60   # extra args: trainer overrides
 #
-# The subagents are the loopback worker's world readers (parser.testing.world_reader) standing in
+# The subagents are the loopback worker's world readers (tests/support/world_reader.py) standing in
 # for SGLang subagents: they hold the synthetic world's facts and answer from their chunk only.
 # Every stage is seeded (parser.seed); data, the warm-started lead (asset cache) and finished
 # eval rows are reused when the script runs again, the trainer resumes from its last checkpoint.
 # Each stage's wall time and the load average go to $LEARN_DIR/timings.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# the readers and the warm start are test code (tests/support/, never shipped): run from a checkout
+export PYTHONPATH="$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 
 SMOKE=0
 if [[ "${1:-}" == "--smoke" ]]; then SMOKE=1; shift; fi
@@ -47,7 +49,7 @@ stage() {  # stage NAME COMMAND...: run it, log its wall time and the load avera
 }
 
 # ---- readers ----------------------------------------------------------------------------------
-"$PYTHON" -m parser.testing.loopback --port "$SUBAGENT_PORT" --reader world --no-records \
+"$PYTHON" -m support.loopback --port "$SUBAGENT_PORT" --reader world --no-records \
     > "$LEARN_DIR/readers.log" 2>&1 &
 READERS_PID=$!
 trap 'kill -TERM "$READERS_PID" 2>/dev/null || true; wait "$READERS_PID" 2>/dev/null || true' EXIT
@@ -64,7 +66,7 @@ GREEDY=(--config-name learn_cpu) SAMPLED=(--config-name learn_cpu_sampled)
 
 # ---- data, warm start, eval without RL --------------------------------------------------------
 stage data "$PYTHON" -m data_prep.build --config-name learn_cpu out_dir="$DATA_DIR" "${DATA[@]}"
-stage warm_start "$PYTHON" -m parser.testing.learn_lead --data "$DATA_DIR" --out "$LEARN_DIR/lead" \
+stage warm_start "$PYTHON" -m support.learn_lead --data "$DATA_DIR" --out "$LEARN_DIR/lead" \
     --gateway-url "$PARSER_GATEWAY_URL" "${WARM[@]}"
 stage eval_before "$PYTHON" -m eval.run "${GREEDY[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead" \
     'report.variant="w/o RL"' out_dir="$LEARN_DIR/eval/before"

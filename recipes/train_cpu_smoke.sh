@@ -6,11 +6,13 @@
 #   recipes/train_cpu_smoke.sh trainer.total_training_steps=3    # again: resumes at step 2, runs step 3
 #   SMOKE_DIR=/tmp/smoke recipes/train_cpu_smoke.sh              # where lead, data, checkpoints go
 #
-# Steps: start a loopback subagent worker (parser.testing.loopback, answers with a finding
-# where the needle is), build the tiny lead and the verl parquet once (parser.testing.verl_smoke),
+# Steps: start a loopback subagent worker (tests/support/loopback.py, answers with a finding
+# where the needle is), build the tiny lead and the verl parquet once (tests/support/verl_smoke.py),
 # then `python -m parser.verl.train --config-name train/cpu_smoke`. Stops the worker on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# the loopback worker and the tiny lead are test code (tests/support/, never shipped): run from a checkout
+export PYTHONPATH="$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 
 SMOKE_DIR=${SMOKE_DIR:-runs/cpu_smoke}
 SUBAGENT_PORT=${SUBAGENT_PORT:-31001}
@@ -20,7 +22,7 @@ export HYDRA_FULL_ERROR=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 mkdir -p "$SMOKE_DIR"
-"$PYTHON" -m parser.testing.loopback --port "$SUBAGENT_PORT" --needle "directed by Miro Tal" \
+"$PYTHON" -m support.loopback --port "$SUBAGENT_PORT" --needle "directed by Miro Tal" \
     > "$SMOKE_DIR/subagents.log" 2>&1 &
 SUBAGENT_PID=$!
 trap 'kill -TERM "$SUBAGENT_PID" 2>/dev/null || true; wait "$SUBAGENT_PID" 2>/dev/null || true' EXIT
@@ -32,7 +34,7 @@ for _ in $(seq 1 60); do
 done
 
 if [[ ! -f "$SMOKE_DIR/data/train.parquet" || ! -d "$SMOKE_DIR/lead" ]]; then
-    "$PYTHON" -m parser.testing.verl_smoke --out "$SMOKE_DIR" --gateway-url "$PARSER_GATEWAY_URL"
+    "$PYTHON" -m support.verl_smoke --out "$SMOKE_DIR" --gateway-url "$PARSER_GATEWAY_URL"
 fi
 
 "$PYTHON" -m parser.verl.train --config-name train/cpu_smoke \

@@ -21,7 +21,7 @@ round. Targets on 2 cores: cached round >= 4x at T=14, first round >= 0.95x, bat
 1.5x of vLLM's time. The run fails (exit 1) on nonsense: a missing row, NaN, zero tokens.
 
     .venv/bin/python scripts/bench_backend.py                  # T = 14 and 64 on SmolLM2-135M (~15 min on 2 cores)
-    .venv/bin/python scripts/bench_backend.py --vllm-python .venv-vllm/bin/python        # after `make vllm-env`
+    PYTHONPATH=tests .venv/bin/python scripts/bench_backend.py --vllm-python .venv-vllm/bin/python   # after `make vllm-env`
     .venv/bin/python scripts/bench_backend.py --tasks 14 --threads 1   # one width, one torch thread (a loaded machine)
     .venv/bin/python scripts/bench_backend.py --smoke          # seconds: tiny random model, T = 4 (the suite runs it)
 """
@@ -31,20 +31,17 @@ import argparse
 import asyncio
 import math
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from data_prep.synthetic_world import build_synthetic_eval  # noqa: E402
-from parser.backends.loading import load_model_and_tokenizer  # noqa: E402
-from parser.backends.transformers import TransformersBackend  # noqa: E402
-from parser.chunking import chunk_document  # noqa: E402
-from parser.config import episode_preset  # noqa: E402
-from parser.readers.subagent import SubagentReader  # noqa: E402
+from data_prep.synthetic_world import build_synthetic_eval
+from parser.backends.loading import load_model_and_tokenizer
+from parser.backends.transformers import TransformersBackend
+from parser.chunking import chunk_document
+from parser.config import episode_preset
+from parser.readers.subagent import SubagentReader
 
 ROUNDS = ("first", "cached")
 QUERIES = {"first": None, "cached": "Which person or place does this passage name first, and what is said about them?"}
@@ -181,10 +178,14 @@ def main() -> None:
         server = None
         if args.vllm_python:
             from parser.backends.http import HttpBackend
-            from parser.testing.vllm_server import vllm_server
+            try:
+                from support.vllm_server import vllm_server
+            except ModuleNotFoundError as error:
+                raise SystemExit("[bench] --vllm-python starts vLLM with the tests' launcher "
+                                 "(tests/support/vllm_server.py): run it from a checkout with PYTHONPATH=tests") from error
 
             if args.model != "smollm2":
-                raise SystemExit("[bench] --vllm-python serves SmolLM2 only (parser.testing.vllm_server)")
+                raise SystemExit("[bench] --vllm-python serves SmolLM2 only (tests/support/vllm_server.py)")
             server = vllm_server(args.vllm_python, Path(tmp) / "vllm.log")
             url = server.__enter__()
             engines["vllm"] = lambda width: backends.setdefault(("vllm", width), reader(

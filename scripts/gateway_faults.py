@@ -1,7 +1,7 @@
 """What happens to ParSer's scatter rounds when one subagent worker fails? The fault table.
 
 For every fault and every setup it starts three loopback workers (one process each,
-`parser.testing.loopback`) and, for a router setup, the real router binary with the shipped
+`tests/support/loopback.py`) and, for a router setup, the real router binary with the shipped
 settings (`configs/serve/router/<kind>.yaml`; its request timeout scaled with the client's
 deadline, keeping the shipped 240 s : 300 s ratio), then sends back-to-back scatter rounds through
 the episode engine's own request path (`parser.tools.QueryAgents`: per-attempt deadline
@@ -60,23 +60,24 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-import yaml  # noqa: E402
+import yaml
 
-from parser import prompts  # noqa: E402
-from parser.backends.base import Completion, SamplingParams  # noqa: E402
-from parser.backends.http import HttpBackend  # noqa: E402
-from parser.backends.pool import WorkerPool  # noqa: E402
-from parser.chunking import Chunk  # noqa: E402
-from parser.config import EpisodeConfig  # noqa: E402
-from parser.gateway import ProcessGroup, router_launch, router_preset, worker_launches  # noqa: E402
-from parser.protocol import protocol_for  # noqa: E402
-from parser.tools import QueryAgents, ReaderReply  # noqa: E402
+from parser import prompts
+from parser.backends.base import Completion, SamplingParams
+from parser.backends.http import HttpBackend
+from parser.backends.pool import WorkerPool
+from parser.chunking import Chunk
+from parser.config import EpisodeConfig
+from parser.gateway import ProcessGroup, router_launch, router_preset, worker_launches
+from parser.protocol import protocol_for
+from parser.tools import QueryAgents, ReaderReply
 
 FAULTS = ("kill", "freeze", "hang", "garbage", "flap")
 SETUPS = ("smg", "sglang_router", "pool")
 FAULTY = 1  # worker1 fails
+# the loopback worker is test code (tests/support/loopback.py): this checkout's tests/ on its path
+LOOPBACK_PATH = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1] / "tests"), os.environ.get("PYTHONPATH")) if p)
 # the router asks a hub for the workers' model ("loopback"): a closed local port answers instead
 NO_HUB = {"HF_ENDPOINT": "http://127.0.0.1:9"}
 
@@ -268,7 +269,8 @@ async def _drive(backend: RecordingBackend, args: argparse.Namespace, fault: str
 
 def run_one(fault: str, setup: str, args: argparse.Namespace, log_root: Path) -> Row:
     group = ProcessGroup(log_root / f"{fault}-{setup}")
-    workers = worker_launches({"kind": "loopback", "num": 3, "local_args": {"delay_s": args.delay_s}})
+    workers = worker_launches({"kind": "module", "module": "support.loopback", "num": 3, "env": {"PYTHONPATH": LOOPBACK_PATH},
+                               "local_args": {"delay_s": args.delay_s}})
     try:
         for w in workers:
             group.start(w)

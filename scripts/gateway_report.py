@@ -58,11 +58,10 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from parser import prompts  # noqa: E402
-from parser.backends.base import ROUTING_HEADER, Backend, SamplingParams  # noqa: E402
-from parser.retry import retrying  # noqa: E402
+from parser import prompts
+from parser.backends.base import ROUTING_HEADER, Backend, SamplingParams
+from parser.retry import retrying
 
 _WORDS = ("river castle amber signal harbor lantern meadow copper orbit violet canyon ledger "
           "summit willow ember quartz falcon thistle marble cobalt tundra saffron beacon "

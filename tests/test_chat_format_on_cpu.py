@@ -20,7 +20,7 @@ def tokenizer(request, qwen3_5_tokenizer, qwen3_tokenizer, tiny_tokenizer):
     if request.param == "smollm2":
         from transformers import AutoTokenizer
 
-        from parser.testing.assets import smollm2_dir
+        from parser.offline.assets import smollm2_dir
 
         return AutoTokenizer.from_pretrained(smollm2_dir())
     return {"qwen3_5": qwen3_5_tokenizer, "qwen3": qwen3_tokenizer, "tiny": tiny_tokenizer}[request.param]

@@ -18,7 +18,7 @@ from aiohttp import web
 from parser.backends.base import ROUTING_HEADER, Backend, BackendError, SamplingParams
 from parser.backends.http import HttpBackend
 from parser.serve import ServerHandle, json_response
-from parser.testing.loopback import ABSTENTION, prefix_hash, start_loopback
+from support.loopback import ABSTENTION, prefix_hash, start_loopback
 
 NEEDLE = "The harbour master moved to Tromso in 1911."
 SP = SamplingParams(max_new_tokens=8, temperature=0.0)
@@ -315,7 +315,7 @@ def test_json_schema_reaches_both_apis(capture):
     """Constrained subagent output: SGLang's sampling_params.json_schema, OpenAI's response_format."""
     from parser.chunking import Chunk
     from parser.readers import SubagentReader
-    from parser.testing import byte_bpe_tokenizer
+    from parser.offline import byte_bpe_tokenizer
 
     reader = SubagentReader(HttpBackend(capture.url), byte_bpe_tokenizer(), json_constrained=True)
     capture.replies.append((200, {"text": '{"answer": "unknown"}', "meta_info": {"finish_reason": {"type": "stop"}}}))
@@ -368,7 +368,7 @@ def test_vllm_token_ids_and_aligned_logprobs(capture):
 def test_chat_sends_the_subagent_messages_not_rendered_text(capture):
     from parser.chunking import Chunk
     from parser.readers import SubagentReader
-    from parser.testing import byte_bpe_tokenizer
+    from parser.offline import byte_bpe_tokenizer
 
     capture.replies.append((200, {"choices": [{"index": 0, "finish_reason": "stop",
                                                "message": {"role": "assistant", "content": '{"answer": "unknown"}'}}]}))

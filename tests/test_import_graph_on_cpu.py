@@ -9,6 +9,7 @@ method registry did). `from pkg import name` counts as importing `pkg.name` when
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,11 +92,40 @@ def test_the_checker_sees_a_function_level_cycle(tmp_path):
     assert cycles(graph) == [["parser.baselines", "parser.methods"]]
 
 
+# Test code is whatever tests/ makes importable (pytest puts tests/ on the path): its modules
+# (`verl_fakes`, `scripted_lead`, ...) and packages (`support`: the loopback worker, the CPU runs'
+# leads, ...), and `tests` itself. None of it ships (pyproject.toml packages only parser, eval,
+# data_prep and configs).
+TEST_NAMES = ({"tests"} | {p.stem for p in (ROOT / "tests").glob("*.py")}
+              | {p.name for p in (ROOT / "tests").iterdir() if (p / "__init__.py").is_file()})
+
+
+def _test_references(path: Path) -> list[str]:
+    """Test modules that `path` imports, or names as a module string (`python -m support.loopback`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append(node.module)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"\w+(\.\w+)+", node.value):
+            found.append(node.value)
+    return sorted({name for name in found if name.split(".")[0] in TEST_NAMES})
+
+
 def test_production_never_imports_test_code():
-    graph = import_graph()
-    offenders = {m: sorted(t for t in targets if t.startswith("parser.testing"))
-                 for m, targets in graph.items() if not m.startswith("parser.testing")}
+    assert {"support", "verl_fakes", "scripted_lead"} <= TEST_NAMES  # the checker knows where test code lives
+    offenders = {name: _test_references(path) for name, path in _modules().items()}
     assert {m: t for m, t in offenders.items() if t} == {}
+
+
+def test_the_test_code_checker_sees_a_module_string(tmp_path):
+    """`parser/gateway.py` once started the loopback worker as `python -m <test module>` by string."""
+    path = tmp_path / "gateway.py"
+    path.write_text('import sys\nARGV = [sys.executable, "-m", "support.loopback", "--port", "1"]\n')
+    assert _test_references(path) == ["support.loopback"]
+    path.write_text('"""Start `python -m support.loopback` from a checkout."""\nfrom verl_fakes import ANSWER\n')
+    assert _test_references(path) == ["verl_fakes"]  # a docstring may name test code; an import may not
 
 
 # The verl agent loop that trains a memory agent (MemAgent, ReMemR1) as the policy: it runs that
@@ -130,7 +160,7 @@ def test_methods_sit_below_verl():
 # Core dependencies that no module of ours imports, and why each is still one.
 USED_THROUGH_ANOTHER = {
     "jinja2": "transformers renders every chat template with it but lists it only under an extra",
-    "gguf": "transformers loads the demo's GGUF SmolLM2 with it (parser.testing.assets, gguf_file=)",
+    "gguf": "transformers loads the demo's GGUF SmolLM2 with it (parser.offline.assets, gguf_file=)",
 }
 
 
@@ -149,7 +179,6 @@ def _external_imports() -> set[str]:
 def test_every_core_dependency_is_imported_or_says_why():
     """pandas sat in the core dependencies with nothing importing it."""
     import importlib.metadata
-    import re
     import tomllib
 
     dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]

@@ -167,7 +167,7 @@ def test_a_scorer_that_never_answers_leaves_no_gain_and_says_why():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = HttpBackend(f"http://127.0.0.1:{s.getsockname()[1]}", timeout_s=2)
-    from parser.testing import byte_bpe_tokenizer
+    from parser.offline import byte_bpe_tokenizer
 
     scorer = GainScorer(RetryingBackend(dead, RetryPolicy(max_attempts=2, backoff_s=0.01, timeout_s=5)),
                         byte_bpe_tokenizer(), ZSCORE)

@@ -17,8 +17,8 @@ pytest.importorskip("verl")
 from data_prep.recipes import learn_sets  # noqa: E402
 from parser.jsonl import read_records  # noqa: E402
 from data_prep.synthetic_world import ONE_HOP  # noqa: E402
-from parser.testing import learn_lead  # noqa: E402
-from parser.testing.loopback import start_loopback  # noqa: E402
+from support import learn_lead  # noqa: E402
+from support.loopback import start_loopback  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_answer_turn_copies_train_only_the_answer_after_the_last_finding(recorde
 
 
 def test_copy_curriculum_lowers_the_copy_loss(tiny_tokenizer):
-    from parser.testing import tiny_qwen3
+    from parser.offline import tiny_qwen3
 
     net = tiny_qwen3(tiny_tokenizer, seed=0).train()
     names = ["Kaerlor Vrithmus", "Zhu Kidri", "Bigren Pictures", "Ferry of Vrygayas", "Raklynd Vale"]
@@ -81,7 +81,7 @@ def test_fitted_tokenizer_keeps_every_lexicon_word_one_token():
     """With the name lexicon in its fitting text, the lead's BPE holds each word as one token after
     a space, so a name of an unseen world is two or three known tokens to copy."""
     from data_prep.synthetic_world import lexicon_words
-    from parser.testing import byte_bpe_tokenizer
+    from parser.offline import byte_bpe_tokenizer
 
     words = lexicon_words(256)
     tokenizer = learn_lead.fit_tokenizer([], byte_bpe_tokenizer(), ["Document 1\nSome prose about a city."], 1024,

@@ -3,7 +3,7 @@
 Each test restates one rule of the release (docs/fidelity.md's table) and derives the expected
 text from it; the release's behaviour is reached through its protocol object
 (`parser.protocol.ReleaseProtocol`) or the function that object uses. CI has no network and the project
-carries no copy of the release's prose, so `parser.testing.release_standin` writes a stand-in
+carries no copy of the release's prose, so `support.release_standin` writes a stand-in
 checkout (same files, same constant names and literal forms, placeholder prose) in tmp_path: it
 stands in for a real clone. The scripted episode runs the real engine on the real Qwen3.5
 tokenizer and chat template; only the lead's generations and the subagents' reply texts are
@@ -32,8 +32,8 @@ from parser.protocol import protocol_for
 from parser.readers.subagent import SubagentReader
 from parser.tools import ReaderReply
 from parser.reward import exact_match, normalize_answer, release_normalize, release_sub_em
-from parser.testing.release_standin import write_release_standin
 from scripted_lead import ScriptedLead
+from support.release_standin import write_release_standin
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -703,7 +703,7 @@ def test_verl_worker_trains_released_rows_with_the_release_mask(release_repo, ti
     pytest.importorskip("verl")
     from verl_fakes import CALL, ScriptedServerManager, document, run_verl_worker, save_tiny_model, train_config
 
-    from parser.testing.loopback import start_loopback
+    from support.loopback import start_loopback
     from parser.verl.reward import ANSWER_KEY
 
     invalid = ("Let me think.\n</think>\n\nNo tags here.", "stop")

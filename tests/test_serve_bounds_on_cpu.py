@@ -240,7 +240,7 @@ def test_a_request_counts_as_in_flight_only_once_its_body_is_read(tiny_qwen3_5_m
 
 def test_the_advertised_context_is_the_models_own(tiny_tokenizer):
     """It was 32768 whatever the model; a context over the model's positions is refused."""
-    from parser.testing import tiny_qwen3
+    from parser.offline import tiny_qwen3
 
     backend = TransformersBackend(tiny_qwen3(tiny_tokenizer, max_position_embeddings=4096), tiny_tokenizer)
     with start_server(backend, tokenizer=tiny_tokenizer, model_name="short") as handle:

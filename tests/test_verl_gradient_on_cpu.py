@@ -19,7 +19,7 @@ pytest.importorskip("verl")
 
 from verl_fakes import ANSWER, NEEDLE, SCRIPT, WRONG_SCRIPT, ScriptedServerManager, dataset_row, run_verl_worker, save_tiny_model, train_config  # noqa: E402
 
-from parser.testing.loopback import start_loopback  # noqa: E402
+from support.loopback import start_loopback  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def verl_loss(actor_config, log_probs: torch.Tensor, batch, response_mask: torch
 def setup(rollout, tiny_tokenizer):
     from verl.utils.config import omega_conf_to_dataclass
 
-    from parser.testing import tiny_qwen3_5
+    from parser.offline import tiny_qwen3_5
 
     out, config = rollout
     actor_config = omega_conf_to_dataclass(config.actor_rollout_ref.actor)

@@ -9,7 +9,7 @@ must see the same token stream every turn, the trained mask must be the eval lea
 spans, and both must end with the same answer.
 
 Under both protocols (this project's and the authors' release's, whose prose comes from the
-stand-in checkout `parser.testing.release_standin`), `build_method(...).run` and the verl agent
+stand-in checkout `support.release_standin`), `build_method(...).run` and the verl agent
 loop must give the subagents the same chunk texts — the release's `Paragraph N:` chunks under
 `release`, which eval once replaced by this project's `Document N:` chunks — and the lead the
 same first prompt, token for token.
@@ -31,8 +31,8 @@ from parser.methods import method_class, method_config  # noqa: E402
 from parser.methods.base import Sample  # noqa: E402
 from parser.protocol import protocol_for  # noqa: E402
 from parser.readers.subagent import render_chat  # noqa: E402
-from parser.testing.loopback import start_loopback  # noqa: E402
-from parser.testing.release_standin import write_release_standin  # noqa: E402
+from support.loopback import start_loopback  # noqa: E402
+from support.release_standin import write_release_standin  # noqa: E402
 from parser.verl.agent_loop import episode_config  # noqa: E402
 from parser.verl.reward import ANSWER_KEY  # noqa: E402
 from scripted_lead import ScriptedLead  # noqa: E402

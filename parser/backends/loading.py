@@ -1,8 +1,8 @@
 """Load a model and its tokenizer by name: a hub name, a local path, or a registered offline name.
 
-Offline names (`tiny-qwen3`, `tiny-qwen3.5`, `smollm2`: `parser.testing.models`) are registered
-under the `parser.models` entry-point group in pyproject.toml, so production code finds them by
-name without importing test code. Every in-process model of the project is loaded here.
+Offline names (`tiny-qwen3`, `tiny-qwen3.5`, `smollm2`: `parser.offline.models`) are registered
+under the `parser.models` entry-point group in pyproject.toml, so this module finds them by name
+without importing them (another package may register its own). Every in-process model of the project is loaded here.
 
     model, tokenizer = load_model_and_tokenizer("Qwen/Qwen3.5-4B", dtype="bfloat16")
     tokenizer = load_tokenizer("tiny-qwen3.5")

@@ -12,7 +12,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs" / "plan")
+from parser.resources import config_dir
+
+CONFIG_DIR = str(config_dir("plan"))
 COMMANDS = ("plan", "calibrate", "validate", "table2")
 
 

@@ -31,6 +31,7 @@ import yaml
 from parser.plan.memory import ModelSpec
 from parser.plan.rates import Rates
 from parser.plan.simulate import Cluster, Result, Workload, simulate_memagent, simulate_parser
+from parser.resources import config_file
 
 GIB = 1 << 30
 
@@ -45,20 +46,14 @@ def load_spec(cfg: Mapping[str, Any]) -> ModelSpec:
     raise ValueError("model: give config_json (a config.json path) or hf_config (its fields)")
 
 
-REPO = Path(__file__).resolve().parents[2]
-
-
 def load_rates(value: Any) -> Rates | None:
-    """A rates file path (relative paths: from the working directory, else from the repository
-    root, where configs/plan/rates/ lives), an inline mapping, or null (a role that takes no time)."""
+    """A rates file path (`configs/plan/rates/...`: from the working directory, else the shipped
+    configs, `parser.resources.config_file`), an inline mapping, or null (a role that takes no time)."""
     if value is None:
         return None
     if isinstance(value, Mapping):
         return Rates.from_dict(value)
-    path = Path(value)
-    if not path.is_absolute() and not path.exists():
-        path = REPO / path
-    return Rates.load(path)
+    return Rates.load(config_file(value))
 
 
 def load_router(value: Any) -> float:
@@ -67,9 +62,7 @@ def load_router(value: Any) -> float:
     if value is None:
         return 0.0
     if not isinstance(value, Mapping):
-        path = Path(value)
-        if not path.is_absolute() and not path.exists():
-            path = REPO / path
+        path = config_file(value)
         with open(path) as f:
             value = yaml.safe_load(f)
         where = str(path)

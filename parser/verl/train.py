@@ -26,10 +26,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from parser.resources import config_dir, config_file
 from parser.verl.config_checks import check_train_config
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO / "configs"
+CONFIG_DIR = config_dir()
 # The verl levels at which verl 0.9.1's separate_async trainer raises while starting (below).
 CRASHING_LOG_LEVELS = ("INFO", "DEBUG", "NOTSET")
 
@@ -80,14 +80,11 @@ def prepare(config: DictConfig) -> DictConfig:
         for key, value in verl_env(config).items():
             env_vars[key] = value
     agent = config.actor_rollout_ref.rollout.agent
-    path = Path(str(agent.agent_loop_config_path))
-    if not path.is_absolute():
-        candidates = [Path.cwd() / path, REPO / path]
-        found = next((p for p in candidates if p.is_file()), None)
-        if found is None:
-            raise FileNotFoundError(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path}: not found in "
-                                    f"{[str(c) for c in candidates]}")
-        agent.agent_loop_config_path = str(found.resolve())
+    path = config_file(str(agent.agent_loop_config_path))
+    if not path.is_file():
+        raise FileNotFoundError(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent.agent_loop_config_path}: "
+                                f"not found from {Path.cwd()} nor in the shipped configs ({config_dir()})")
+    agent.agent_loop_config_path = str(path.resolve())
     OmegaConf.resolve(config)  # oc.env values are read here, in the launching shell's environment
     check_train_config(config)
     return config

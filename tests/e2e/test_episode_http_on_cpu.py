@@ -20,7 +20,7 @@ from parser.chunking import chunk_document
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
 from parser.readers import SubagentReader
-from parser.testing import byte_bpe_tokenizer
+from parser.offline import byte_bpe_tokenizer
 from scripted_lead import ScriptedLead
 
 CALL = "</think>\n\n<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"

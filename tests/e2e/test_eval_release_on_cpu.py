@@ -2,7 +2,7 @@
 and runs end to end, with tiny random-weight Qwen3.5 models in place of the checkpoint.
 
 A real subprocess runs the real engine under `protocol: release`; the release's prose comes from
-`parser.testing.release_standin`, which stands in for a clone of github.com/cuhk-parser/PARSER
+`support.release_standin`, which stands in for a clone of github.com/cuhk-parser/PARSER
 (no network in CI, and the project carries no copy of that text).
 
     .venv/bin/pytest tests/e2e/test_eval_release_on_cpu.py -q
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from eval.store import RESULTS, read_jsonl
-from parser.testing.release_standin import write_release_standin
+from support.release_standin import write_release_standin
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

@@ -42,6 +42,8 @@ from parser.gateway import Gateway, ProcessGroup, router_launch, router_preset, 
 from parser.readers import SubagentReader
 from scripted_lead import ScriptedLead
 
+import support  # tests/support: the loopback worker the gateway starts
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -67,7 +69,7 @@ def _router_cfg(kind: str, policy: str | None = None, **args) -> dict:
 
 
 def _gateway(kind: str, tmp_path: Path, delay_s: float, **router_args) -> Gateway:
-    cfg = {"workers": {"kind": "loopback", "num": 3, "local_args": {"delay_s": delay_s}},
+    cfg = {"workers": support.loopback_workers(3, delay_s=delay_s),
            "router": _router_cfg(kind, **router_args),
            "log_dir": str(tmp_path / f"logs-{kind}"), "ready_timeout_s": 60}
     return Gateway.from_config(cfg)
@@ -85,7 +87,7 @@ def _metric(metrics_url: str, name: str) -> dict[str, float]:
 def loopback_workers(tmp_path_factory):
     """Three loopback worker processes shared by the policy runs (they keep no routing state)."""
     group = ProcessGroup(tmp_path_factory.mktemp("workers"))
-    launches = worker_launches({"kind": "loopback", "num": 3, "local_args": {"delay_s": 0.05}})
+    launches = worker_launches(support.loopback_workers(3, delay_s=0.05))
     try:
         for launch in launches:
             group.start(launch)

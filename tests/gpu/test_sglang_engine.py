@@ -17,7 +17,7 @@ if not torch.cuda.is_available():  # pragma: no cover - conftest also skips test
 
 from parser.backends.base import SamplingParams  # noqa: E402
 from parser.backends.sglang_engine import SGLangEngineBackend  # noqa: E402
-from parser.testing import tiny_qwen3  # noqa: E402
+from parser.offline import tiny_qwen3  # noqa: E402
 
 GREEDY = SamplingParams(max_new_tokens=16, temperature=0.0, return_logprobs=True)
 

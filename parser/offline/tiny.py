@@ -9,10 +9,11 @@ other jobs shared it (load ~7): forward over 2K tokens + logprobs 0.14 s (Qwen3)
 (Qwen3.5); 64 decoded tokens 0.38 s / 0.27 s. Two threads were 3-10x slower under that load,
 which is why tests/conftest.py sets OMP_NUM_THREADS=1.
 
-    from parser.testing import byte_bpe_tokenizer, tiny_qwen3_5
+    from parser.offline import byte_bpe_tokenizer, tiny_qwen3_5
     tok = byte_bpe_tokenizer(); model = tiny_qwen3_5(tok)
 
-Must never: be needed by production code paths.
+Used by the tests and by the demo's `models=tiny_cpu` (through `parser.offline.models`).
+Must never: download anything (both are built in process).
 """
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def bpe_tokenizer(lines: list[str], vocab_size: int):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from parser.testing.assets import QWEN3_5_PRETOKENIZE_REGEX, qwen3_5_chat_template
+    from parser.offline.assets import QWEN3_5_PRETOKENIZE_REGEX, qwen3_5_chat_template
 
     backend = Tokenizer(models.BPE())
     backend.normalizer = normalizers.NFC()

@@ -5,7 +5,7 @@ a query from its chunk when the chunk can answer it, and abstains otherwise — 
 that costs seconds per reply. `data_prep.synthetic_world` writes every fact in a fixed sentence
 shape ("X is a 1945 ... directed by Y.", "She was born in Z, ..."); this reader inverts those
 shapes. It stands in for SGLang subagents behind the gateway and is served over HTTP by the
-loopback worker (`python -m parser.testing.loopback --reader world`), so the lead's scatter,
+loopback worker (`python -m support.loopback --reader world`), so the lead's scatter,
 gather and observations are the real ones.
 
 What it reads: the paragraphs of its own excerpt only (`Document i:` / title / text, as
@@ -16,7 +16,7 @@ asks for, with that sentence as evidence. A whole two-hop question names one ent
 the person), so it gets that entity's fact — the first hop — never the final answer.
 
 `QUERY_TEMPLATES` are how a lead asks for each relation (the demonstrations of
-`parser.testing.learn_lead` use them); the reader accepts any wording with the keyword.
+`support.learn_lead` use them); the reader accepts any wording with the keyword.
 
     >>> read("Document 1:\\nZorvan\\nZorvan is a 1981 film directed by Miro Tal. ", "Who directed Zorvan?")
     {'evidence': 'Zorvan is a 1981 film directed by Miro Tal.', 'answer': 'Miro Tal'}

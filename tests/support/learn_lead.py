@@ -7,7 +7,7 @@ tiny real Qwen3 taught by a short supervised phase, the way an RL run starts fro
 instruction-tuned checkpoint. What it is taught:
 
 - demonstrations recorded through the real episode engine against the frozen readers over HTTP
-  (`parser.testing.world_reader` behind the loopback worker), so every token view is exactly
+  (`support.world_reader` behind the loopback worker), so every token view is exactly
   what the trainer's rollouts produce;
 - each demonstration asks one query per hop of the question's chain (the hop-2 query is built
   from the hop-1 finding the observation returned), then answers with the last finding;
@@ -20,13 +20,13 @@ instruction-tuned checkpoint. What it is taught:
   trained on that turn only (weight `answer_turn`): the turn RL's follow-up queries lead into
   must not be the one the warm start writes worst.
 
-The tokenizer is this recipe's own: `parser.testing.tiny.bpe_tokenizer` fitted to the recorded
+The tokenizer is this recipe's own: `parser.offline.tiny.bpe_tokenizer` fitted to the recorded
 episodes' text (prompt, tool calls, observations) and the *training* world's paragraphs, so
 names are a few tokens and the system prompt ~500 instead of ~1,000. Held-out names are made of
 the same syllables and never seen as words.
 
-    python -m parser.testing.loopback --port 31001 --reader world &
-    python -m parser.testing.learn_lead --data runs/learn/data --out runs/learn/lead \
+    PYTHONPATH=tests python -m support.loopback --port 31001 --reader world &
+    PYTHONPATH=tests python -m support.learn_lead --data runs/learn/data --out runs/learn/lead \
         --gateway-url http://127.0.0.1:31001
     # -> runs/learn/lead/{config.json,model.safetensors,tokenizer files}; recipes/train_cpu_learn.sh runs it
 
@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from parser.testing.world_reader import QUERY_TEMPLATES
+from support.world_reader import QUERY_TEMPLATES
 
 # The demonstrator's turns (thinking mode: the generation prompt has opened <think>).
 QUERY_TURN = ("I need the {relation}.\n</think>\n\n<tool_call>\n<function=query_agents>\n<parameter=query>\n"
@@ -192,7 +192,7 @@ def fit_tokenizer(episodes: Sequence[Episode], tokenizer: Any, paragraphs: Seque
     """A BPE tokenizer fitted to the demonstrations' text (counted `episode_weight` times, so the
     prompt and the tool-call format get whole-word merges), the training world's paragraphs, and
     the name lexicon's `words` (counted `word_weight` times, so each is one token after a space)."""
-    from parser.testing.tiny import bpe_tokenizer
+    from parser.offline.tiny import bpe_tokenizer
 
     texts = [tokenizer.decode(e.ids, skip_special_tokens=False) for e in episodes]
     lexicon = [" " + " ".join(words)] * word_weight if words else []
@@ -257,7 +257,7 @@ def warm_start(tokenizer: Any, episodes: Sequence[Episode], weights: Sequence[fl
     episode), the rest per episode: ~3x less compute."""
     import torch
 
-    from parser.testing import tiny_qwen3
+    from parser.offline import tiny_qwen3
 
     rng = random.Random(seed)
     net = tiny_qwen3(tokenizer, seed=seed, **model).train()
@@ -322,8 +322,8 @@ def build(data: str | Path, out: str | Path, gateway_url: str, overrides: Sequen
     them to `out` (a Hugging Face model directory, tokenizer included)."""
     from parser.jsonl import read_records
 
-    from parser.testing import byte_bpe_tokenizer
-    from parser.testing.assets import cached_directory
+    from parser.offline import byte_bpe_tokenizer
+    from parser.offline.assets import cached_directory
 
     settings, response_length = _settings(gateway_url, overrides)
     cfg = settings.pop("warm_start")
@@ -338,7 +338,7 @@ def build(data: str | Path, out: str | Path, gateway_url: str, overrides: Sequen
     solved = sum(e.reward for e in full) / len(full)
     if solved < 0.99:
         raise RuntimeError(f"only {solved:.0%} of the full-chain demonstrations reached the gold answer: are the "
-                           "subagents the world reader (python -m parser.testing.loopback --reader world)?")
+                           "subagents the world reader (python -m support.loopback --reader world)?")
     copies, copy_weights = answer_turn_copies(episodes, hops, float(cfg["answer_turn"]))
     episodes, weights = episodes + copies, list(weights) + copy_weights
     train = {k: cfg[k] for k in ("model", "steps", "batch_size", "lr", "seed", "copy_steps", "copy_batch_size")}

@@ -6,7 +6,7 @@ Why: `protocol: release` reads the release's prompts from a real clone at run ti
 that prose. Everything the project derives from the files — the template fields, the JSON
 escapes, the tool schema's shape, the hint being a local of the agent loop — is exercised.
 
-    python -c "from parser.testing.release_standin import write_release_standin; print(write_release_standin('/tmp/release'))"
+    python -c "from support.release_standin import write_release_standin; print(write_release_standin('/tmp/release'))"
 """
 from __future__ import annotations
 
