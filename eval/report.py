@@ -238,15 +238,15 @@ def token_table(rows: Sequence[ResultRow]) -> list[dict[str, Any]]:
             for (d, b, m, L), g in sorted(groups.items())]
 
 
-def lead_prompt_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def lead_prompt_table(rows: Sequence[ResultRow]) -> list[dict[str, Any]]:
     """The lead's prompt per turn, from saved records (`Turn.prompt_tokens`): how it grows with
     the rounds (ParSer's appended history) or stays within a budget (LongHarness's state).
     Rows without a record are left out; groups with none are not listed."""
     groups: dict[tuple, list[list[int]]] = collections.defaultdict(list)
     for r in rows:
-        turns = (r.get("record") or {}).get("turns") or []
-        if r.get("condition") is None and turns:
-            groups[(r["dataset"], r["backbone"], r["row"], int(r["length"]))].append([int(t.get("prompt_tokens", 0)) for t in turns])
+        turns = (r.record or {}).get("turns") or []
+        if r.condition is None and turns:
+            groups[(r.dataset, r.backbone, r.row, int(r.length))].append([int(t.get("prompt_tokens", 0)) for t in turns])
     table = []
     for (d, b, m, L), samples in sorted(groups.items()):
         depth = max(len(s) for s in samples)

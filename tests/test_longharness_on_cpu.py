@@ -26,6 +26,7 @@ from parser import progress
 from parser.backends.models import Models
 from parser.methods import Sample, build_method
 from parser.methods.longharness.state import QUESTION, HarnessState
+from parser.results import ResultRow
 from parser.tools import ReaderReply
 from scripted_lead import ScriptedLead
 
@@ -281,7 +282,8 @@ def test_eval_run_with_the_tiny_model(method, tmp_path):
     record = rows[0]["record"]["longharness"]
     assert record["acquisition"] == ("corpus" if method.endswith("dci") else "readers")
     assert 1 <= len(record["rounds"]) <= 2 and all(r["prompt_tokens"] <= 1500 for r in record["rounds"])
-    page = render_page(rows, "t")
+    typed = [ResultRow.from_dict(r) for r in rows]
+    page = render_page(typed, "t")
     assert "Conclusions" in page and "Evidence ledger" in page
-    (table,) = lead_prompt_table(rows)  # eval.report lays the prompt per turn beside the other methods'
+    (table,) = lead_prompt_table(typed)  # eval.report lays the prompt per turn beside the other methods'
     assert table["row"] == rows[0]["row"] and 0 < table["max"] <= 1500
