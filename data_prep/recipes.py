@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from data_prep import controlled as ctl
-from data_prep.files import read_records, write_card, write_records
+from data_prep.files import atomic_path, read_records, write_card, write_records
 from data_prep.packing import build_grid
 from data_prep.records import Corpus, DataError, Question
 from data_prep.sources import load_2wiki, load_hotpotqa, read_2wiki, read_hotpotqa
-from data_prep.verl_parquet import write_rl_parquet
+from data_prep.verl_parquet import AGENT_NAME, write_rl_parquet
 
 
 def load_source(name: str, split: str | None = None, path: str | None = None, revision: str | None = None,
@@ -120,8 +120,10 @@ def eval_grid(*, source: dict[str, Any], out_dir: str, lengths: Sequence[int], n
 
 def train_set(*, source: dict[str, Any], out_dir: str, name: str = "train", length: int = 200, keep: int | None = 32768,
               seed: int = 0, compat: bool = False, workers: int = 0, knowledge_filter: dict[str, Any] | None = None,
-              write_eval_json: bool = False) -> Path:
-    """Pack every question at L (200), drop those a model answers without context, keep the first N."""
+              write_eval_json: bool = False, split: str = "train", agent_name: str = AGENT_NAME) -> Path:
+    """Pack every question at L (200), drop those a model answers without context, keep the first N.
+    `split` labels the rows (train, or val for a trainer's validation file); `agent_name` names
+    the verl agent loop that reads them (parser_agent, or memagent_agent)."""
     questions, corpus, provenance = load_source(**source)
     dataset = questions[0].dataset if questions else "empty"
     counts: dict[str, Any] = {"source_questions": len(questions)}
@@ -132,8 +134,9 @@ def train_set(*, source: dict[str, Any], out_dir: str, name: str = "train", leng
         raise DataError(f"train_set {name}: the knowledge filter dropped all {counts['source_questions']} questions")
     rows = build_grid(questions, corpus, [length], seed=seed, compat=compat, workers=workers)[length]
     counts.update(rows=len(rows), paragraphs=sum(r["num_docs"] for r in rows))
-    config = {"length": length, "keep": keep, "seed": seed, "compat": compat, "knowledge_filter": knowledge_filter}
-    path = write_rl_parquet(Path(out_dir) / f"{name}.parquet", rows, data_source=dataset)
+    config = {"length": length, "keep": keep, "seed": seed, "compat": compat, "knowledge_filter": knowledge_filter,
+              "split": split, "agent_name": agent_name}
+    path = write_rl_parquet(Path(out_dir) / f"{name}.parquet", rows, data_source=dataset, split=split, agent_name=agent_name)
     write_card(path, recipe=f"train_set/{dataset}", config=config, counts=counts, source=provenance)
     if write_eval_json:
         write_records(Path(out_dir) / f"{name}.json", rows)
@@ -196,9 +199,18 @@ def controlled(*, kind: str, source: dict[str, Any], out_dir: str, num_questions
 
 def fetch_released(*, out_dir: str, which: str = "memagent", lengths: Sequence[int] = (50, 100, 200, 400, 800, 1600, 3200, 6400),
                    revision: str | None = None) -> dict[int, Path]:
-    """Download MemAgent's (`which="memagent"`) or the authors' ("hqa_val" / "2wiki_val") eval files by name."""
-    from data_prep.sources import MEMAGENT_EVAL, PARSER_RELEASE, load_memagent_eval, load_parser_release
+    """Download MemAgent's (`which="memagent"`) or the authors' ("hqa_val" / "2wiki_val") eval files by name,
+    or (`which="train"`) the authors' training parquet as it is (train/parser_4b_release reads it)."""
+    from data_prep.sources import MEMAGENT_EVAL, PARSER_RELEASE, TRAIN_FILE, load_memagent_eval, load_parser_release
 
+    if which == "train":
+        rows = load_parser_release("train", revision=revision)
+        with atomic_path(Path(out_dir) / Path(TRAIN_FILE).name) as tmp:
+            rows.to_parquet(str(tmp))
+        path = Path(out_dir) / Path(TRAIN_FILE).name
+        write_card(path, recipe="fetch_released/train", config={}, counts={"rows": len(rows)},
+                   source={"name": f"{PARSER_RELEASE}/{TRAIN_FILE}", "revision": revision})
+        return {0: path}
     out = {}
     for length in lengths:
         rows = load_memagent_eval(length, revision) if which == "memagent" else load_parser_release(which, length, revision)
@@ -253,6 +265,32 @@ def learn_sets(*, out_dir: str, train_world: dict[str, Any], heldout_world: dict
                                                    config=config, source=source)
     written["val"] = write_rl_parquet(out / "val.parquet", grid[heldout_lengths[0]], data_source="synthetic", split="val")
     return written
+
+
+def planned_outputs(cfg: dict[str, Any]) -> list[Path]:
+    """The files a data config (`configs/data/*.yaml`, composed) writes, named without running it:
+    what README's data commands produce, so a test can check that every training recipe's default
+    files come from one of them (tests/test_training_data_on_cpu.py, which also checks these names
+    against what the recipes really write). `controlled` is not covered: its file names carry the
+    source's dataset label, known only once the source is read."""
+    recipe, out = cfg["recipe"], Path(cfg["out_dir"])
+    if recipe == "fetch_released" and cfg.get("which") == "train":
+        from data_prep.sources import TRAIN_FILE
+
+        return [out / Path(TRAIN_FILE).name]
+    if recipe in ("eval_grid", "fetch_released"):
+        names = [f"eval_{length}.json" for length in cfg["lengths"]]
+        if cfg.get("parquet"):
+            names += [f"eval_{length}.parquet" for length in cfg["lengths"]]
+        return [out / n for n in names]
+    if recipe == "train_set":
+        name = cfg.get("name", "train")
+        return [out / f"{name}.parquet"] + ([out / f"{name}.json"] if cfg.get("write_eval_json") else [])
+    if recipe == "learn_sets":
+        return [out / n for n in ("train.parquet", "warmup.json", "val.parquet",
+                                  *(f"heldout_{length}.json" for length in cfg["heldout_lengths"]))]
+    raise ValueError(f"planned_outputs: recipe {recipe!r} names its files from the source it reads; "
+                     "known: eval_grid, fetch_released, train_set, learn_sets")
 
 
 def _title(paragraph: str) -> str:
