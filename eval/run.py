@@ -49,6 +49,8 @@ from eval.datasets import Subset, load_subsets
 from eval.inputs import InputsChanged, check_unchanged, fingerprint
 from eval.metrics import PRIMARY, completion_text, score
 from eval.store import Key, ResultsStore, RunDirLocked, lock_run_dir, row_key
+from parser import progress
+from parser.config import ConfigError, check_episode_keys
 from parser.methods import Method, MethodResult, Sample, build_method
 
 
@@ -116,8 +118,28 @@ def expected_keys(subsets: list[Subset], runs: int) -> set[Key]:
     return {sample_key(subset, run, s) for run in range(runs) for subset in subsets for s in subset.samples}
 
 
-async def run_subset(method: Method, subset: Subset, run: int, store: ResultsStore, cfg: DictConfig) -> tuple[int, int]:
+@dataclasses.dataclass
+class Tally:
+    """This session's samples, counted as each ends, so an interrupt mid-subset still reports (and
+    the manifest records) every row written. `streak`: samples failed in a row, across subsets; at
+    `stop_after` the run stops, because a server that went down mid-grid would otherwise fail every
+    remaining sample in turn (seconds of retries each, hours over a grid). The samples not started
+    are left for the re-run."""
+
+    stop_after: int | None = None
+    written: int = 0
+    failed: int = 0
+    streak: int = 0
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_after is not None and self.streak >= self.stop_after
+
+
+async def run_subset(method: Method, subset: Subset, run: int, store: ResultsStore, cfg: DictConfig,
+                     tally: Tally | None = None) -> tuple[int, int]:
     """Run the unfinished samples of one subset; returns (written, failed)."""
+    tally = tally or Tally()
     done = store.done_keys()
     pending = [s for s in subset.samples if sample_key(subset, run, s) not in done]
     mine = {sample_key(subset, run, s) for s in subset.samples}
@@ -135,15 +157,25 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
     def log_failure(sample: Sample, error: str, **detail: Any) -> None:
         nonlocal failed
         failed += 1
+        tally.failed += 1
+        tally.streak += 1
         store.log_error({"dataset": subset.dataset, "length": subset.length, "condition": subset.condition, "run": run,
                          "sample_id": sample.id, "error": error, **detail, "time": provenance.now()})
         bar.write(f"[eval] {subset.label} run {run} sample {sample.id}: {error} (logged, will retry on re-run)")
 
+    def turn_done(sample_id: str, turn: Any) -> None:
+        """Progress inside a sample (an episode can take minutes on a CPU): its latest turn."""
+        done = "answered" if turn.answer is not None else f"{len(turn.queries)} quer{'y' if len(turn.queries) == 1 else 'ies'} read"
+        bar.set_postfix_str(f"{sample_id}: turn {turn.index + 1} {done}", refresh=True)
+
     async def one(sample: Sample) -> None:
         nonlocal written
         async with semaphore:
+            if tally.stopping:  # the run is stopping: this sample is left for the re-run
+                return
             try:
-                result = await method.run(sample)
+                with progress.listening(lambda _doc, turn: turn_done(sample.id, turn)):
+                    result = await method.run(sample)
             except Exception as err:  # a broken sample must not stop the table; it is retried on re-run
                 log_failure(sample, repr(err), traceback=traceback.format_exc())
                 return
@@ -151,8 +183,10 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
             log_failure(sample, result.failed, record=result.record)
             return
         row = result_row(subset, run, sample, result, cfg, bool(cfg.save_records), session)
+        tally.streak = 0
         if store.append(row):
             written += 1
+            tally.written += 1
             scores.append(row[PRIMARY])
         bar.update(1)
         bar.set_postfix({PRIMARY: f"{100 * sum(scores) / len(scores):.1f}", "steps": result.steps})
@@ -184,8 +218,10 @@ def build_eval_method(cfg: DictConfig, models: Any = None) -> Method:
     or on models built from `cfg.models`. The method closes its models on `aclose`."""
     from parser.backends.models import build_models
 
-    models = models or build_models(OmegaConf.to_container(cfg.models, resolve=True))
     method_cfg = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k not in ("name", "label")}
+    check_episode_keys(method_cfg.get("episode"), "method.episode")  # a typo fails before any model loads
+    check_episode_keys((method_cfg.get("reader") or {}).get("episode"), "method.reader.episode")
+    models = models or build_models(OmegaConf.to_container(cfg.models, resolve=True))
     return build_method(cfg.method.name, models, **method_cfg)
 
 
@@ -217,22 +253,32 @@ async def _evaluate(cfg: DictConfig, method: Method | None) -> int:
 
     owns_method = method is None
     method = method or build_eval_method(cfg)
-    written = failed = 0
+    tally = Tally(cfg.get("stop_after_failures"))
     start = time.perf_counter()
+    interrupted = False
     try:
         await warm_up(method, subsets, int(cfg.get("warmup", 0)))
         for run in range(int(cfg.runs)):
             for subset in subsets:
-                w, f = await run_subset(method, subset, run, store, cfg)
-                written, failed = written + w, failed + f
+                if not tally.stopping:
+                    await run_subset(method, subset, run, store, cfg, tally)
+        if tally.stopping:
+            print(f"[eval] stopped: {tally.streak} samples in a row failed (stop_after_failures={tally.stop_after}); "
+                  f"the errors are in {Path(cfg.out_dir) / 'errors.jsonl'}; fix the cause and re-run to resume")
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C: asyncio.run cancels this task
+        interrupted = True
+        raise
     finally:
         if owns_method:
             await method.aclose()
-        provenance.close_session(cfg.out_dir, written=written, failed=failed, expected=expected,
-                                 wall_s=round(time.perf_counter() - start, 2))
-    total = len(keys & store.done_keys())
-    print(f"[eval] {cfg.out_dir}: {total}/{expected} samples done ({written} this session, {failed} failed)")
-    return 1 if failed or total < expected else 0
+        total = len(keys & store.done_keys())
+        provenance.close_session(cfg.out_dir, written=tally.written, failed=tally.failed, expected=expected, done=total,
+                                 wall_s=round(time.perf_counter() - start, 2), interrupted=interrupted)
+        if interrupted:
+            print(f"\n[eval] interrupted: {total}/{expected} samples saved in {cfg.out_dir} ({tally.written} this session); "
+                  "re-run the same command to resume", file=sys.stderr)
+    print(f"[eval] {cfg.out_dir}: {total}/{expected} samples done ({tally.written} this session, {tally.failed} failed)")
+    return 1 if tally.failed or total < expected else 0
 
 
 # configs/eval/ holds this entry point's own groups (dataset, method); the shared presets it
@@ -244,9 +290,11 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 def _main(cfg: DictConfig) -> None:
     try:
         sys.exit(asyncio.run(evaluate(cfg)))
-    except (RunDirLocked, InputsChanged) as error:
+    except (RunDirLocked, InputsChanged, ConfigError) as error:
         print(f"eval.run: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # what was saved and how to resume is already said, in one line
+        sys.exit(130)
 
 
 def with_search_path(argv: list[str]) -> list[str]:
@@ -259,8 +307,14 @@ def with_search_path(argv: list[str]) -> list[str]:
     return [*argv[:at], f"hydra.searchpath=[file://{CONFIGS}]", *argv[at:]]
 
 
+def preset_spelling(argv: list[str]) -> list[str]:
+    """`models=<preset>` (the demo's and parser.ask's spelling) is `backend@models=<preset>` here:
+    `models` is a composed section, which a plain value would replace and break."""
+    return [f"backend@{arg}" if arg.startswith("models=") else arg for arg in argv]
+
+
 def main() -> None:
-    sys.argv = [sys.argv[0], *with_search_path(sys.argv[1:])]
+    sys.argv = [sys.argv[0], *with_search_path(preset_spelling(sys.argv[1:]))]
     _main()
 
 

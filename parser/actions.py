@@ -302,10 +302,13 @@ def parse_release_turn(text: str) -> LeadAction:
 MAX_QUERY_CHARS = 80
 MAX_ANSWER_CHARS = 80
 STRIPPED = " \t\r\f\v"  # what the parser strips from a query's ends (newlines are never in one)
+# Characters no question needs and a small model's tool-call debris is made of: a constrained
+# query may not contain them (SmolLM2 wrote `Reketh Hefeirk}}}22 of 14 agents` into a query).
+QUERY_DEBRIS = "{}[]<>|\\"
 
 
 def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = False, exclude: Sequence[str] = (),
-                 answer: bool = True) -> str:
+                 answer: bool = True, call: bool = True) -> str:
     """The language "exactly one tool call, or one <answer>, per turn" as a regular expression
     (the lead constraint, `EpisodeConfig.constrain_lead`; for untrained small leads).
 
@@ -315,6 +318,8 @@ def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = Fal
     `</think>` comes first. Queries and answers are bounded (MAX_QUERY_CHARS, MAX_ANSWER_CHARS).
     `exclude`: queries the call may not repeat verbatim (`EpisodeConfig.distinct_queries`).
     `answer=False`: a call only (`EpisodeConfig.query_first`, before the lead's first query).
+    `call=False`: an answer only (`EpisodeConfig.answer_last_turn`, the episode's last turn).
+    A query holds none of QUERY_DEBRIS.
     Every string this matches parses to one call or one answer here.
     """
     calls = []
@@ -325,14 +330,15 @@ def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = Fal
             raise ValueError(f"lead constraint: tool {function.get('name')!r} must take exactly one string argument")
         name, arg = re.escape(function["name"]), re.escape(next(iter(params)))
         if dialect == "xml":
-            value = string_except(exclude, "<\n", MAX_QUERY_CHARS)
+            value = string_except(exclude, "\n" + QUERY_DEBRIS, MAX_QUERY_CHARS)
             calls.append(f"<tool_call>\\n<function={name}>\\n<parameter={arg}>\\n{value}\\n</parameter>\\n</function>\\n</tool_call>")
         elif dialect == "json":
-            value = string_except(exclude, '"\\\n<', MAX_QUERY_CHARS)
+            value = string_except(exclude, '"\n' + QUERY_DEBRIS, MAX_QUERY_CHARS)
             calls.append(f'<tool_call>\\{{"name": "{name}", "arguments": \\{{"{arg}": "{value}"\\}}\\}}</tool_call>')
         else:
             raise ValueError(f"lead constraint: unknown tool-call dialect {dialect!r} (json or xml)")
     head = "([^<]|<[^/])*</think>\\n\\n" if thinking else ""
+    calls = calls if call else []
     if not calls and not answer:
         raise ValueError("lead constraint: no tools offered and no answer allowed: nothing could be generated")
     answers = [f"<answer>[^<\\n]{{1,{MAX_ANSWER_CHARS}}}</answer>"] if answer else []

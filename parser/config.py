@@ -56,6 +56,7 @@ class EpisodeConfig:
     constrain_lead: bool = False  # one tool call or one <answer> per lead turn (not for training)
     distinct_queries: bool = False  # with constrain_lead: the constraint refuses a query the lead asked before, verbatim
     query_first: bool = False  # with constrain_lead: no <answer> before the lead's first query (it reads before it answers)
+    answer_last_turn: bool = False  # with constrain_lead: the last of max_turns turns may only be an <answer>
     # the loss on turns that were neither a usable call nor an answer: trained as generated (the paper
     # says nothing else), or masked out (a small lead's garbage turns, docs/learning.md); parser protocol
     train_invalid_turns: bool = True
@@ -66,10 +67,13 @@ class EpisodeConfig:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}")
         self.protocol_release = dict(self.protocol_release or {})
-        for option in ("distinct_queries", "query_first"):
+        for option in ("distinct_queries", "query_first", "answer_last_turn"):
             if getattr(self, option) and not self.constrain_lead:
                 raise ValueError(f"{option} is part of the lead constraint: set constrain_lead too")
         self._check_bounds()
+        if self.answer_last_turn and self.query_first and self.max_turns < 2:
+            raise ValueError("answer_last_turn with query_first needs max_turns >= 2: a single turn could neither "
+                             "query (it is the last) nor answer (no query yet)")
 
     def _check_bounds(self) -> None:
         """Refuse, naming the field, a bound that cannot work: `max_concurrency: 0` made every
@@ -107,7 +111,43 @@ class EpisodeConfig:
         return [name for name, on in (("subagents: json_schema", self.constrain_subagents),
                                       ("lead: one action per turn", self.constrain_lead),
                                       ("lead: no query asked twice", self.distinct_queries),
-                                      ("lead: a query before any answer", self.query_first)) if on]
+                                      ("lead: a query before any answer", self.query_first),
+                                      ("lead: the last turn answers", self.answer_last_turn)) if on]
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str = "episode") -> "EpisodeConfig":
+        """`EpisodeConfig(**values)`, refusing an unknown key by name with the nearest valid one
+        (`episode.max_turn` -> "did you mean max_turns?"), so a typo fails before any model loads."""
+        check_keys(values, cls, where)
+        return cls(**values)
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be: entry points print it as one line and exit 2."""
+
+
+def check_keys(values: Mapping[str, Any], schema: type, where: str) -> None:
+    """Refuse keys that are not fields of the dataclass `schema`, naming each with its nearest
+    valid spelling and the whole list when none is near."""
+    import difflib
+
+    known = [f.name for f in dataclasses.fields(schema)]
+    unknown = [key for key in values if key not in known]
+    if unknown:
+        hints = []
+        for key in unknown:
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hints.append(f"{where}.{key} (did you mean {where}.{near[0]}?)" if near else f"{where}.{key}")
+        raise ConfigError(f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+                         f"valid {where} keys: {', '.join(known)}")
+
+
+def check_episode_keys(values: Any, where: str = "episode") -> None:
+    """An episode section's keys are `EpisodeConfig`'s (plus a baseline preset's `turn_rules`, its
+    tool set's): refused by name before anything is built. None or a non-mapping passes (its
+    owner refuses it)."""
+    if isinstance(values, Mapping):
+        check_keys({k: v for k, v in values.items() if k != "turn_rules"}, EpisodeConfig, where)
 
 
 def _preset_values(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:

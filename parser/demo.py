@@ -29,7 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep.synthetic_world import build_synthetic_eval
 from parser.backends.models import build_models
-from parser.config import episode_preset
+from parser.config import check_episode_keys, episode_preset
+from parser import progress
 from parser.gateway import ProcessGroup, worker_launches
 from parser.methods import MethodResult, Sample, build_method
 from parser.reward import sub_em
@@ -61,21 +62,26 @@ def cpu_episode(episode: dict[str, Any]) -> dict[str, Any]:
     return {**dataclasses.asdict(episode_preset(CPU_PRESET)), **{k: v for k, v in episode.items() if paper.get(k) != v}}
 
 
-def print_result(sample: Sample, result: MethodResult, score: float) -> None:
+def print_header(sample: Sample, chunks: int) -> None:
+    print(f"\n=== {sample.id}: {sample.question}", flush=True)
+    print(f"    gold: {sample.answers}   the document: {chunks} chunks, each read by its own subagent", flush=True)
+
+
+def print_turn(turn: dict[str, Any], chunks: int) -> None:
     """One line per round, read as the method: the lead's query -> how many of the T chunks'
-    subagents answered -> what they answered; then the lead's answer."""
+    subagents answered -> what they answered; or the lead's answer. Printed as the turn ends."""
+    lead = f"turn {turn['index'] + 1} (lead {turn['lead_latency_s']:.1f} s)"
+    if turn["action_error"]:
+        print(f"  {lead}: invalid action ({turn['action_error']})", flush=True)
+    for query in turn["queries"]:
+        print(f"  {lead}: {query['query']!r} -> {round_summary(query, chunks)}", flush=True)
+    if turn["answer"] is not None:
+        print(f"  {lead}: answer {turn['answer']!r}", flush=True)
+
+
+def print_result(sample: Sample, result: MethodResult, score: float) -> None:
+    """The sample's closing line (its turns were printed as they ended: `print_turn`)."""
     record = result.record
-    chunks = record["num_chunks"]
-    print(f"\n=== {sample.id}: {sample.question}")
-    print(f"    gold: {sample.answers}   the document: {chunks} chunks, each read by its own subagent")
-    for turn in record["turns"]:
-        lead = f"turn {turn['index'] + 1} (lead {turn['lead_latency_s']:.1f} s)"
-        if turn["action_error"]:
-            print(f"  {lead}: invalid action ({turn['action_error']})")
-        for query in turn["queries"]:
-            print(f"  {lead}: {query['query']!r} -> {round_summary(query, chunks)}")
-        if turn["answer"] is not None:
-            print(f"  {lead}: answer {turn['answer']!r}")
     reading = sum(t["scatter_latency_s"] for t in record["turns"])
     print(f"  answer: {result.answer!r}   Sub_EM: {score:.0f}   stop: {record['stop_reason']}   latency: {result.wall_s:.1f} s "
           f"(reading {reading:.1f} s)   sequential steps: {result.steps}")
@@ -99,6 +105,7 @@ async def run_demo(cfg: DictConfig, log_dir: Path) -> list[dict[str, Any]]:
     print(f"models: {preset} ({reason})")
     models_cfg = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "backend" / f"{preset}.yaml"))
     episode = OmegaConf.to_container(cfg.episode)
+    check_episode_keys(episode)  # a typo fails before any model loads
     if all(section.get("type") == "transformers" or section.get("same_as") for section in models_cfg.values()):
         import torch
 
@@ -113,7 +120,10 @@ async def run_demo(cfg: DictConfig, log_dir: Path) -> list[dict[str, Any]]:
         method = build_method("parser", build_models(models_cfg), episode=episode)
         try:
             for sample in samples:
-                result = await method.run(sample)
+                chunks = len(method.protocol.chunk(sample.context, method.models.subagent_tokenizer))
+                print_header(sample, chunks)
+                with progress.listening(lambda _doc, turn: print_turn(dataclasses.asdict(turn), chunks)):
+                    result = await method.run(sample)
                 score = sub_em(result.answer, sample.answers)
                 print_result(sample, result, score)
                 rows_out.append({"id": sample.id, "question": sample.question, "answers": sample.answers, "sub_em": score, **result.to_dict()})

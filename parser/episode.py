@@ -43,8 +43,10 @@ untrained small lead (the CPU demo's SmolLM2-135M) reaches the tool at all; `dis
 adds to it that a query asked before may not be asked again verbatim (a greedy 135M lead
 otherwise sends its first query every turn, and each repeat costs a whole scatter round);
 `query_first`, that no `<answer>` comes before the first query (Qwen2.5-Coder-0.5B otherwise
-answers every question in its first turn, a guess that never reads the document). It changes the
-lead's sampling distribution, so training refuses it.
+answers every question in its first turn, a guess that never reads the document);
+`answer_last_turn`, that the last of `max_turns` turns is an `<answer>` (a small lead otherwise
+ends every CPU episode unanswered, its budget spent on queries). It changes the lead's sampling
+distribution, so training refuses it.
 
 The protocol object (`parser.protocol`, from `EpisodeConfig.protocol`: this project's or the
 authors' release's) decides each turn's budget and parse, whether a generation of no tokens
@@ -61,7 +63,7 @@ import math
 import time
 from typing import Any, Callable
 
-from parser import prompts
+from parser import progress, prompts
 from parser.actions import LeadAction, ToolCall, action_regex, split_thinking
 from parser.backends.base import Backend, BackendError, Completion, SamplingParams
 from parser.chat_format import ChatFormat
@@ -107,15 +109,24 @@ class LeadContext:
         # the generation prompt opens <think>: a turn without </think> is all thinking (no action)
         self.thinking_open = opening.rstrip().endswith("<think>")
         self.asked: list[str] = []  # the queries sent so far (the lead constraint's exclusions)
+        self.last_turn = False  # under `answer_last_turn`, set before the episode's last turn
         self._dialect = "xml" if "<function=" in opening else "json"  # the template's tool-call format
         self.action_regex = self._action_regex() if config.constrain_lead else None
 
     def _action_regex(self) -> str:
         """The lead constraint in this chat template's tool-call dialect, given the queries so far:
-        under `distinct_queries` none of them again, under `query_first` no answer before one."""
+        under `distinct_queries` none of them again, under `query_first` no answer before one,
+        under `answer_last_turn` only an answer on the last turn (it overrides `query_first`)."""
         return action_regex(self.tools, self._dialect, thinking=self.thinking_open,
                             exclude=self.asked if self.config.distinct_queries else (),
-                            answer=bool(self.asked) or not self.config.query_first)
+                            answer=bool(self.asked) or not self.config.query_first or self.last_turn,
+                            call=not self.last_turn)
+
+    def begin_last_turn(self) -> None:
+        """The next turn is the episode's last: under `answer_last_turn` it may only answer."""
+        if self.config.answer_last_turn and self.action_regex is not None:
+            self.last_turn = True
+            self.action_regex = self._action_regex()
 
     def note_queries(self, queries: list[str]) -> None:
         """Remember the turn's queries; the constraint follows them (`_action_regex`)."""
@@ -252,6 +263,8 @@ class EpisodeEngine:
             if budget <= 0:
                 trajectory.stop_reason = "response_length"
                 break
+            if turn_index == cfg.max_turns - 1:
+                context.begin_last_turn()
             step = await self._turn(context, context.prompt(), turn_index, budget, toolset.names, ids)  # l. 5
             if step is None:
                 trajectory.stop_reason = "empty_generation"
@@ -260,14 +273,16 @@ class EpisodeEngine:
             trajectory.turns.append(turn)
             if action.answer is not None:  # ll. 6-8: an answer ends the episode
                 trajectory.answer, trajectory.stop_reason = action.answer, "answer"
+                progress.turn_finished(doc_id, turn)
                 break
             if action.calls:  # ll. 9-16: scatter every query to every chunk, gather, append
                 observation = await self._execute(toolset, action.calls, turn)
                 context.note_queries(action.queries)
             else:  # ll. 17-18: the invalid-action hint (unless the tool set's rules say otherwise)
                 observation = self._without_call(toolset, context, trajectory, turn, action, content)
-                if observation is None:
-                    break
+            progress.turn_finished(doc_id, turn)
+            if observation is None:
+                break
             context.append_observation(observation)
             if action.calls and toolset.rules.compact(context.messages, cfg.prompt_version):
                 context.history_rewritten()
@@ -368,3 +383,4 @@ class EpisodeEngine:
         if final:
             turn.action_error = None
             trajectory.answer, trajectory.stop_reason = final, "finalize"
+        progress.turn_finished(trajectory.doc_id, turn)

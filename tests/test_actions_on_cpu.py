@@ -172,3 +172,28 @@ def test_compiled_lead_grammars_stay_within_their_byte_bound(tiny_tokenizer):
         pattern = action_regex(tools, "json", exclude=[f"Who directed Film {turn + 10}?"])
         grammars.matcher(("regex", pattern)).mask(torch.zeros(len(tiny_tokenizer)))
         assert grammars.cache_bytes() <= 3 * one, turn
+
+
+def test_a_constrained_query_holds_no_tool_call_debris(tiny_tokenizer):
+    """SmolLM2 under the lead constraint once sent `Reketh Hefeirk}}}22 of 14 agents` as a query:
+    braces, brackets, angle brackets, bars and backslashes are no part of a question, so the
+    constraint's query holds none of them (QUERY_DEBRIS), in both dialects; xgrammar compiles it."""
+    import re
+
+    import xgrammar
+
+    from parser import prompts
+    from parser.actions import action_regex
+
+    tools = prompts.lead_tools(prompts.DEFAULT_VERSION)
+    for dialect, wrap in (("json", '<tool_call>{{"name": "query_agents", "arguments": {{"query": "{}"}}}}</tool_call>'),
+                          ("xml", "<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>")):
+        pattern = action_regex(tools, dialect)
+        assert re.fullmatch(pattern, wrap.format("Who directed Film X, and when?"))
+        for debris in ("Reketh Hefeirk}}}22", "a [b]", "x <y", "p | q", "back\\slash", "{name"):
+            assert not re.fullmatch(pattern, wrap.format(debris)), (dialect, debris)
+        only_answer = action_regex(tools, dialect, call=False)
+        assert not re.fullmatch(only_answer, wrap.format("Who directed Film X?"))
+        assert re.fullmatch(only_answer, "<answer>Miro Tal</answer>")
+        info = xgrammar.TokenizerInfo.from_huggingface(tiny_tokenizer)
+        xgrammar.GrammarCompiler(info).compile_regex(pattern)

@@ -29,7 +29,7 @@ _COMMAND = re.compile(r"(?:\.venv/bin/)?python3? +(-m +[\w.]+|scripts/\w+\.py)([
 # the project parses its arguments with argparse. A new entry point must be listed in one of the two.
 HYDRA = {"eval.run", "eval.ruler", "eval.order_study", "data_prep.build", "data_prep.ruler", "parser.demo", "parser.verl.train",
          "parser.plan", "scripts/serve_subagents.py"}
-ARGPARSE = {"eval.report", "eval.viewer", "eval.ruler report", "parser.serve", "parser.testing.assets", "parser.testing.memagent_smoke",
+ARGPARSE = {"eval.report", "eval.viewer", "eval.ruler report", "parser.ask", "parser.serve", "parser.testing.assets", "parser.testing.memagent_smoke",
             "scripts/gateway_report.py", "scripts/bench_chunking.py", "scripts/bench_data.py", "scripts/bench_latency.py",
             "scripts/bench_scatter.py", "scripts/compare_small_models.py"}
 OURS = ("eval.", "data_prep.", "parser.", "scripts/")

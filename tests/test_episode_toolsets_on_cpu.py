@@ -183,3 +183,56 @@ def test_query_first_refuses_an_answer_until_the_lead_has_asked(tiny_qwen3_5_mod
     assert "lead: a query before any answer" in trajectory.constraints
     with pytest.raises(ValueError, match="query_first is part of the lead constraint"):
         EpisodeConfig(query_first=True)
+
+
+def test_answer_last_turn_makes_the_last_turn_an_answer_and_reports_every_turn(tiny_qwen3_5_model, tiny_tokenizer):
+    """Under answer_last_turn the real backend decodes the episode's last lead turn under a
+    constraint that holds only an <answer> (a small lead otherwise ends every CPU episode
+    unanswered), after query_first made the first a call; the trajectory records the option, ends
+    answered, and `parser.progress` hears each turn as it finishes, in order."""
+    import re
+
+    from parser import progress
+    from parser.backends.transformers import TransformersBackend
+    from parser.chunking import Chunk
+    from parser.readers import SubagentReader
+
+    chunks = [Chunk(0, "Zorvan is a film directed by Miro Tal.", (1,), 9), Chunk(1, "Miro Tal was born in 1950.", (2,), 8)]
+    cfg = EpisodeConfig(max_turns=2, max_tokens_per_turn=128, lead_temperature=0.0, lead_thinking=False,
+                        subagent_max_tokens=8, subagent_temperature=0.0, constrain_lead=True, query_first=True,
+                        answer_last_turn=True)
+    backend = TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer)
+    lead_regexes = []
+    generate = backend.generate
+
+    async def recording(prompt_ids, sampling, *args, **kwargs):  # the real generate, its constraint noted
+        if sampling.regex is not None:
+            lead_regexes.append(sampling.regex)
+        return await generate(prompt_ids, sampling, *args, **kwargs)
+
+    backend.generate = recording
+    reader = SubagentReader(backend, tiny_tokenizer, max_new_tokens=8, temperature=0.0)
+    heard = []
+
+    async def episode():
+        with progress.listening(lambda doc_id, turn: heard.append((doc_id, turn.index, turn.answer))):
+            return await EpisodeEngine(backend, tiny_tokenizer, reader, cfg).run("Who directed Zorvan?", chunks, doc_id="d")
+
+    trajectory = asyncio.run(episode())
+    assert len(trajectory.turns) == 2 and trajectory.turns[0].queries
+    assert trajectory.turns[1].answer is not None and trajectory.stop_reason == "answer"
+    call = '<tool_call>\n<function=query_agents>\n<parameter=query>\nWho directed Zorvan?\n</parameter>\n</function>\n</tool_call>'
+    assert [re.fullmatch(r, call) is not None for r in lead_regexes] == [True, False]
+    assert [re.fullmatch(r, "<answer>Miro Tal</answer>") is not None for r in lead_regexes] == [False, True]
+    assert "lead: the last turn answers" in trajectory.constraints
+    assert heard == [("d", 0, None), ("d", 1, trajectory.turns[1].answer)]
+    with pytest.raises(ValueError, match="answer_last_turn is part of the lead constraint"):
+        EpisodeConfig(answer_last_turn=True)
+    with pytest.raises(ValueError, match="max_turns >= 2"):
+        EpisodeConfig(max_turns=1, constrain_lead=True, query_first=True, answer_last_turn=True)
+
+
+def test_unknown_episode_keys_are_refused_with_the_nearest_name():
+    with pytest.raises(ValueError, match=r"episode\.max_turn \(did you mean episode\.max_turns\?\)"):
+        EpisodeConfig.from_mapping({"max_turn": 4})
+    assert EpisodeConfig.from_mapping({"max_turns": 4}).max_turns == 4

@@ -79,3 +79,19 @@ def test_missing_data_file_names_the_file(tmp_path):
     cfg = {"name": "hotpotqa", "source": "files", "path": str(tmp_path / "eval_{length}.json"), "lengths": [50]}
     with pytest.raises(FileNotFoundError, match="eval_50.json"):
         load_subsets(cfg)
+
+
+def test_a_misspelled_episode_key_is_refused_before_any_model_loads(monkeypatch):
+    """`method.episode.max_turn=3` once ran 86 s of model loading before a TypeError; now it is a
+    ConfigError naming the key and its nearest valid spelling, and no model is built."""
+    import parser.backends.models as models_module
+    from eval.run import build_eval_method
+    from parser.config import ConfigError
+
+    def no_models(*_args, **_kwargs):
+        raise AssertionError("models were built before the config was checked")
+
+    monkeypatch.setattr(models_module, "build_models", no_models)
+    cfg = _compose("tiny_cpu", "+method.episode.max_turn=3")
+    with pytest.raises(ConfigError, match=r"method\.episode\.max_turn \(did you mean method\.episode\.max_turns\?\)"):
+        build_eval_method(cfg)

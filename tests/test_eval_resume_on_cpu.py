@@ -176,3 +176,20 @@ def test_a_changed_method_config_is_refused_and_the_key_named(tmp_path):
     status, again = _run(out, "dataset.lengths=[50]", "dataset.num_questions=1", "runs=2",
                          "method.episode.request_timeout_s=900", "concurrency=4")
     assert status == 0 and len(again.asked) == 1
+
+
+def test_a_run_stops_after_a_streak_of_failed_samples_and_resumes_the_rest(tmp_path, capsys):
+    """A server gone down mid-grid fails every sample in turn: after `stop_after_failures` failures
+    in a row the run stops (exit 1, the way to resume said); the samples it did not start are not
+    logged as failures, and a re-run with the cause fixed runs them all."""
+    ids = [f"q{i}" for i in range(6)]
+    path = tmp_path / "eval_50.jsonl"
+    _write(path, _records(ids))
+    out = tmp_path / "out"
+    failing = Recorder(fail=set(ids))
+    code, method = _run(out, *_files(path), "stop_after_failures=3", "concurrency=1", method=failing)
+    assert code == 1 and method.asked == ids[:3]
+    assert len((out / ERRORS).read_text().splitlines()) == 3
+    assert "3 samples in a row failed (stop_after_failures=3)" in capsys.readouterr().out
+    code, method = _run(out, *_files(path), "stop_after_failures=3", "concurrency=1")
+    assert code == 0 and sorted(method.asked) == ids

@@ -38,13 +38,13 @@ def build_models(cfg: Mapping[str, Any]) -> Models:
 
     if "lead" not in cfg:
         raise ValueError("models config: missing the 'lead' section")
-    lead, lead_tokenizer = build_backend(cfg["lead"])
+    lead, lead_tokenizer = build_backend(cfg["lead"], where="models.lead")
     _require_chat_template("lead", cfg["lead"], lead_tokenizer)
     sub_cfg = cfg.get("subagent") or {"same_as": "lead"}
     if sub_cfg.get("same_as") == "lead":
         subagent, subagent_tokenizer = lead, lead_tokenizer
     else:
-        subagent, subagent_tokenizer = build_backend(sub_cfg)
+        subagent, subagent_tokenizer = build_backend(sub_cfg, where="models.subagent")
         _require_chat_template("subagent", sub_cfg, subagent_tokenizer)
     embedder = None
     if cfg.get("embedder"):

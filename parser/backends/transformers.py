@@ -100,6 +100,7 @@ MIN_CAPACITY = 1024
 # next forward, with the other joined rows (attention-only models): a later round's subagent
 # prompt differs from the cached one only in its query. A longer tail is prefilled on its own.
 JOINT_TAIL_TOKENS = 64
+CLOSE_WAIT_S = 30.0  # aclose waits this long for the worker to finish the rows it is decoding
 
 
 @dataclasses.dataclass
@@ -219,8 +220,14 @@ class TransformersBackend:
             raise
 
     async def aclose(self) -> None:
+        """Drop the cached prefixes and wait (at most CLOSE_WAIT_S) for the worker to go: after an
+        interrupt it is still decoding the rows just cancelled, and a process that exits under it
+        dies in C++ ("terminate called without an active exception", SIGABRT) instead of exiting."""
         with self._entries_lock:
             self._entries.clear()
+        worker = self._worker
+        if worker is not None:
+            await asyncio.to_thread(worker.join, CLOSE_WAIT_S)
 
     # ------------------------------------------------------------------ requests in
     def encode_prompt(self, prompt: Prompt) -> list[int]:

@@ -160,3 +160,27 @@ def test_a_replaced_dataset_file_stops_the_resume_with_exit_2(tmp_path):
     assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
     assert f"{data} changed since its 1 rows were written" in second.stderr
     assert _count(tmp_path / "run" / RESULTS) == 1
+
+
+def test_ctrl_c_ends_with_one_line_and_the_manifest_counts_the_rows_on_disk(tmp_path):
+    """SIGINT (Ctrl-C) mid-run: no traceback, one line saying how many samples are saved and how to
+    resume, exit 130; the session is closed in the manifest with the rows on disk counted (it
+    once said `written: 4` with 6 rows on disk: the interrupted subset's rows were not counted)."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_command(out), cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while _count(out / RESULTS) < 1:
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"eval ended ({proc.returncode}) or stalled before it could be interrupted")
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "terminate called" not in stderr, stderr[-3000:]
+    on_disk = _count(out / RESULTS)
+    last = [line for line in stderr.splitlines() if line.strip()][-1]
+    assert last == (f"[eval] interrupted: {on_disk}/{EXPECTED} samples saved in {out} ({on_disk} this session); "
+                    "re-run the same command to resume")
+    session = json.loads((out / "manifest.json").read_text())["sessions"][-1]
+    assert session["interrupted"] is True and session["done"] == session["written"] == on_disk >= 1

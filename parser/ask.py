@@ -1,0 +1,224 @@
+"""Ask your own document: one file (or stdin) and one or more questions, answered with evidence.
+
+    python -m parser.ask notes.md "Who founded the lab?"                  # ParSer on this machine's default models
+    python -m parser.ask notes.md "Who founded it?" "When?" models=tiny_cpu   # any backend preset (configs/backend/)
+    cat report.txt | python -m parser.ask - "What failed?" --json out.jsonl    # stdin; trajectories as JSONL
+    python -m parser.ask paper.md "Q?" method=memagent                    # any method (configs/method/)
+    python -m parser.ask notes.md "Q?" backend@models=openai models.lead.base_url=http://127.0.0.1:8000
+
+    from parser.ask import ask
+    for reply in ask("notes.md", ["Who founded the lab?"], models="tiny_cpu"):
+        print(reply.answer, reply.evidence)
+
+The file is read as the method's document: text or Markdown as it is (plain text needs no
+`Document i:` headers; the protocol's chunker windows it), JSONL as one passage per line (a JSON
+string, or an object's `text`, `content` or `context`), rendered as numbered documents. Settings
+are Hydra overrides (`key=value`) of `configs/ask.yaml`, the same presets eval.run composes. Each
+round is printed as it ends; then the answer and the findings it rests on: the chunk each came
+from and its quote, checked verbatim against that chunk's text.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import re
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import orjson
+
+from parser import progress
+from parser.chunking import Chunk, render_paragraphs
+from parser.config import ConfigError, check_episode_keys
+from parser.reward import normalize_answer
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+PASSAGE_FIELDS = ("text", "content", "context")  # what a JSONL line's passage may be called
+OVERRIDE = re.compile(r"^[+~]?[A-Za-z_][\w@./-]*=")  # `key=value` (a question has a space before any `=`)
+
+
+@dataclasses.dataclass
+class Evidence:
+    """One finding the answer rests on: the chunk it came from, its quote, and whether the quote
+    occurs verbatim in that chunk (a reader may paraphrase or invent; this says which)."""
+
+    chunk_index: int
+    agent: str
+    answer: str
+    quote: str
+    in_chunk: bool
+
+
+@dataclasses.dataclass
+class Reply:
+    question: str
+    answer: str | None
+    evidence: list[Evidence]
+    record: dict[str, Any]  # the method's trace (ParSer: the trajectory)
+
+
+def read_document(path: str | Path) -> str:
+    """The document in `path` (`-`: stdin). JSONL: one passage per line, as numbered documents.
+    Errors name the file and line."""
+    text = sys.stdin.read() if str(path) == "-" else Path(path).read_text(encoding="utf-8")
+    if str(path).endswith(".jsonl"):
+        passages = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError as err:
+                raise ConfigError(f"{path}:{number}: not JSON ({err})") from None
+            if isinstance(value, dict):
+                value = next((value[f] for f in PASSAGE_FIELDS if isinstance(value.get(f), str)), None)
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError(f"{path}:{number}: expected a JSON string or an object with a text field "
+                                  f"({', '.join(PASSAGE_FIELDS)})")
+            passages.append(value.strip())
+        text = render_paragraphs(passages) if passages else ""
+    if not text.strip():
+        raise ConfigError(f"{path}: the document is empty")
+    return text
+
+
+def evidence_for(answer: str | None, record: dict[str, Any], chunks: Sequence[Chunk]) -> list[Evidence]:
+    """The findings that agree with `answer` (normalised, one containing the other), each quote
+    checked against its chunk; none agreeing: every finding of the episode, so nothing read is hidden."""
+    findings = [f for turn in record.get("turns", []) for q in turn.get("queries", []) for f in q.get("findings", [])]
+    if not findings:
+        return []
+    target = normalize_answer(answer or "")
+    agreeing = [f for f in findings if target and _agrees(normalize_answer(f["answer"]), target)]
+    texts = {chunk.index: chunk.text for chunk in chunks}
+    seen, out = set(), []
+    for finding in agreeing or findings:
+        for agent in [finding["agent"], *finding.get("merged_agents", [])]:
+            index = int(agent.rsplit("_", 1)[-1])
+            key = (index, finding["answer"], finding.get("evidence", ""))
+            if key in seen:
+                continue
+            seen.add(key)
+            quote = finding.get("evidence", "") or ""
+            out.append(Evidence(index, agent, finding["answer"], quote, bool(quote) and quote in texts.get(index, "")))
+    return out
+
+
+def _agrees(found: str, answer: str) -> bool:
+    return bool(found) and (found in answer or answer in found)
+
+
+def compose(overrides: Sequence[str]) -> Any:
+    """configs/ask.yaml with `overrides`, through Hydra's compose API (positional arguments are
+    the file and the questions, so this entry point cannot be a `@hydra.main`). `models=<preset>`
+    is the demo's spelling of `backend@models=<preset>`; both work."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = [f"backend@{o}" if o.startswith("models=") else o for o in overrides]
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            return hydra_compose("ask", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise ConfigError(str(error).strip()) from None
+
+
+def build(cfg: Any) -> tuple[Any, dict[str, Any]]:
+    """(method, models config) for `cfg`: the backend preset (`models: auto` picks what this
+    machine can run, as the demo does), CPU budgets for in-process models on a CPU."""
+    from omegaconf import OmegaConf
+
+    from parser.backends.models import build_models
+    from parser.demo import choose_backend, cpu_episode
+    from parser.methods import build_method
+
+    method_cfg = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k not in ("name", "label")}
+    check_episode_keys(method_cfg.get("episode"), "method.episode")  # before any model loads
+    if cfg.get("models") is None:  # no preset named: what this machine can run, as the demo chooses
+        preset, reason = choose_backend("auto")
+        print(f"models: {preset} ({reason})", file=sys.stderr)
+        models_cfg = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "backend" / f"{preset}.yaml"), resolve=True)
+    else:
+        models_cfg = OmegaConf.to_container(cfg.models, resolve=True)
+    in_process = all(s.get("type") == "transformers" or s.get("same_as") for s in models_cfg.values() if isinstance(s, dict))
+    if in_process and "episode" in method_cfg and cfg.cpu_budgets:
+        import torch
+
+        if not torch.cuda.is_available():
+            method_cfg["episode"] = cpu_episode(method_cfg["episode"])
+    return build_method(cfg.method.name, build_models(models_cfg), **method_cfg), models_cfg
+
+
+async def ask_async(document: str, questions: Iterable[str], cfg: Any, echo: bool = True) -> list[Reply]:
+    from parser.demo import print_turn
+    from parser.methods import Sample
+
+    method, _ = build(cfg)
+    replies = []
+    try:
+        protocol, models = getattr(method, "protocol", None), getattr(method, "models", None)
+        chunks = protocol.chunk(document, models.subagent_tokenizer) if protocol and models else []
+        if echo and chunks:
+            print(f"the document: {len(chunks)} chunks, each read by its own subagent", flush=True)
+        for number, question in enumerate(questions):
+            sample = Sample(id=f"ask-{number}", question=question.strip(), answers=[], context=document)
+            if echo:
+                print(f"\n=== {sample.question}", flush=True)
+            with progress.listening(lambda _doc, turn: print_turn(dataclasses.asdict(turn), len(chunks)) if echo else None):
+                result = await method.run(sample)
+            reply = Reply(sample.question, result.answer, evidence_for(result.answer, result.record, chunks), result.to_dict())
+            if echo:
+                print_reply(reply)
+            replies.append(reply)
+    finally:
+        await method.aclose()
+    return replies
+
+
+def print_reply(reply: Reply) -> None:
+    print(f"answer: {reply.answer!r}" if reply.answer else "answer: none (the lead did not answer within its turns)", flush=True)
+    for item in reply.evidence:
+        check = "quote found in the chunk" if item.in_chunk else ("quote NOT in the chunk" if item.quote else "no quote")
+        print(f"  chunk {item.chunk_index} ({item.agent}): {item.answer!r}  \"{item.quote[:160]}\"  [{check}]", flush=True)
+
+
+def ask(path: str | Path, questions: str | Sequence[str], echo: bool = False, **settings: Any) -> list[Reply]:
+    """The Python API: `ask("notes.md", "Who?", models="tiny_cpu")`; `settings` are the same keys
+    as the command's overrides (`method="memagent"`, ...)."""
+    overrides = [f"{key}={value}" for key, value in settings.items()]
+    questions = [questions] if isinstance(questions, str) else list(questions)
+    return asyncio.run(ask_async(read_document(path), questions, compose(overrides), echo=echo))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m parser.ask", description=__doc__.split("\n\n")[0],
+        epilog="Settings: key=value Hydra overrides of configs/ask.yaml, e.g. models=tiny_cpu method=memagent "
+               "method.episode.max_turns=6 backend@models=openai models.lead.base_url=http://127.0.0.1:8000")
+    parser.add_argument("file", help="a text, Markdown or JSONL file; - for stdin")
+    parser.add_argument("words", nargs="+", metavar="question|key=value", help="one or more questions, then settings")
+    parser.add_argument("--json", metavar="OUT", help="write one JSON line per question (answer, evidence, trajectory)")
+    args = parser.parse_args(argv)
+    overrides = [w for w in args.words if OVERRIDE.match(w)]
+    questions = [w for w in args.words if w not in overrides]
+    if not questions:
+        parser.error("give at least one question")
+    try:
+        document = read_document(args.file)
+        replies = asyncio.run(ask_async(document, questions, compose(overrides)))
+    except (ConfigError, FileNotFoundError) as error:
+        print(f"parser.ask: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("parser.ask: interrupted", file=sys.stderr)
+        sys.exit(130)
+    if args.json:
+        Path(args.json).write_bytes(b"".join(orjson.dumps(dataclasses.asdict(r)) + b"\n" for r in replies))
+        print(f"trajectories written to {args.json}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
