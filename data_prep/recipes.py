@@ -124,11 +124,13 @@ def train_set(*, source: dict[str, Any], out_dir: str, name: str = "train", leng
     """Pack every question at L (200), drop those a model answers without context, keep the first N.
     `split` labels the rows (train, or val for a trainer's validation file); `agent_name` names
     the verl agent loop that reads them (parser_agent, or memagent_agent)."""
+    filtering = bool(knowledge_filter and knowledge_filter.get("enabled", True))
+    judge = _filter_backend(knowledge_filter) if filtering else None  # before the source: no server fails in seconds
     questions, corpus, provenance = load_source(**source)
     dataset = questions[0].dataset if questions else "empty"
     counts: dict[str, Any] = {"source_questions": len(questions)}
-    if knowledge_filter and knowledge_filter.get("enabled", True):
-        questions = _apply_filter(questions, Path(out_dir) / f"{name}.filter.jsonl", knowledge_filter, counts)
+    if judge is not None:
+        questions = _apply_filter(questions, Path(out_dir) / f"{name}.filter.jsonl", knowledge_filter, counts, *judge)
     questions = questions[:keep] if keep else questions
     if not questions:
         raise DataError(f"train_set {name}: the knowledge filter dropped all {counts['source_questions']} questions")
@@ -143,13 +145,31 @@ def train_set(*, source: dict[str, Any], out_dir: str, name: str = "train", leng
     return path
 
 
-def _apply_filter(questions: list[Question], log_path: Path, cfg: dict[str, Any], counts: dict[str, Any]) -> list[Question]:
+# What the knowledge filter asks (paper App. C.1), said where a missing server is found.
+FILTER_SERVER_HINT = (
+    "the knowledge filter asks a Qwen3.5-9B server (paper App. C.1: questions it answers without the document are "
+    "dropped) at knowledge_filter.backend.base_url. Start one there, e.g. `python -m sglang.launch_server "
+    "--model-path Qwen/Qwen3.5-9B --port 30000`, or set knowledge_filter.backend.base_url=http://host:port; "
+    "knowledge_filter.enabled=false skips it (a set that is not the paper's)")
+
+
+def _filter_backend(cfg: dict[str, Any]) -> tuple[Any, Any]:
+    """The knowledge filter's model client, its server probed (parser.backends.preflight)."""
     from parser.backends import build_backend
+    from parser.backends.preflight import ServerUnavailable
+
+    try:
+        return build_backend(dict(cfg["backend"]), where="knowledge_filter.backend")
+    except ServerUnavailable as error:
+        raise DataError(f"{error}\n  {FILTER_SERVER_HINT}") from None
+
+
+def _apply_filter(questions: list[Question], log_path: Path, cfg: dict[str, Any], counts: dict[str, Any],
+                  backend: Any, tokenizer: Any) -> list[Question]:
     from parser.backends.base import SamplingParams
 
     from data_prep.knowledge_filter import DEFAULT_SAMPLING, parametric_filter
 
-    backend, tokenizer = build_backend(dict(cfg["backend"]))
     sampling = SamplingParams(**{**DEFAULT_SAMPLING.__dict__, **dict(cfg.get("sampling") or {})})
     limit = cfg.get("max_questions")  # the paper processed 41,027 questions to keep 32,768
     pool = questions[:limit] if limit else questions

@@ -91,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from eval.run import CONFIGS, with_search_path
+    from parser import hydra_help
 
     @hydra.main(config_path="../configs/eval", config_name="order_study", version_base="1.3")
     def run(cfg: DictConfig) -> None:
@@ -102,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         sys.exit(asyncio.run(run_study(cfg, compose_cell)))
 
+    hydra_help.register()
     sys.argv = [sys.argv[0], *with_search_path(list(sys.argv[1:] if argv is None else argv))]
     run()
 
