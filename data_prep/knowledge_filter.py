@@ -32,7 +32,7 @@ from parser.retry import RetryPolicy
 from parser.reward import exact_match, normalize_answer
 
 # MemAgent's filter prompt: the bare question plus a boxed-answer instruction.
-PROMPT_TEMPLATE = "{question}\nYour final answer in \\boxed{{}}."
+PROMPT_TEMPLATE = "{question}\nYour final answer in \\boxed{{}}.\n"  # its final newline too
 DEFAULT_SAMPLING = SamplingParams(max_new_tokens=512, temperature=1.0, top_p=0.7)
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
 # 3 attempts, backoff 1 s doubling to at most 10 s, 10 minutes per 512-token sample.

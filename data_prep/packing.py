@@ -9,7 +9,8 @@ blank lines (`parser.chunking.render_paragraphs`).
 Shuffling. The references call ``random.Random(4).shuffle`` on every sample, which applies the
 *same* permutation to every sample of a given L: gold paragraphs (listed first before the
 shuffle) land in the same slots in every sample, a shortcut a policy can learn. `compat=True`
-reproduces that exactly. The default draws the permutation (and the distractors) from a
+reproduces that exactly, on questions read by the authors' readers (`data_prep.sources`, `compat`:
+a repeated paragraph placed twice, `evidence_idx` one slot per supporting fact). The default draws the permutation (and the distractors) from a
 generator seeded by ``sha256(seed, question id, L)``, so output is bit-identical across runs,
 machines and worker counts (the references' global-RNG draws inside a process pool are not).
 
@@ -95,7 +96,8 @@ def pack(question: Question, corpus: Corpus, length: int, *, seed: int, compat: 
         mode = "per_sample"
     order = tuple(docs[i] for i in perm)
     where = {old: new for new, old in enumerate(perm)}  # old slot -> new slot
-    return Packed(order, tuple(where[g] for g in question.gold), tuple(where[g] for g in question.logical), sample_seed, mode)
+    gold = question.support if compat and question.support else question.gold  # ReMemR1: one slot per supporting fact
+    return Packed(order, tuple(where[g] for g in gold), tuple(where[g] for g in question.logical), sample_seed, mode)
 
 
 def evidence_meta(gold_positions: Sequence[int], logical_positions: Sequence[int]) -> dict[str, Any]:
@@ -136,7 +138,7 @@ def record_from_layout(question: Question, corpus: Corpus, order: Sequence[int],
         "question": question.question,
         "dataset": question.dataset,
         "length": length,
-        "gold_paragraph_ids": sorted(p + 1 for p in gold_positions),  # "Document {i}" numbers
+        "gold_paragraph_ids": sorted({p + 1 for p in gold_positions}),  # "Document {i}" numbers
         "evidence_order": [p + 1 for p in logical_positions],  # the same, in reasoning order
         "meta": {"question_id": question.id, "type": question.qtype, "level": question.level,
                  **evidence_meta(gold_positions, logical_positions),

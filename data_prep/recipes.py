@@ -26,17 +26,18 @@ from data_prep.verl_parquet import AGENT_NAME, write_rl_parquet
 
 
 def load_source(name: str, split: str | None = None, path: str | None = None, revision: str | None = None,
-                **synthetic: Any) -> tuple[list[Question], Corpus, dict[str, Any]]:
+                compat: bool = False, **synthetic: Any) -> tuple[list[Question], Corpus, dict[str, Any]]:
     """(questions, corpus, provenance) for a source config: hub by name, a local file, or synthetic.
+    `compat`: read as the authors' readers do (`data_prep.sources.read_hotpotqa` / `read_2wiki`).
     An empty source, or one whose every record is dropped, is an error (not an empty dataset)."""
-    questions, corpus, provenance = _load_source(name, split, path, revision, **synthetic)
+    questions, corpus, provenance = _load_source(name, split, path, revision, compat, **synthetic)
     if not questions:
         raise DataError(f"source {provenance}: no usable questions (empty input, or every record was dropped "
                         "because a supporting title is missing from its context)")
     return questions, corpus, provenance
 
 
-def _load_source(name: str, split: str | None, path: str | None, revision: str | None,
+def _load_source(name: str, split: str | None, path: str | None, revision: str | None, compat: bool,
                  **synthetic: Any) -> tuple[list[Question], Corpus, dict[str, Any]]:
     if name == "synthetic":
         from data_prep.synthetic_world import synthetic_source
@@ -46,12 +47,12 @@ def _load_source(name: str, split: str | None, path: str | None, revision: str |
     if path:
         rows = _read_rows(path)
         reader = read_hotpotqa if name == "hotpotqa" else read_2wiki
-        questions, corpus = reader(rows, source=str(path))
+        questions, corpus = reader(rows, source=str(path), compat=compat)
         return questions, corpus, {"name": name, "path": str(path)}
     if name == "hotpotqa":
-        return (*load_hotpotqa(split or "validation", revision), {"name": "hotpotqa/hotpot_qa:distractor", "split": split, "revision": revision})
+        return (*load_hotpotqa(split or "validation", revision, compat), {"name": "hotpotqa/hotpot_qa:distractor", "split": split, "revision": revision})
     if name == "2wiki":
-        return (*load_2wiki(split or "dev", revision), {"name": "RUC-NLPIR/FlashRAG_datasets:2wikimultihopqa", "split": split, "revision": revision})
+        return (*load_2wiki(split or "dev", revision, compat), {"name": "RUC-NLPIR/FlashRAG_datasets:2wikimultihopqa", "split": split, "revision": revision})
     raise ValueError(f"unknown source {name!r}; known: hotpotqa, 2wiki, synthetic")
 
 
@@ -101,12 +102,20 @@ def _write_eval(out_dir: Path, name: str, rows: list[dict[str, Any]], *, recipe:
 
 def eval_grid(*, source: dict[str, Any], out_dir: str, lengths: Sequence[int], num_questions: int | None = 128,
               seed: int = 0, compat: bool = False, select_mode: str = "random", same_questions: bool = True,
-              workers: int = 0, parquet: bool = False, tokenizer: Any = None, tokenizer_name: str | None = None) -> dict[int, Path]:
+              workers: int = 0, parquet: bool = False, tokenizer: Any = None, tokenizer_name: str | None = None,
+              knowledge_filter: dict[str, Any] | None = None) -> dict[int, Path]:
     """The L-grid: the same questions at every L (default) or, as ReMemR1's script does, a fresh
-    sample per L (`same_questions=False`)."""
-    questions, corpus, provenance = load_source(**source)
+    sample per L (`same_questions=False`). With `knowledge_filter` enabled, the first
+    `knowledge_filter.max_questions` questions are asked closed-book and those a model answers are
+    dropped before selection: MemAgent's eval selection is `max_questions: 200`, `select_mode:
+    first`, `num_questions: 128` (its `filter.py`, `filter2.py` `process("hotpotqa_dev", 128)`)."""
+    questions, corpus, provenance = load_source(**source, compat=compat)
+    if knowledge_filter and knowledge_filter.get("enabled", True):
+        questions = _apply_filter(questions, Path(out_dir) / "eval.filter.jsonl", knowledge_filter, {})
+        if not questions:
+            raise DataError(f"eval_grid {out_dir}: the knowledge filter dropped every question")
     config = {"lengths": list(lengths), "num_questions": num_questions, "seed": seed, "compat": compat,
-              "select_mode": select_mode, "same_questions": same_questions}
+              "select_mode": select_mode, "same_questions": same_questions, "knowledge_filter": knowledge_filter}
     out: dict[int, Path] = {}
     dataset = questions[0].dataset if questions else "empty"
     for i, length in enumerate(lengths):
@@ -126,7 +135,7 @@ def train_set(*, source: dict[str, Any], out_dir: str, name: str = "train", leng
     the verl agent loop that reads them (parser_agent, or memagent_agent)."""
     filtering = bool(knowledge_filter and knowledge_filter.get("enabled", True))
     judge = _filter_backend(knowledge_filter) if filtering else None  # before the source: no server fails in seconds
-    questions, corpus, provenance = load_source(**source)
+    questions, corpus, provenance = load_source(**source, compat=compat)
     dataset = questions[0].dataset if questions else "empty"
     counts: dict[str, Any] = {"source_questions": len(questions)}
     if judge is not None:

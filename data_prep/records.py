@@ -46,6 +46,10 @@ class Question:
     qtype: str | None = None
     level: str | None = None
     evidences: tuple[tuple[str, str, str], ...] = ()
+    # `compat` sources (the authors' readers): every supporting fact's paragraph, repeats kept
+    # (ReMemR1's `evidence_idx` before shuffling); a paragraph repeated in `paragraphs` is kept twice
+    support: tuple[int, ...] = ()
+    compat: bool = False
 
     def __post_init__(self) -> None:
         where = f"{self.dataset} question {self.id!r}"
@@ -56,9 +60,9 @@ class Question:
         for i, answer in enumerate(self.answers):
             if not isinstance(answer, str) or not scorable(answer):
                 raise DataError(f"{where}: answers[{i}] = {answer!r} normalizes to nothing; it would match every prediction")
-        if len(set(self.paragraphs)) != len(self.paragraphs):
+        if len(set(self.paragraphs)) != len(self.paragraphs) and not self.compat:
             raise DataError(f"{where}: field 'paragraphs' holds duplicates; deduplicate before building")
-        for name, idx in (("gold", self.gold), ("logical", self.logical)):
+        for name, idx in (("gold", self.gold), ("logical", self.logical), ("support", self.support)):
             if any(not 0 <= i < len(self.paragraphs) for i in idx):
                 raise DataError(f"{where}: field {name!r} indexes outside its {len(self.paragraphs)} paragraphs: {idx}")
         if sorted(set(self.gold)) != sorted(set(self.logical)):

@@ -78,7 +78,11 @@ def _supporting_titles(facts: Any, source: str) -> list[str]:
 
 def _build(row_id: str, index: int, question: str, answers: Sequence[str], context: Any, facts: Any, *,
            dataset: str, source: str, qtype: str | None, level: str | None,
-           evidences: Iterable[Sequence[str]] = ()) -> Question | None:
+           evidences: Iterable[Sequence[str]] = (), compat: bool = False, keep_missing_support: bool = False) -> Question | None:
+    """One question, or None when a supporting title is missing from its context (ReMemR1 skips
+    such a question; with `keep_missing_support`, MemAgent's reader keeps it, gold = the titles
+    present). `compat`: the authors' readers keep a repeated paragraph twice and record every
+    supporting fact's paragraph (`support`, ReMemR1's `evidence_idx`); else the first copy is kept."""
     pairs = _context_pairs(context, source)
     titles = [str(t) for t, _ in pairs]
     texts = [paragraph_text(t, s) for t, s in pairs]
@@ -86,12 +90,15 @@ def _build(row_id: str, index: int, question: str, answers: Sequence[str], conte
     unique: dict[str, int] = {}
     for pos, text in enumerate(texts):
         unique.setdefault(text, pos)
-    keep = sorted(unique.values())
+    keep = list(range(len(texts))) if compat else sorted(unique.values())
     remap = {old: new for new, old in enumerate(keep)}
     support = _supporting_titles(facts, source)
     if not all(t in titles for t in support):
-        return None  # ReMemR1 skips questions whose supporting title is missing from the context
-    gold = tuple(dict.fromkeys(remap[unique[texts[titles.index(t)]]] for t in support))
+        if not keep_missing_support:
+            return None
+        support = [t for t in support if t in titles]
+    first = (lambda pos: pos) if compat else (lambda pos: remap[unique[texts[pos]]])
+    gold = tuple(dict.fromkeys(first(titles.index(t)) for t in support))
     kept_titles = [titles[i] for i in keep]
     if not isinstance(evidences, (list, tuple)) or not all(isinstance(e, (list, tuple)) for e in evidences):
         raise DataError(f"{source}: 'metadata.evidences' must be a list of [subject, relation, object] triples")
@@ -101,12 +108,23 @@ def _build(row_id: str, index: int, question: str, answers: Sequence[str], conte
     return Question(id=str(row_id), index=index, question=question, answers=tuple(answers),
                     paragraphs=tuple(texts[i] for i in keep), gold=gold,
                     logical=logical_order(kept_titles, gold, evidences), dataset=dataset,
-                    qtype=qtype, level=level, evidences=evidences)
+                    qtype=qtype, level=level, evidences=evidences,
+                    support=tuple(titles.index(t) for t in support) if compat else (), compat=compat)
 
 
-def read_hotpotqa(rows: Iterable[dict[str, Any]], source: str = "hotpotqa") -> tuple[list[Question], Corpus]:
-    """HotpotQA rows (HF or original JSON layout) -> questions + the split's paragraph corpus."""
+def _all_paragraphs(rows: Sequence[dict[str, Any]], context_of: Any, source: str) -> list[str]:
+    """Every paragraph of every row, kept or dropped: the authors build the distractor corpus
+    before they drop a question (ReMemR1 `read_dataset`, MemAgent `read_hotpotqa`)."""
+    return [paragraph_text(t, s) for i, row in enumerate(rows)
+            for t, s in _context_pairs(context_of(row, f"{source} record {i}"), f"{source} record {i}")]
+
+
+def read_hotpotqa(rows: Iterable[dict[str, Any]], source: str = "hotpotqa", compat: bool = False) -> tuple[list[Question], Corpus]:
+    """HotpotQA rows (HF or original JSON layout) -> questions + the split's paragraph corpus.
+    `compat`: MemAgent's reader (`taskutils/memory_data/processing.py` `read_hotpotqa`): every
+    question kept (a missing supporting title too), repeated paragraphs kept, corpus from all rows."""
     questions, ids = [], []
+    rows = list(rows)
     for i, row in enumerate(rows):
         where = f"{source} record {i}"
         row = require_record(row, where)
@@ -116,21 +134,26 @@ def read_hotpotqa(rows: Iterable[dict[str, Any]], source: str = "hotpotqa") -> t
         ids.append(str(row_id))
         q = _build(row_id, i, require_text(row, "question", where), require_answers([require(row, "answer", where)], "answer", where),
                    require(row, "context", where), require(row, "supporting_facts", where), dataset="hotpotqa",
-                   source=where, qtype=row.get("type"), level=row.get("level"))
+                   source=where, qtype=row.get("type"), level=row.get("level"), compat=compat, keep_missing_support=compat)
         if q is not None:
             questions.append(q)
     unique_ids(ids, source)
-    return questions, Corpus.from_questions(questions)
+    extra = _all_paragraphs(rows, lambda row, where: require(row, "context", where), source) if compat else ()
+    return questions, Corpus.from_questions(questions, extra)
 
 
 def read_2wiki(rows: Iterable[dict[str, Any]], source: str = "2wikimultihopqa", dataset: str = "2wikimultihopqa",
-               extra_paragraphs: Iterable[str] = ()) -> tuple[list[Question], Corpus]:
+               extra_paragraphs: Iterable[str] = (), compat: bool = False) -> tuple[list[Question], Corpus]:
     """FlashRAG 2Wiki rows -> questions (with evidence triples and logical order) + corpus.
 
     Questions get a trailing '?' if missing, as ReMemR1 does. `extra_paragraphs` widens the
-    distractor corpus (the synthetic world passes its whole encyclopedia).
+    distractor corpus (the synthetic world passes its whole encyclopedia). `compat`: ReMemR1's
+    reader (`taskutils/data_synthesis/process_test.py` `read_dataset`): the corpus from every row,
+    a question with a missing supporting title skipped after that, `index` counting kept questions
+    only, repeated paragraphs kept, `support` = every supporting fact's paragraph.
     """
     questions, ids = [], []
+    rows = list(rows)
     for i, row in enumerate(rows):
         where = f"{source} record {i}"
         row = require_record(row, where)
@@ -140,12 +163,16 @@ def read_2wiki(rows: Iterable[dict[str, Any]], source: str = "2wikimultihopqa", 
             text += "?"
         answers = require_answers(require(row, "golden_answers", where), "golden_answers", where)
         ids.append(str(require(row, "id", where)))
-        q = _build(require(row, "id", where), i, text, answers, require(meta, "context", where + " metadata"),
-                   require(meta, "supporting_facts", where + " metadata"), dataset=dataset, source=where,
-                   qtype=meta.get("type"), level=meta.get("level"), evidences=meta.get("evidences") or ())
+        q = _build(require(row, "id", where), len(questions) if compat else i, text, answers,
+                   require(meta, "context", where + " metadata"), require(meta, "supporting_facts", where + " metadata"),
+                   dataset=dataset, source=where, qtype=meta.get("type"), level=meta.get("level"),
+                   evidences=meta.get("evidences") or (), compat=compat)
         if q is not None:
             questions.append(q)
     unique_ids(ids, source)
+    if compat:
+        context_of = lambda row, where: require(require_record(require(row, "metadata", where), where), "context", where)  # noqa: E731
+        extra_paragraphs = [*extra_paragraphs, *_all_paragraphs(rows, context_of, source)]
     return questions, Corpus.from_questions(questions, extra_paragraphs)
 
 
@@ -175,16 +202,18 @@ def read_eval_file(path: str | Path) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------------------------
 # By name from the hub (real users; tests never call these).
 
-def load_hotpotqa(split: str = "validation", revision: str | None = None) -> tuple[list[Question], Corpus]:
+def load_hotpotqa(split: str = "validation", revision: str | None = None, compat: bool = False) -> tuple[list[Question], Corpus]:
     import datasets
 
-    return read_hotpotqa(datasets.load_dataset(*HOTPOTQA, split=split, revision=revision), source=f"{HOTPOTQA[0]}:{split}")
+    return read_hotpotqa(datasets.load_dataset(*HOTPOTQA, split=split, revision=revision), source=f"{HOTPOTQA[0]}:{split}",
+                         compat=compat)
 
 
-def load_2wiki(split: str = "dev", revision: str | None = None) -> tuple[list[Question], Corpus]:
+def load_2wiki(split: str = "dev", revision: str | None = None, compat: bool = False) -> tuple[list[Question], Corpus]:
     import datasets
 
-    return read_2wiki(datasets.load_dataset(*FLASHRAG, split=split, revision=revision), source=f"{FLASHRAG[0]}/{FLASHRAG[1]}:{split}")
+    return read_2wiki(datasets.load_dataset(*FLASHRAG, split=split, revision=revision), source=f"{FLASHRAG[0]}/{FLASHRAG[1]}:{split}",
+                      compat=compat)
 
 
 def load_memagent_eval(length: int, revision: str | None = None) -> list[dict[str, Any]]:

@@ -8,7 +8,11 @@ points, `hydra.compose` in scripts and tests) resolves them alike:
   `true` names document order too (`CoA (document)`); `parser.ordering.order_label`.
 - `${order_suffix:${oc.select:method.order,document}}` -> `""` / `_chow_liu`: each reading
   order of a sequential method evaluates into its own run folder.
+- `${file_stem:${.path}}` -> `mine` for `data/mine.jsonl`: `dataset=files` names its rows (and its
+  run folder) after the file.
 """
+from pathlib import Path
+
 from omegaconf import OmegaConf
 
 from parser.ordering import order_label, order_suffix
@@ -16,3 +20,4 @@ from parser.ordering import order_label, order_suffix
 OmegaConf.register_new_resolver("order_label", lambda method, order, show_document=False: order_label(
     str(method), str(order), str(show_document).lower() == "true"), replace=True)
 OmegaConf.register_new_resolver("order_suffix", lambda order: order_suffix(str(order)), replace=True)
+OmegaConf.register_new_resolver("file_stem", lambda path: Path(str(path)).name.split(".")[0], replace=True)

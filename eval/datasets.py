@@ -8,7 +8,8 @@ world is generated in-process; files are MemAgent-format JSON or JSONL), so eval
 re-implements a loader. `source` picks how:
 
 - `synthetic`: `data_prep.build_synthetic_eval(num_questions, lengths, seed)`
-- `files`: `path` with a `{length}` placeholder, one file per entry of `lengths`
+- `files`: `path` with a `{length}` placeholder, one file per entry of `lengths`; or one file, one
+  subset (`dataset=files`, your own records: docs/datasets.md)
 - `conditions`: `subsets` maps condition name -> file (controlled sets; all rows share one L)
 - `synthetic_controlled`: the controlled sets built in-process on the synthetic world
   (`data_prep.controlled.{position,order,distance}_sets`, chosen by `analysis`)
@@ -84,6 +85,39 @@ def _length_of(records: list[dict[str, Any]], source: str) -> int:
     return int(lengths.pop())
 
 
+def _file_subsets(name: str, path: str, lengths: Any, limit: int | None) -> list[Subset]:
+    """One subset per length (a `{length}` placeholder in `path`), or the one file as one subset.
+    Lengths that cannot apply are refused, never used as labels: `lengths` without a placeholder
+    would evaluate one file under several lengths, and rows whose own `length` disagrees with
+    their file's would be tabled under the wrong one."""
+    placeholder = "{length}" in path
+    if placeholder and not lengths:
+        raise ValueError(f"dataset.path {path!r} has a {{length}} placeholder: set dataset.lengths (e.g. [50, 100])")
+    if lengths and not placeholder:
+        raise ValueError(f"dataset.lengths={list(lengths)} needs a {{length}} placeholder in dataset.path ({path!r} "
+                         "names one file, which would be evaluated once per length): drop dataset.lengths to "
+                         "evaluate the file as one subset, or name one file per length")
+    if not placeholder:
+        records, digest = _read(path)
+        return [Subset(name, _file_length(records, path), None, None, _samples(records, path, limit), path, digest)]
+    subsets = []
+    for L in lengths:
+        file = path.format(length=L)
+        records, digest = _read(file)
+        own = {r.get("length") for r in records} - {None}
+        if own and own != {int(L)}:
+            raise ValueError(f"{file}: its rows say length {sorted(own)}, but dataset.lengths puts the file at {L}")
+        subsets.append(Subset(name, int(L), None, None, _samples(records, file, limit), file, digest))
+    return subsets
+
+
+def _file_length(records: list[dict[str, Any]], source: str) -> int:
+    """The length shared by a file's rows (`length` / `num_docs`), 0 when they give none."""
+    if all(r.get("length", r.get("num_docs")) is None for r in records):
+        return 0
+    return _length_of(records, source)
+
+
 def _condition_subsets(name: str, by_condition: dict[str, tuple[list[dict[str, Any]], str, str]],
                        limit: int | None) -> list[Subset]:
     """One subset per condition; result keys carry the condition, so ids may repeat across them."""
@@ -104,12 +138,7 @@ def load_subsets(cfg: Mapping[str, Any], limit: int | None = None) -> list[Subse
         return [Subset(name, L, None, None, _samples(by_length[L], f"synthetic L={L}", limit), f"synthetic L={L}",
                        _digest_rows(by_length[L])) for L in lengths]
     if source == "files":
-        subsets = []
-        for L in cfg["lengths"]:
-            path = str(cfg["path"]).format(length=L)
-            records, digest = _read(path)
-            subsets.append(Subset(name, int(L), None, None, _samples(records, path, limit), path, digest))
-        return subsets
+        return _file_subsets(name, str(cfg["path"]), cfg.get("lengths"), limit)
     if source == "conditions":
         by_condition = {}
         for condition, path in dict(cfg["subsets"]).items():

@@ -1,8 +1,9 @@
 """Evaluate one method on one dataset across lengths and runs; resumable, with provenance.
 
 Features
-- Any registered method (ParSer, full-context, MemAgent, ReMemR1, agentic RAG, DCI) by name
-  from `method.name`; models come from the `models` section (`parser.backends.build_models`).
+- Any method (ParSer, full-context, MemAgent, ReMemR1, agentic RAG, DCI, or one you add): the
+  class the method config's `_target_` names (`parser.methods.build_method`; rows are filed under
+  `method.name`); models come from the `models` section (`parser.backends.build_models`).
 - One JSONL row per finished sample, fsync'd, keyed by (dataset, length, condition, run, sample
   id): kill it and re-run the same command; it runs every expected key not in the store, never
   writes a key twice, and counts only this run's keys as done.
@@ -218,11 +219,11 @@ def build_eval_method(cfg: DictConfig, models: Any = None) -> Method:
     or on models built from `cfg.models`. The method closes its models on `aclose`."""
     from parser.backends.models import build_models
 
-    method_cfg = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k not in ("name", "label")}
+    method_cfg = OmegaConf.to_container(cfg.method, resolve=True)
     check_episode_keys(method_cfg.get("episode"), "method.episode")  # a typo fails before any model loads
     check_episode_keys((method_cfg.get("reader") or {}).get("episode"), "method.reader.episode")
     models = models or build_models(OmegaConf.to_container(cfg.models, resolve=True))
-    return build_method(cfg.method.name, models, **method_cfg)
+    return build_method(method_cfg, models)
 
 
 async def evaluate(cfg: DictConfig, method: Method | None = None) -> int:

@@ -135,7 +135,7 @@ def build(cfg: Any) -> tuple[Any, dict[str, Any]]:
     from parser.demo import choose_backend, cpu_episode
     from parser.methods import build_method
 
-    method_cfg = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k not in ("name", "label")}
+    method_cfg = OmegaConf.to_container(cfg.method, resolve=True)
     check_episode_keys(method_cfg.get("episode"), "method.episode")  # before any model loads
     if cfg.get("models") is None:  # no preset named: what this machine can run, as the demo chooses
         preset, reason = choose_backend("auto")
@@ -149,7 +149,7 @@ def build(cfg: Any) -> tuple[Any, dict[str, Any]]:
 
         if not torch.cuda.is_available():
             method_cfg["episode"] = cpu_episode(method_cfg["episode"])
-    return build_method(cfg.method.name, build_models(models_cfg), **method_cfg), models_cfg
+    return build_method(method_cfg, build_models(models_cfg)), models_cfg
 
 
 async def ask_async(document: str, questions: Iterable[str], cfg: Any, echo: bool = True) -> list[Reply]:

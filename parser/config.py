@@ -8,11 +8,14 @@ budgets) set these fields; `tests/test_configs_on_cpu.py` keeps `train.yaml` equ
 defaults here.
 
     EpisodeConfig(**OmegaConf.to_container(cfg.episode))
-    episode_preset("eval", max_turns=8)     # configs/episode/eval.yaml, one field overridden
-    config, rules = baseline_episode("dci", {"max_turns": 8})   # + the tool set's turn rules
+    episode_preset("eval", max_turns=8)     # configs/episode/eval.yaml (composed by Hydra), one field overridden
+    episode_section("dci", max_turns=8)     # the same as plain values, the DCI agent's turn_rules included
+    config, rules = with_turn_rules(method_cfg["episode"], "dci")   # a composed section + its tool set's rules
 
-The baselines' episode presets (the DCI agent, the DCI subagent, agentic RAG) live in the same
-folder, so a method built from Python without a config gets exactly what its Hydra config gets.
+A baseline's episode reaches it only through its Hydra-composed method config: a preset of the
+same folder (`configs/method/dci.yaml`: `/episode@episode: dci`, shared with ParSer's DCI subagent
+through `dci_reader.yaml`) or the training preset plus an `episode:` section of the method's own
+(`configs/method/rag.yaml`). `compose_preset` is Hydra's compose for a caller outside a Hydra app.
 Their `turn_rules:` section is not the engine's: it goes to the baseline's tool set
 (`parser.tools.TurnRules`), where its reference protocol departs from Algorithm 1.
 """
@@ -23,7 +26,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-EPISODE_PRESETS = Path(__file__).resolve().parent.parent / "configs" / "episode"
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 PROTOCOLS = ("parser", "release")  # whose behaviour the engine has; parser/protocol.py, docs/fidelity.md
 
 
@@ -150,42 +153,45 @@ def check_episode_keys(values: Any, where: str = "episode") -> None:
         check_keys({k: v for k, v in values.items() if k != "turn_rules"}, EpisodeConfig, where)
 
 
-def _preset_values(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A preset's values after its Hydra `defaults` list (other presets of the folder, `_self_`)."""
+def compose_preset(group: str, name: str, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """`configs/<group>/<name>.yaml` as Hydra composes it (its defaults list, `_self_`, Hydra
+    `overrides`): a `DictConfig`, not yet resolved. Inside a running Hydra app (eval.run, a test's
+    `initialize_config_dir`) that app's state is set aside for the compose and put back."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    path = CONFIGS / group / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+        raise FileNotFoundError(f"{group} preset {name!r}: no {path} (known: {', '.join(known)})")
+    outer = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+            composed = compose(config_name=f"{group}/{name}", overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().hydra = outer
+    return composed[group]
+
+
+def episode_section(name: str, **overrides: Any) -> dict[str, Any]:
+    """`configs/episode/<name>.yaml` composed by Hydra, as plain values (a baseline's `turn_rules`
+    included), with `overrides` on top: what a method config's `episode` section holds."""
     from omegaconf import OmegaConf
 
-    path = EPISODE_PRESETS / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in EPISODE_PRESETS.glob("*.yaml"))
-        raise FileNotFoundError(f"episode preset {name!r}: no {path} (known: {', '.join(known)})")
-    if name in seen:
-        raise ValueError(f"episode preset {name!r}: its defaults list includes itself ({' -> '.join(seen + (name,))})")
-    raw = OmegaConf.to_container(OmegaConf.load(path))
-    own = {k: v for k, v in raw.items() if k != "defaults"}
-    values: dict[str, Any] = {}
-    for entry in raw.get("defaults", ["_self_"]):
-        values.update(own if entry == "_self_" else _preset_values(str(entry), seen + (name,)))
-    if "_self_" not in raw.get("defaults", ["_self_"]):
-        values.update(own)
-    return values
+    return {**OmegaConf.to_container(compose_preset("episode", name), resolve=True), **overrides}
 
 
 def episode_preset(name: str, **overrides: Any) -> EpisodeConfig:
     """The `EpisodeConfig` of `configs/episode/<name>.yaml`, with `overrides` on top."""
-    return _episode_config(name, {**_preset_values(name), **overrides})
+    return EpisodeConfig.from_mapping(episode_section(name, **overrides))
 
 
-def baseline_episode(name: str, overrides: Mapping[str, Any] | None = None) -> tuple[EpisodeConfig, dict[str, Any]]:
-    """A baseline's preset with `overrides` (its method config's `episode` section) on top: the
-    engine's `EpisodeConfig`, and the `turn_rules` section for its tool set (merged key by key)."""
-    values, overrides = _preset_values(name), dict(overrides or {})
-    rules = {**values.pop("turn_rules", {}), **(overrides.pop("turn_rules", None) or {})}
-    return _episode_config(name, {**values, **overrides}), rules
+def with_turn_rules(section: Mapping[str, Any], where: str) -> tuple[EpisodeConfig, dict[str, Any]]:
+    """A baseline's composed `episode` section (its preset with the run's overrides, as its method
+    config composes it) -> the engine's `EpisodeConfig` and the `turn_rules` for its tool set."""
+    values = dict(section)
+    rules = dict(values.pop("turn_rules", None) or {})
+    return EpisodeConfig.from_mapping(values, f"{where}.episode"), rules
 
 
-def _episode_config(name: str, values: dict[str, Any]) -> EpisodeConfig:
-    known = {f.name for f in dataclasses.fields(EpisodeConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"episode preset {name!r}: unknown field(s) {unknown}; EpisodeConfig has {sorted(known)}")
-    return EpisodeConfig(**values)

@@ -30,13 +30,13 @@ A model writes these commands, so the sandbox treats every command as hostile:
 instead of an object) — into an "Error: ..." string; docs/security.md says what and why.
 
 `SandboxTools` offers the two tools to an agent of the episode engine (the DCI agent,
-`parser.methods.dci_agent`, and the DCI subagent, `parser.readers.dci`).
+`parser.methods.dci`, and the DCI subagent, `parser.readers.dci`).
 
 This module never runs a shell and never writes anywhere but the corpus it is asked to create.
 
     sandbox = Sandbox(materialize_corpus(document, tmpdir))
     print(await sandbox.call("bash", {"command": "rg -n 'Film X' ."}))
-    await engine.run_tools(question, SandboxTools(sandbox, "dci"))
+    await engine.run_tools(question, SandboxTools(sandbox, "dci", templates=parser.methods.dci.PROMPTS))
 """
 from __future__ import annotations
 
@@ -515,16 +515,17 @@ def materialize_corpus(document: str, directory: str | os.PathLike[str], *, layo
 class SandboxTools(FunctionTools):
     """`read(file, offset)` and `bash(command)` confined to one corpus directory.
 
-    `prompt` names the system/user templates: "dci" (the standalone agent, user field
-    `question`) or "dci_subagent" (ParSer's DCI reader, user field `query`); `rules` are the
+    `prompt` names the system/user templates in `templates`: "dci_subagent" in the shared
+    `prompts.TOOLSETS` (ParSer's DCI reader, user field `query`; the default) or "dci" in the DCI
+    agent's own set (`parser.methods.dci.PROMPTS`, user field `question`); `rules` are the
     reference's turn rules (configs/episode/dci.yaml `turn_rules:`; none by default).
     """
 
-    def __init__(self, sandbox: Sandbox, prompt: str = "dci", version: str = prompts.DEFAULT_VERSION,
-                 rules: TurnRules = TurnRules()):
-        self.sandbox, self.prompt, self.version, self.rules = sandbox, prompt, version, rules
+    def __init__(self, sandbox: Sandbox, prompt: str = "dci_subagent", version: str = prompts.DEFAULT_VERSION,
+                 rules: TurnRules = TurnRules(), *, templates: prompts.PromptSet = prompts.TOOLSETS):
+        self.sandbox, self.prompt, self.version, self.rules, self.templates = sandbox, prompt, version, rules, templates
         self.functions = {"read": self.read, "bash": self.bash}
-        self.tool_schemas = prompts.baseline_tools("read", "bash", version=version)
+        self.tool_schemas = prompts.TOOLSETS.schemas("read", "bash", version=version)
 
     async def read(self, arguments: dict[str, Any]) -> str:
         return await self.sandbox.call("read", arguments)
@@ -533,11 +534,11 @@ class SandboxTools(FunctionTools):
         return await self.sandbox.call("bash", arguments)
 
     def system_prompt(self) -> str:
-        return prompts.BASELINES.render(f"{self.prompt}_system", self.version)
+        return self.templates.render(f"{self.prompt}_system", self.version)
 
     def user_prompt(self, question: str) -> str:
         field = "query" if self.prompt == "dci_subagent" else "question"
-        return prompts.BASELINES.render(f"{self.prompt}_user", self.version, **{field: question})
+        return self.templates.render(f"{self.prompt}_user", self.version, **{field: question})
 
     def invalid_action(self, error: str) -> str:
-        return prompts.BASELINES.render("invalid_action", self.version, error=error)
+        return prompts.TOOLSETS.render("invalid_action", self.version, error=error)

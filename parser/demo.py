@@ -32,7 +32,8 @@ from parser.backends.models import build_models
 from parser.config import check_episode_keys, episode_preset
 from parser import hydra_help, progress
 from parser.gateway import ProcessGroup, worker_launches
-from parser.methods import MethodResult, Sample, build_method
+from parser.methods import MethodResult, Sample
+from parser.methods.parser import ParSerMethod
 from parser.reward import sub_em
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -117,7 +118,7 @@ async def run_demo(cfg: DictConfig, log_dir: Path) -> list[dict[str, Any]]:
     workers = start_subagent_workers(models_cfg, cfg.workers, log_dir) if cfg.workers else None
     rows_out = []
     try:
-        method = build_method("parser", build_models(models_cfg), episode=episode)
+        method = ParSerMethod(build_models(models_cfg), episode=episode)
         try:
             for sample in samples:
                 chunks = len(method.protocol.chunk(sample.context, method.models.subagent_tokenizer))

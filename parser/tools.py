@@ -28,7 +28,7 @@ Whose prompts, tool schema, hint and observation `QueryAgents` uses is its proto
 `FunctionTools` is the base for tool sets made of plain async functions (`arguments -> text`):
 a failing function becomes an "Error: ..." observation, never an exception.
 
-    config, rules = baseline_episode("dci", episode)             # parser.config
+    config, rules = with_turn_rules(cfg["episode"], "dci")       # parser.config; a composed method config
     SandboxTools(sandbox, rules=TurnRules.from_section(rules))   # configs/episode/dci.yaml `turn_rules:`
 """
 from __future__ import annotations

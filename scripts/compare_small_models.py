@@ -50,7 +50,8 @@ from data_prep.files import JsonlStore  # noqa: E402
 from data_prep.synthetic_world import build_synthetic_eval  # noqa: E402
 from parser.backends.models import build_models  # noqa: E402
 from parser.config import episode_preset  # noqa: E402
-from parser.methods import Sample, build_method  # noqa: E402
+from parser.methods import Sample  # noqa: E402
+from parser.methods.parser import ParSerMethod  # noqa: E402
 from parser.reward import normalize_answer, sub_em  # noqa: E402
 
 MODELS = ["smollm2", "gemma3-270m", "qwen2.5-coder-0.5b"]
@@ -139,7 +140,7 @@ async def run_model(lead: str, readers: str | None, samples: list[Sample], episo
     except ValueError as exc:  # a model build_models refuses (it says why): a row, not a crash
         print(f"[compare] {label}: unusable: {exc}", flush=True)
         return dataclasses.replace(row, unusable=str(exc))
-    method = build_method("parser", models, episode=episode)
+    method = ParSerMethod(models, episode=episode)
     out.mkdir(parents=True, exist_ok=True)
     stem = label.strip("/").replace("/", "_") + (".probe" if probe else "")  # a model given as a path
     store = JsonlStore(out / f"{stem}.jsonl", key=lambda line: str(line["id"]))

@@ -19,14 +19,18 @@ import pytest
 
 from parser.backends.base import Completion
 from parser.dci import SandboxTools
-from parser.methods.full_context import ContextOverflow
-from parser.methods.memagent import TfidfRecall
+from parser.methods.coa import ChainOfAgentsMethod
+from parser.methods.dci import DCIAgentMethod
+from parser.methods.full_context import ContextOverflow, FullContextMethod
+from parser.methods.memagent import MemAgentMethod
+from parser.methods.rag import AgenticRAGMethod
+from parser.methods.rememr1 import ReMemR1Method, TfidfRecall
 from parser.methods.sequential import extract_answer, last_boxed
 from parser.dci import Sandbox
-from parser.config import EpisodeConfig
+from parser.config import EpisodeConfig, episode_section
 from parser.episode import EpisodeEngine
 from parser.backends.models import Models
-from parser.methods import Sample, build_method
+from parser.methods import Sample, method_config
 from parser.tools import FunctionTools, TurnRules
 
 
@@ -82,7 +86,7 @@ def last_user_turn(prompt: str) -> str:
 def test_full_context_two_turn_protocol(samples, tiny_tokenizer):
     sample = samples[(12, 0)]
     model = ScriptedModel(lambda p, i: f"It must be {sample.answers[0]} because ...</think>\nThe answer is {sample.answers[0]}." if i == 0 else f"{sample.answers[0]}")
-    method = build_method("full_context", models_for(model, tiny_tokenizer), thinking=True)
+    method = FullContextMethod(models_for(model, tiny_tokenizer), thinking=True)
     result = run(method.run(sample))
     assert result.answer == sample.answers[0] and result.steps == 2
     first, second = model.prompts
@@ -95,12 +99,12 @@ def test_full_context_overflow_is_said_clearly(samples, tiny_tokenizer):
     sample = samples[(36, 0)]
     model = ScriptedModel(lambda p, i: "x")
     small = dict(max_context_tokens=3000, max_new_tokens=200, followup_max_new_tokens=20)
-    skipped = run(build_method("full_context", models_for(model, tiny_tokenizer), **small).run(sample))
+    skipped = run(FullContextMethod(models_for(model, tiny_tokenizer), **small).run(sample))
     assert skipped.answer is None and model.prompts == []
     assert "document is" in skipped.record["error"] and "YaRN" in skipped.record["error"]
     with pytest.raises(ContextOverflow, match="max_context_tokens=3000"):
-        run(build_method("full_context", models_for(model, tiny_tokenizer), on_overflow="error", **small).run(sample))
-    cut = run(build_method("full_context", models_for(model, tiny_tokenizer), on_overflow="truncate_middle", **small).run(sample))
+        run(FullContextMethod(models_for(model, tiny_tokenizer), on_overflow="error", **small).run(sample))
+    cut = run(FullContextMethod(models_for(model, tiny_tokenizer), on_overflow="truncate_middle", **small).run(sample))
     assert cut.record["overflow"] and len(tiny_tokenizer.encode(model.prompts[0])) <= 3000
     assert sample.context[:200] in model.prompts[0] and sample.context[-200:] in model.prompts[0]
 
@@ -108,8 +112,8 @@ def test_full_context_overflow_is_said_clearly(samples, tiny_tokenizer):
 # -- MemAgent / ReMemR1 --------------------------------------------------------------------
 def test_memagent_threads_memory_through_chunks_in_order(samples, tiny_tokenizer):
     sample = samples[(36, 1)]
-    model = ScriptedModel(lambda p, i: f"memory after update {i}" if "<section>" in p else "so the answer is \\boxed{Vrystork}")
-    method = build_method("memagent", models_for(model, tiny_tokenizer), chunk_size=700)
+    model = ScriptedModel(lambda p, i: f"memory after update {i}" if "<section>" in p else "Therefore, the answer is Vrystork.")
+    method = MemAgentMethod(models_for(model, tiny_tokenizer), chunk_size=700)
     result = run(method.run(sample))
     chunks = method.chunks(sample.context)
     assert len(chunks) > 3 and result.steps == len(chunks) + 1 == len(model.prompts)
@@ -119,7 +123,7 @@ def test_memagent_threads_memory_through_chunks_in_order(samples, tiny_tokenizer
         assert f"<memory>\nmemory after update {i - 1}\n</memory>" in model.prompts[i]
         assert chunks[i] in model.prompts[i]
     assert "<section>" not in model.prompts[-1] and f"memory after update {len(chunks) - 1}" in model.prompts[-1]
-    assert result.answer == "Vrystork" and result.record["extracted_by"] == "boxed"
+    assert result.answer == "Vrystork" and result.record["extracted_by"] == "recurrent"  # MemAgent's run scripts' mode
 
 
 def test_rememr1_recalls_the_most_similar_past_memory(samples, tiny_tokenizer):
@@ -134,7 +138,7 @@ def test_rememr1_recalls_the_most_similar_past_memory(samples, tiny_tokenizer):
         return "<update>kept</update><recall>where was Quouv born</recall>"
 
     model = ScriptedModel(script)
-    result = run(build_method("rememr1", models_for(model, tiny_tokenizer), chunk_size=700).run(sample))
+    result = run(ReMemR1Method(models_for(model, tiny_tokenizer), chunk_size=700).run(sample))
     recall_turn = len(notes)  # the first update that asks for a recall; the next prompt shows the memory
     assert f"<recalled_memory>\n<thinking>t</thinking>{notes[0]}\n</recalled_memory>" in model.prompts[recall_turn + 1]
     assert "No memory was recalled." in model.prompts[1]
@@ -148,7 +152,7 @@ def test_coa_hands_each_unit_to_the_next_worker_in_the_chosen_order(samples, tin
 
     sample = samples[(36, 0)]
     model = ScriptedModel(lambda p, i: f"unit {i}" if "<part>" in p else "from the notes: \\boxed{Criamorburg}")
-    method = build_method("coa", models_for(model, tiny_tokenizer), chunk_size=700, order="chow_liu", scorer={"type": "bm25"})
+    method = ChainOfAgentsMethod(models_for(model, tiny_tokenizer), chunk_size=700, order="chow_liu", scorer={"type": "bm25"})
     result = run(method.run(sample))
     chunks = method.chunks(sample.context)
     order = order_by_scores("chow_liu", *BM25Scorer().scores(sample.question, chunks))
@@ -171,18 +175,18 @@ def test_memagent_reads_in_the_configured_order_and_document_order_needs_no_scor
 
     sample = samples[(36, 1)]
     model = ScriptedModel(lambda p, i: f"memory {i}" if "<section>" in p else "\\boxed{x}")
-    dense = build_method("memagent", models_for(model, tiny_tokenizer), chunk_size=700, order="dense", scorer={"type": "bm25"})
+    dense = MemAgentMethod(models_for(model, tiny_tokenizer), chunk_size=700, order="dense", scorer={"type": "bm25"})
     result = run(dense.run(sample))
     chunks = dense.chunks(sample.context)
     order = order_by_scores("dense", *BM25Scorer().scores(sample.question, chunks))
     assert [u["chunk"] for u in result.record["updates"]] == order and result.steps == len(chunks) + 1
     assert all(chunks[index] in model.prompts[k] for k, index in enumerate(order))
-    document = build_method("memagent", models_for(model, tiny_tokenizer), scorer={"type": "no such scorer"})
+    document = MemAgentMethod(models_for(model, tiny_tokenizer), scorer={"type": "no such scorer"})
     assert document.scorer is None  # today's behaviour: nothing is embedded or scored
     with pytest.raises(ValueError, match="'embedder' or 'bm25'"):
-        build_method("memagent", models_for(model, tiny_tokenizer), order="chow_liu", scorer={"type": "no such scorer"})
+        MemAgentMethod(models_for(model, tiny_tokenizer), order="chow_liu", scorer={"type": "no such scorer"})
     with pytest.raises(ValueError, match="unknown chunk order 'reverse'"):
-        build_method("rememr1", models_for(model, tiny_tokenizer), order="reverse")
+        ReMemR1Method(models_for(model, tiny_tokenizer), order="reverse")
 
 
 def test_answer_extraction_and_tfidf(tiny_tokenizer):
@@ -211,7 +215,7 @@ def test_rag_retrieves_the_gold_paragraph_top3(samples, tiny_tokenizer, minilm):
     query = f"When was {target} born?"
     call = f'<tool_call>{{"name": "retrieve_documents", "arguments": {{"query": "{query}"}}}}</tool_call>'
     model = ScriptedModel(lambda p, i: ("plan</think>" + call) if i == 0 else "done</think><answer>x</answer>", tiny_tokenizer)
-    method = build_method("rag", models_for(model, tiny_tokenizer, embedder=minilm), chunk_size=600)
+    method = AgenticRAGMethod(models_for(model, tiny_tokenizer, embedder=minilm), chunk_size=600, episode=method_config("rag")["episode"])
     result = run(method.run(sample))
     assert result.answer == "x" and result.steps == 2 and result.record["stop_reason"] == "answer"
     observation = model.prompts[1].rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>")[0]
@@ -225,7 +229,7 @@ def test_rag_retrieves_the_gold_paragraph_top3(samples, tiny_tokenizer, minilm):
 
 def test_rag_without_an_embedder_says_how_to_set_one(tiny_tokenizer):
     with pytest.raises(ValueError, match="method.embedder or models.embedder"):
-        build_method("rag", models_for(ScriptedModel(lambda p, i: ""), tiny_tokenizer))
+        AgenticRAGMethod(models_for(ScriptedModel(lambda p, i: ""), tiny_tokenizer), episode=method_config("rag")["episode"])
 
 
 # -- DCI agent and the engine's baseline options --------------------------------------------------------------------------------
@@ -239,7 +243,7 @@ def test_dci_agent_searches_reads_and_answers(samples, tiny_tokenizer):
     escape = '<tool_call>{"name": "bash", "arguments": {"command": "cat /etc/passwd | head"}}</tool_call>'
     script = ["look</think>" + calls, "hmm</think>" + escape, "ok</think>\nThe answer is Lake Y."]
     model = ScriptedModel(lambda p, i: script[i], tiny_tokenizer)
-    result = run(build_method("dci", models_for(model, tiny_tokenizer)).run(sample))
+    result = run(DCIAgentMethod(models_for(model, tiny_tokenizer), episode=episode_section("dci")).run(sample))
     assert result.steps == 3 and result.record["stop_reason"] == "plain_reply" and result.answer == "The answer is Lake Y."
     assert "./doc_00001.txt" in model.prompts[1] and f"     2\t{first_title}" in model.prompts[1]
     assert "Error: refused: pipes (|)" in model.prompts[2]
@@ -249,7 +253,7 @@ def test_dci_agent_searches_reads_and_answers(samples, tiny_tokenizer):
 def test_dci_agent_finalizes_when_turns_run_out(samples, tiny_tokenizer):
     loop = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
     model = ScriptedModel(lambda p, i: "still looking</think>" + loop if "You have used all your turns" not in p else "</think><answer>Anna</answer>", tiny_tokenizer)
-    result = run(build_method("dci", models_for(model, tiny_tokenizer), episode={"max_turns": 3}).run(samples[(12, 0)]))
+    result = run(DCIAgentMethod(models_for(model, tiny_tokenizer), episode=episode_section("dci", max_turns=3)).run(samples[(12, 0)]))
     assert result.answer == "Anna" and result.steps == 4 and result.record["stop_reason"] == "finalize"
     assert "<tools>" not in model.prompts[-1]  # the finalize turn offers no tools
     assert "<tools>" in model.prompts[0] and result.record["token_view_valid"] is False  # eval-only: no token view

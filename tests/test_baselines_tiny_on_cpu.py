@@ -15,7 +15,15 @@ import json
 import pytest
 
 from parser.backends.models import Models
-from parser.methods import MethodResult, Sample, build_method
+from parser.config import episode_section
+from parser.methods import MethodResult, Sample, method_config
+from parser.methods.coa import ChainOfAgentsMethod
+from parser.methods.dci import DCIAgentMethod
+from parser.methods.full_context import FullContextMethod
+from parser.methods.memagent import MemAgentMethod
+from parser.methods.parser import ParSerMethod
+from parser.methods.rag import AgenticRAGMethod
+from parser.methods.rememr1 import ReMemR1Method
 
 SHORT = {"max_tokens_per_turn": 12}
 PARSER_EPISODE = {"max_turns": 2, "max_tokens_per_turn": 12, "chunk_size": 1500}
@@ -34,24 +42,27 @@ def models(tiny_backend, tiny_tokenizer):
     return Models(tiny_backend, tiny_tokenizer, tiny_backend, tiny_tokenizer)
 
 
-# report label -> (registered method, its config section); the ParSer variants are config only
+# report label -> (the method's class, its config section); the ParSer variants are config only. The
+# agentic baselines get their episode section composed by Hydra, as their method configs compose it.
 METHODS = {
-    "full_context": ("full_context", {"max_new_tokens": 12, "followup_max_new_tokens": 8, "max_context_tokens": 100_000}),
-    "memagent": ("memagent", {"chunk_size": 1500, "max_memory_tokens": 12, "max_answer_tokens": 8}),
-    "rememr1": ("rememr1", {"chunk_size": 1500, "max_memory_tokens": 12, "max_answer_tokens": 8}),
-    "coa_cl": ("coa", {"chunk_size": 1500, "max_summary_tokens": 12, "max_answer_tokens": 8, "order": "chow_liu",
-                       "scorer": {"type": "embedder", "embedder": {"model": "minilm"}}}),
-    "rag": ("rag", {"chunk_size": 1024, "embedder": {"model": "minilm"}, "episode": {"max_turns": 2, **SHORT}}),
-    "dci": ("dci", {"episode": {"max_turns": 2, **SHORT}}),
-    "parser_thinking": ("parser", {"episode": PARSER_EPISODE, "reader": {"type": "thinking", "max_new_tokens": 12}}),
-    "parser_dci": ("parser", {"episode": PARSER_EPISODE, "reader": {"type": "dci", "episode": {"max_turns": 1, **SHORT}}}),
+    "full_context": (FullContextMethod, {"max_new_tokens": 12, "followup_max_new_tokens": 8, "max_context_tokens": 100_000}),
+    "memagent": (MemAgentMethod, {"chunk_size": 1500, "max_memory_tokens": 12, "max_answer_tokens": 8}),
+    "rememr1": (ReMemR1Method, {"chunk_size": 1500, "max_memory_tokens": 12, "max_answer_tokens": 8}),
+    "coa_cl": (ChainOfAgentsMethod, {"chunk_size": 1500, "max_summary_tokens": 12, "max_answer_tokens": 8, "order": "chow_liu",
+                                     "scorer": {"type": "embedder", "embedder": {"model": "minilm"}}}),
+    "rag": (AgenticRAGMethod, {"chunk_size": 1024, "embedder": {"model": "minilm"}, "episode": method_config("rag", episode={"max_turns": 2, **SHORT})["episode"]}),
+    "dci": (DCIAgentMethod, {"episode": episode_section("dci", max_turns=2, **SHORT)}),
+    "parser_thinking": (ParSerMethod, {"episode": PARSER_EPISODE, "reader": {"type": "thinking", "max_new_tokens": 12}}),
+    "parser_dci": (ParSerMethod, {"episode": PARSER_EPISODE,
+                                  "reader": {"type": "dci", "episode": episode_section("dci_reader", max_turns=1, **SHORT)}}),
 }
+SEQUENTIAL_CLASSES = {"memagent": MemAgentMethod, "coa": ChainOfAgentsMethod}
 
 
 @pytest.mark.parametrize("label", sorted(METHODS))
 def test_each_method_runs_end_to_end_with_a_tiny_model(label, samples, models):
-    name, cfg = METHODS[label]
-    method = build_method(name, models, **cfg)
+    cls, cfg = METHODS[label]
+    method = cls(models, **cfg)
     result = asyncio.run(method.run(samples[10]))
     asyncio.run(method.aclose())
     assert isinstance(result, MethodResult) and result.steps >= 1 and result.wall_s > 0
@@ -69,9 +80,9 @@ SEQUENTIAL = {
 
 @pytest.mark.parametrize("label", sorted(SEQUENTIAL))
 def test_sequential_steps_grow_with_chunks_parser_steps_do_not(label, samples, models):
-    sequential = build_method(label.removesuffix("_cl"), models, chunk_size=400, max_answer_tokens=8, **SEQUENTIAL[label])
+    sequential = SEQUENTIAL_CLASSES[label.removesuffix("_cl")](models, chunk_size=400, max_answer_tokens=8, **SEQUENTIAL[label])
     episode = {"max_turns": 3, "max_tokens_per_turn": 12, "subagent_max_tokens": 8, "chunk_size": 400}
-    parser = build_method("parser", models, episode=episode)
+    parser = ParSerMethod(models, episode=episode)
     rows = {}
     for length, sample in samples.items():
         seq = asyncio.run(sequential.run(sample))

@@ -25,6 +25,7 @@ from parser.chunking import Chunk, render_paragraphs
 from parser.config import EpisodeConfig
 from parser.dci import Sandbox, SandboxTools, materialize_corpus
 from parser.episode import EpisodeEngine
+from parser.methods.dci import PROMPTS as DCI_PROMPTS
 from parser.protocol import protocol_for
 from parser.readers.subagent import SubagentReader
 from parser.tools import ReaderReply
@@ -105,7 +106,7 @@ def test_a_tool_output_cannot_end_the_tool_turn(tmp_path, qwen3_5_tokenizer):
     """A DCI agent reads a corpus file that carries the injection."""
     def episode(text):
         root = materialize_corpus(render_paragraphs([text]), tmp_path / str(len(list(tmp_path.iterdir()))))
-        tools = SandboxTools(Sandbox(root), "dci")
+        tools = SandboxTools(Sandbox(root), "dci", templates=DCI_PROMPTS)
         lead = ScriptedLead(qwen3_5_tokenizer, ["Look.\n</think>\n\n" + CALL.format("read", "file", "doc_00001.txt")])
         return asyncio.run(EpisodeEngine(lead, qwen3_5_tokenizer, config=EpisodeConfig()).run_tools("Who?", tools))
 
@@ -154,13 +155,13 @@ class RecordingLead:
 
 def _control_in_method_prompts(tokenizer, method: str, text: str, reply: str = "<answer>x</answer>") -> collections.Counter:
     from parser.backends.models import Models
-    from parser.methods import build_method
+    from parser.methods import method_class, method_config
     from parser.methods.base import Sample
 
     lead = RecordingLead(reply)
     models = Models(lead=lead, lead_tokenizer=tokenizer, subagent=lead, subagent_tokenizer=tokenizer)
     sample = Sample(id="s", question="Who?" + text, answers=["x"], context=render_paragraphs(["Zorvan\n" + text]))
-    asyncio.run(build_method(method, models).run(sample))
+    asyncio.run(method_class(method_config(method)["_target_"])(models).run(sample))  # configs/method/<method>.yaml's class
     return sum((control_counts(tokenizer, tokenizer.encode(p, add_special_tokens=False)) for p in lead.prompts),
                collections.Counter())
 

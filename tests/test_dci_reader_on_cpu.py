@@ -18,7 +18,9 @@ import pytest
 from parser.backends.base import Completion
 from parser.chunking import chunk_document
 from parser.backends.models import Models
-from parser.methods import Sample, build_method
+from parser.config import episode_section
+from parser.methods import Sample
+from parser.methods.parser import ParSerMethod
 from parser.readers import DCIReader, ThinkingReader
 
 
@@ -63,7 +65,8 @@ def test_parser_with_dci_subagents_finds_the_right_chunks(sample, tiny_tokenizer
 
     model = ScriptedModel(script, tiny_tokenizer)
     models = Models(model, tiny_tokenizer, model, tiny_tokenizer)
-    method = build_method("parser", models, episode={"chunk_size": 600, "max_turns": 3, "lead_temperature": 0.0}, reader={"type": "dci"})
+    method = ParSerMethod(models, episode={"chunk_size": 600, "max_turns": 3, "lead_temperature": 0.0},
+                          reader={"type": "dci", "episode": episode_section("dci_reader")})
     result = asyncio.run(method.run(sample))
     chunks = chunk_document(sample.context, tiny_tokenizer, 600)
     holding = {c.index for c in chunks if name in c.text}
@@ -82,7 +85,7 @@ def test_parser_with_dci_subagents_finds_the_right_chunks(sample, tiny_tokenizer
 
 def test_dci_reader_reuses_one_corpus_per_chunk(sample, tiny_tokenizer):
     model = ScriptedModel(lambda text, prompt: '{"answer": "unknown"}', tiny_tokenizer)
-    reader = DCIReader(model, tiny_tokenizer)
+    reader = DCIReader(model, tiny_tokenizer, episode=episode_section("dci_reader"))
     chunk = chunk_document(sample.context, tiny_tokenizer, 600)[1]
     for query in ("a?", "b?"):
         reply = asyncio.run(reader.read(query, chunk, "doc-1"))

@@ -31,6 +31,7 @@ from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
 from parser.chunking import chunk_document, render_paragraphs, split_paragraphs
 from parser.dci import Refused, Sandbox, SandboxTools, _locate, materialize_corpus
+from parser.methods.dci import PROMPTS as DCI_PROMPTS
 from scripted_lead import CALL, ScriptedLead
 
 needs_rg = pytest.mark.skipif(_locate("rg") is None, reason="ripgrep (rg) is not installed")
@@ -143,7 +144,7 @@ def test_a_dci_episode_whose_command_floods_still_ends(corpus, flood, qwen3_5_to
     """Through the real engine: DCI episodes never finished once the model ran such a command."""
     lead = ScriptedLead(qwen3_5_tokenizer, ["Look.\n</think>\n\n" + CALL.format("bash", "command", f"head -c 100000000000 {flood.name}")])
     engine = EpisodeEngine(lead, qwen3_5_tokenizer, config=EpisodeConfig())
-    trajectory = run(engine.run_tools("Who directed Film X?", SandboxTools(Sandbox(corpus, timeout_s=0.5), "dci")), within=30, busy_loop=True)
+    trajectory = run(engine.run_tools("Who directed Film X?", SandboxTools(Sandbox(corpus, timeout_s=0.5), "dci", templates=DCI_PROMPTS)), within=30, busy_loop=True)
     assert trajectory.answer == "x" and trajectory.stop_reason == "answer"
     assert "timed out after 0.5 s" in next(m["content"] for m in trajectory.messages if m["role"] == "tool")
 

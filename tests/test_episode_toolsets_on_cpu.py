@@ -14,6 +14,7 @@ from parser.dci import SandboxTools
 from parser.dci import Sandbox, materialize_corpus
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
+from parser.methods.dci import PROMPTS as DCI_PROMPTS
 from parser.tools import TurnRules
 
 DOCUMENT = "Document 1:\nZorvan\nZorvan is a film directed by Miro Tal.\n\nDocument 2:\nLake Y\nLake Y lies north."
@@ -45,7 +46,7 @@ def run_dci(tokenizer, tmp_path, script, rules=TurnRules(), **options):
     sandbox = Sandbox(materialize_corpus(DOCUMENT, tmp_path / "corpus"))
     model = ScriptedModel(tokenizer, script)
     engine = EpisodeEngine(model, tokenizer, config=EpisodeConfig(**options))
-    trajectory = asyncio.run(engine.run_tools("Who directed Zorvan?", SandboxTools(sandbox, rules=rules), doc_id="d", routing_key="d:0"))
+    trajectory = asyncio.run(engine.run_tools("Who directed Zorvan?", SandboxTools(sandbox, "dci", rules=rules, templates=DCI_PROMPTS), doc_id="d", routing_key="d:0"))
     return trajectory, model
 
 
@@ -69,7 +70,7 @@ def test_other_tools_keep_the_appended_token_view(appended):
         assert stream[: len(prompt)] == prompt and stream[len(prompt): len(prompt) + len(generated)] == generated
     assert sum(trajectory.response_mask) == sum(len(g) for g in model.generated)
     first = tok.decode(trajectory.prompt_ids)
-    assert prompts.BASELINES.render("dci_system") in first and '"name": "bash"' in first and "query_agents" not in first
+    assert DCI_PROMPTS.render("dci_system") in first and '"name": "bash"' in first and "query_agents" not in first
     assert all(k == {"request_id": "d", "routing_key": "d:0"} for k in model.kwargs)
 
 
@@ -82,7 +83,7 @@ def test_tool_results_and_continuation_are_the_templates_rendering(appended):
     second = tok.decode(model.prompts[1][len(model.prompts[0]) + len(model.generated[0]):])
     expected = "\n<|im_start|>user\n" + "\n".join(f"<tool_response>\n{r.strip()}\n</tool_response>" for r in results)
     assert second == expected + "<|im_end|>\n<|im_start|>assistant\n<think>\n"  # the template trims contents
-    rendered = tok.apply_chat_template(trajectory.messages[:5], tools=prompts.baseline_tools("read", "bash"), tokenize=False,
+    rendered = tok.apply_chat_template(trajectory.messages[:5], tools=prompts.TOOLSETS.schemas("read", "bash"), tokenize=False,
                                        add_generation_prompt=True, enable_thinking=True)
     assert rendered.endswith(second)
     third = tok.decode(model.prompts[2][len(model.prompts[1]) + len(model.generated[1]):])
@@ -96,8 +97,8 @@ def test_defaults_are_parsers_behaviour(qwen3_5_tokenizer, tmp_path):
     trajectory, model = run_dci(qwen3_5_tokenizer, tmp_path, script)
     assert trajectory.stop_reason == "answer" and trajectory.num_turns == 3 and trajectory.token_view_valid
     hints = [m["content"] for m in trajectory.messages if m["role"] == "user"][1:]
-    assert hints == [prompts.BASELINES.render("invalid_action", error="no tool call and no <answer> block"),
-                     prompts.BASELINES.render("invalid_action", error="thinking not finished (no </think>): nothing after it to act on")]
+    assert hints == [prompts.TOOLSETS.render("invalid_action", error="no tool call and no <answer> block"),
+                     prompts.TOOLSETS.render("invalid_action", error="thinking not finished (no </think>): nothing after it to act on")]
 
 
 def test_eval_only_options_rerender_and_lose_the_token_view(qwen3_5_tokenizer, tmp_path):

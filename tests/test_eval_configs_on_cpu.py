@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from eval.datasets import load_subsets
 from parser.config import EpisodeConfig
-from parser.methods import METHODS as KNOWN_METHODS
+from parser.methods import method_class
 from parser.tools import TurnRules
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -44,7 +44,9 @@ def test_primary_configs_compose(name):
 def test_method_options_name_registered_methods(method):
     full = OmegaConf.to_container(_compose("default", f"method={method}"), resolve=True)
     cfg = full["method"]
-    assert cfg["name"] in KNOWN_METHODS
+    cls = method_class(cfg["_target_"])  # the one place that names the method's class
+    assert isinstance(cls, type) and all(callable(getattr(cls, hook, None)) for hook in ("run", "aclose"))
+    assert cfg["_target_"].startswith(f"parser.methods.{cls.__module__.split('.')[2]}.")  # a method is a folder
     assert full["report"]["row"] == cfg["label"]  # tables label the row by the method, not by a default
     for episode in (cfg.get("episode"), (cfg.get("reader") or {}).get("episode")):
         if episode is not None:  # unknown or misspelled keys fail here; turn rules are the tool set's
@@ -67,10 +69,13 @@ def test_eval_preset_is_the_papers():
 
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_dataset_options_compose(dataset):
-    cfg = OmegaConf.to_container(_compose("default", f"dataset={dataset}").dataset, resolve=True)
+    required = ["dataset.path=data/mine.jsonl"] if dataset == "files" else []  # the preset for your own file
+    cfg = OmegaConf.to_container(_compose("default", f"dataset={dataset}", *required).dataset, resolve=True)
     assert cfg["name"] and cfg["source"] in {"synthetic", "files", "conditions", "synthetic_controlled"}
-    if cfg["source"] == "files":
+    if cfg["source"] == "files" and cfg["lengths"] is not None:
         assert "{length}" in cfg["path"] and len(cfg["lengths"]) >= 1
+    if cfg["source"] == "files" and cfg["lengths"] is None:  # one file, one subset
+        assert "{length}" not in cfg["path"]
     if cfg["source"] == "conditions":
         assert len(cfg["subsets"]) >= 2
 
@@ -95,3 +100,42 @@ def test_a_misspelled_episode_key_is_refused_before_any_model_loads(monkeypatch)
     cfg = _compose("tiny_cpu", "+method.episode.max_turn=3")
     with pytest.raises(ConfigError, match=r"method\.episode\.max_turn \(did you mean method\.episode\.max_turns\?\)"):
         build_eval_method(cfg)
+
+
+def _records(n: int, length: int | None = None) -> list[dict]:
+    return [{"id": f"q{i}", "question": f"Who wrote letter {i}?", "answers": [f"Ana {i}"],
+             "context": f"Letter {i} was written by Ana {i}.", **({"length": length} if length is not None else {})}
+            for i in range(n)]
+
+
+def test_dataset_files_reads_one_file_as_one_subset_named_after_it(tmp_path):
+    """`dataset=files dataset.path=mine.jsonl`: one subset, named after the file, its length from
+    the rows (0 when they give none); plain-text contexts need no `Document i:` headers."""
+    import json
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _records(3)))
+    cfg = OmegaConf.to_container(_compose("tiny_cpu", "dataset=files", f"dataset.path={path}").dataset, resolve=True)
+    assert cfg["name"] == "mine"
+    (subset,) = load_subsets(cfg)
+    assert (subset.dataset, subset.length, len(subset.samples), subset.source) == ("mine", 0, 3, str(path))
+    path.write_text("".join(json.dumps(r) + "\n" for r in _records(2, length=50)))
+    assert load_subsets(cfg)[0].length == 50
+    out_dir = _compose("tiny_cpu", "dataset=files", f"dataset.path={path}").out_dir
+    assert "/mine/" in out_dir
+
+
+def test_lengths_that_cannot_apply_to_a_file_are_refused_not_used_as_labels(tmp_path):
+    """`dataset.lengths=[50,100]` with a path naming one file once evaluated the same file twice,
+    labelled L=50 and L=100; now it is refused, and so are rows whose own length disagrees."""
+    import json
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _records(2, length=50)))
+    with pytest.raises(ValueError, match=r"needs a \{length\} placeholder in dataset\.path"):
+        load_subsets({"name": "mine", "source": "files", "path": str(path), "lengths": [50, 100]})
+    (tmp_path / "eval_100.jsonl").write_text(path.read_text())
+    with pytest.raises(ValueError, match=r"eval_100\.jsonl: its rows say length \[50\], but dataset\.lengths puts the file at 100"):
+        load_subsets({"name": "x", "source": "files", "path": str(tmp_path / "eval_{length}.jsonl"), "lengths": [100]})
+    with pytest.raises(ValueError, match="set dataset.lengths"):
+        load_subsets({"name": "x", "source": "files", "path": str(tmp_path / "eval_{length}.jsonl"), "lengths": None})

@@ -25,7 +25,8 @@ from parser.backends.models import Models
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
-from parser.methods import Sample, build_method
+from parser.methods import Sample, method_class, method_config
+from parser.methods.parser import ParSerMethod
 from parser.plan.validate import ScriptedLead
 from parser.retry import CallFailed, RetryPolicy
 from parser.tools import ReaderReply
@@ -145,7 +146,8 @@ class FlakyModel:
         self.calls += 1
         if self.errors:
             raise self.errors.pop(0)
-        return Completion(text="memory: Place 1 is on river 1. \\boxed{Place 1}")
+        # boxed for the boxed modes (CoA, ReMemR1), "the answer is" for MemAgent's recurrent mode (its default)
+        return Completion(text="memory: Place 1 is on river 1. \\boxed{Place 1} Therefore, the answer is Place 1.")
 
     async def aclose(self):
         pass
@@ -159,19 +161,20 @@ SAMPLE = Sample(id="s0", question="Which place lies on river 1?", answers=["Plac
 def test_baselines_retry_the_lead_like_parser_does(tiny_tokenizer, name):
     """Full-context and MemAgent called the lead with no retry: one 503 failed the sample."""
     model = FlakyModel(BackendError("HTTP 503"), asyncio.TimeoutError())
-    method = build_method(name, Models(model, tiny_tokenizer, model, tiny_tokenizer), retry={"retry_backoff_s": 0.001})
+    method = method_class(method_config(name)["_target_"])(Models(model, tiny_tokenizer, model, tiny_tokenizer), retry={"retry_backoff_s": 0.001})
     result = asyncio.run(method.run(SAMPLE))
     assert result.answer and model.calls >= 3
 
 
 @pytest.mark.parametrize("name", ["full_context", "memagent", "coa"])
 def test_baselines_surface_a_bug_and_fail_a_call_that_keeps_failing(tiny_tokenizer, name):
+    cls = method_class(method_config(name)["_target_"])  # the class configs/method/<name>.yaml names
     bug = FlakyModel(ValueError("bad sampling"))
     with pytest.raises(ValueError):
-        asyncio.run(build_method(name, Models(bug, tiny_tokenizer)).run(SAMPLE))
+        asyncio.run(cls(Models(bug, tiny_tokenizer)).run(SAMPLE))
     assert bug.calls == 1
     down = FlakyModel(*[BackendError("HTTP 503")] * 2)
-    method = build_method(name, Models(down, tiny_tokenizer), retry={"max_attempts": 2, "retry_backoff_s": 0.001})
+    method = cls(Models(down, tiny_tokenizer), retry={"max_attempts": 2, "retry_backoff_s": 0.001})
     with pytest.raises(CallFailed, match="after 2 attempts"):
         asyncio.run(method.run(SAMPLE))
 
@@ -214,7 +217,7 @@ def test_a_sample_whose_subagent_calls_all_failed_fails_the_eval_run(tmp_path, t
                                              "dataset.lengths=[50]", "dataset.num_questions=1", "runs=1"])
     gateway = HttpBackend(f"http://127.0.0.1:{_closed_port()}", api="sglang", timeout_s=5)
     models = Models(ScriptedLead(tiny_tokenizer, rounds=1), tiny_tokenizer, gateway, tiny_tokenizer)
-    method = build_method("parser", models, episode={**FAST, "chunk_size": 512, "max_turns": 3})
+    method = ParSerMethod(models, episode={**FAST, "chunk_size": 512, "max_turns": 3})
 
     async def go():
         try:

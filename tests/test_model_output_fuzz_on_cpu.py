@@ -157,21 +157,25 @@ def test_hostile_text_parses_in_linear_time(name):
     assert time.perf_counter() - started < 2.0, name
 
 
-OLD_RECALL = re.compile(r"<recall>(.+?)</recall>", re.DOTALL)
+# ReMemR1's own regexes (parser.methods.memagent.rules restates them in linear time; docs/fidelity.md rows 29-30)
+THEIR_MEMORY = re.compile(r"<recall>.*?</recall>", re.DOTALL)
+THEIR_QUERY = re.compile(r"<recall>(.+)</recall>")
 
 
 @settings(settings.get_profile("parsers"))
 @given(st.lists(st.sampled_from(["<recall>", "</recall>", "x", "\n", "<", ">", "recall"]), max_size=40).map("".join))
 def test_memagent_recall_split_matches_the_regex(text):
-    from parser.methods.memagent import split_recalls
+    from parser.methods.memagent.rules import recall_query, remove_recalls
 
-    first = OLD_RECALL.search(text)
-    assert split_recalls(text) == (OLD_RECALL.sub("", text), first.group(1) if first else None)
+    query = THEIR_QUERY.search(text)
+    assert remove_recalls(text) == THEIR_MEMORY.sub("", text).strip()
+    assert recall_query(text) == (query.group(1) if query else None)
 
 
 def test_memagent_recall_split_is_linear():
-    from parser.methods.memagent import split_recalls
+    from parser.methods.memagent.rules import recall_query, remove_recalls
 
     started = time.perf_counter()
-    split_recalls("<recall>x" * 60_000)  # 540 KB; the regex took 4 s on 32 KB
+    remove_recalls("<recall>x" * 60_000)  # 540 KB; the regex took 4 s on 32 KB
+    recall_query("<recall>x" * 60_000)
     assert time.perf_counter() - started < 1.0

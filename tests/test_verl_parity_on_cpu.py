@@ -28,7 +28,7 @@ from verl_fakes import ANSWER, NEEDLE, SCRIPT, ScriptedServerManager, dataset_ro
 from parser.backends.base import Completion  # noqa: E402
 from parser.backends.http import HttpBackend  # noqa: E402
 from parser.backends.models import Models  # noqa: E402
-from parser.methods import build_method  # noqa: E402
+from parser.methods import method_class, method_config  # noqa: E402
 from parser.methods.base import Sample  # noqa: E402
 from parser.protocol import protocol_for  # noqa: E402
 from parser.readers.subagent import render_chat  # noqa: E402
@@ -59,13 +59,13 @@ class ScriptedLead:
 
 
 def eval_episode(config, subagent_url, tokenizer, row, method_name):
-    """The eval side: `build_method(method_name)` on the training config's episode, the scripted
+    """The eval side: the class configs/method/<method_name>.yaml names, on the training config's episode, the scripted
     lead, the same loopback subagents. Returns (lead, episode, result)."""
     lead = ScriptedLead(tokenizer)
     episode = episode_config(OmegaConf.to_container(config.parser.episode), 10**9)
     episode.max_response_tokens = None  # eval has no response budget
     models = Models(lead=lead, lead_tokenizer=tokenizer, subagent=HttpBackend(subagent_url), subagent_tokenizer=tokenizer)
-    method = build_method(method_name, models, episode=episode)
+    method = method_class(method_config(method_name)["_target_"])(models, episode=episode)
     sample = Sample(id=row["extra_info"]["id"], question=row["extra_info"]["question"],
                     answers=row["extra_info"]["answers"], context=row["extra_info"]["context"])
     result = asyncio.run(method.run(sample))

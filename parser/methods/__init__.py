@@ -1,43 +1,57 @@
-"""Methods that answer a long-context sample: ParSer and the paper's baselines, by name.
+"""Methods that answer a long-context sample: ParSer and the paper's baselines, one folder each.
 
-`METHODS` is the explicit name -> class table; a method config (`configs/method/<name>.yaml`)
-names one with `name:` and passes the rest as keyword arguments:
+A method is a folder `parser/methods/<name>/` (its class in `method.py`, exported by its
+`__init__.py`; its prompts in `prompts/<version>/`, with `tools.json` if it calls tools), and its
+config `configs/method/<name>.yaml` names the class once with a `_target_` path. There is no
+registry to edit: `build_method` imports whatever class the config names (docs/adding_a_method.md).
 
-    method = build_method("parser", models, episode={...})   # or "full_context", "memagent", "coa", "rag", ...
+    python -m eval.run method=memagent                       # configs/method/memagent.yaml
+    method = build_method(method_config("rag", top_k=5), models)   # the same, from Python
     result = await method.run(sample)
-    python -m eval.run method=memagent                        # the same, from a config
 
-This package imports only downward (base, the methods, the engine); nothing below imports it.
+This package imports only downward (base, the engine and its components); nothing below it imports
+a method (tests/test_import_graph_on_cpu.py).
 """
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import Any, Mapping
 
 from parser.backends.models import Models
+from parser.config import compose_preset
 from parser.methods.base import Method, MethodResult, Sample
-from parser.methods.coa import ChainOfAgentsMethod
-from parser.methods.dci_agent import DCIAgentMethod
-from parser.methods.full_context import FullContextMethod
-from parser.methods.memagent import MemAgentMethod, ReMemR1Method
-from parser.methods.parser import ParSerMethod
-from parser.methods.rag import AgenticRAGMethod
 
-__all__ = ["METHODS", "Method", "MethodResult", "Sample", "build_method"]
+__all__ = ["Method", "MethodResult", "Sample", "build_method", "method_class", "method_config"]
 
-METHODS: dict[str, type] = {
-    "parser": ParSerMethod,
-    "parser_release": ParSerMethod,  # configs/method/parser_release.yaml: episode.protocol=release
-    "full_context": FullContextMethod,
-    "memagent": MemAgentMethod,
-    "rememr1": ReMemR1Method,
-    "coa": ChainOfAgentsMethod,
-    "rag": AgenticRAGMethod,
-    "dci": DCIAgentMethod,
-}
+NOT_ARGUMENTS = ("_target_", "name", "label")  # a method config's keys that are about the method, not passed to it
 
 
-def build_method(name: str, models: Models, **kwargs: Any) -> Method:
-    """`kwargs` is the method's own config section (e.g. `episode` settings for ParSer)."""
-    if name not in METHODS:
-        raise KeyError(f"unknown method {name!r}; known: {sorted(METHODS)}")
-    return METHODS[name](models=models, **kwargs)
+def method_class(target: str) -> type:
+    """The class a `_target_` path (`parser.methods.rag.AgenticRAGMethod`) names."""
+    module, _, name = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ImportError(f"method _target_ {target!r}: cannot import {name!r} from {module!r} ({error})") from error
+
+
+def build_method(cfg: Mapping[str, Any], models: Models) -> Method:
+    """The method a resolved method config (`cfg.method` of eval.run, or `method_config`) names:
+    its `_target_` class, built on `models` with every other key but `name` and `label`."""
+    if "_target_" not in cfg:
+        raise ValueError(f"method config {cfg.get('name', '?')!r} has no _target_ (configs/method/<name>.yaml "
+                         "names its class, e.g. _target_: parser.methods.rag.AgenticRAGMethod)")
+    kwargs = {k: v for k, v in cfg.items() if k not in NOT_ARGUMENTS}
+    return method_class(cfg["_target_"])(models=models, **kwargs)
+
+
+def method_config(name: str, **overrides: Any) -> dict[str, Any]:
+    """`configs/method/<name>.yaml` composed by Hydra (its episode preset, sandbox, embedder...),
+    `overrides` merged on top key by key, resolved; for callers outside eval.run (scripts, tests)."""
+    from omegaconf import OmegaConf
+
+    cfg = compose_preset("method", name)
+    OmegaConf.set_struct(cfg, False)  # overrides may add keys, as `+key=` would on the command line
+    if "label" in cfg:
+        del cfg["label"]  # a table row name, built by eval's resolvers; not the method's (pop would resolve it)
+    return OmegaConf.to_container(OmegaConf.merge(cfg, overrides), resolve=True)

@@ -2,7 +2,7 @@
 
 Eval, the latency bench and the demo hold methods only through `Method`, so every method sees
 the same `Sample`s, is scored by the same metric and reports the same timing fields
-(`MethodResult`). The name -> class table is `parser.methods.METHODS`.
+(`MethodResult`). Each method config names its class with `_target_` (`parser.methods.build_method`).
 """
 from __future__ import annotations
 

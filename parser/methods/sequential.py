@@ -16,8 +16,14 @@ ParSer's paragraph packing (`chunking: paragraphs`); a document longer than
     python -m eval.run method=memagent method.order=chow_liu     # MemAgent (CL-order)
     python -m eval.run method=coa_cl                             # CoA (CL-order)
 
-The prediction is the last `\\boxed{...}` of the final reply, else the text after its last
-"the answer is", else the reply itself (MemAgent's evaluation code). Every call goes through
+Thinking (`thinking: true`, enable_thinking): each reply is split at its last `</think>` while it
+is still raw text, and only what follows is handed to `absorb` or to answer extraction, so no
+`<think>` block is ever passed on as a memory or summary (`drop_thinking: true` does the same for
+a model that thinks with thinking off). What a method keeps goes through `untrusted` before it
+reaches a prompt. The prediction is each method's `extract`; here (Chain-of-Agents, whose
+authors released no code) the project's lenient rule: the last `\\boxed{...}`, else the text after
+the last "the answer is", else the reply itself. MemAgent and ReMemR1 use their authors' rules
+(`parser.methods.memagent.rules`). Every call goes through
 `parser.retry` (`retry:`): timeouts and retryable backend errors are retried, and a call that
 still fails fails the sample, which eval records and retries on re-run.
 """
@@ -60,7 +66,8 @@ def last_boxed(text: str) -> str | None:
 
 
 def extract_answer(text: str) -> tuple[str | None, str]:
-    """(prediction, how): the last `\\boxed{}`, else after the last "the answer is", else the reply."""
+    """(prediction, how): the last `\\boxed{}`, else after the last "the answer is", else the reply
+    (the project's lenient rule: Chain-of-Agents' default, MemAgent's `lenient_extraction`)."""
     _, reply = split_thinking(text)
     boxed = last_boxed(reply)
     if boxed is not None:
@@ -95,6 +102,7 @@ class SequentialMethod:
         max_context_tokens: int | None = None,
         top_p: float = 0.95,
         thinking: bool = False,
+        drop_thinking: bool = False,
         prompt_version: str = prompts.DEFAULT_VERSION,
         order: str = "document",
         scorer: Mapping[str, Any] | None = None,
@@ -114,6 +122,10 @@ class SequentialMethod:
         self.update_sampling = SamplingParams(max_new_tokens=max_update_tokens, temperature=temperature, top_p=top_p)
         self.final_sampling = SamplingParams(max_new_tokens=max_answer_tokens, temperature=temperature, top_p=top_p)
         self.thinking = thinking
+        self.drop_thinking = drop_thinking
+        # the template opens the thinking itself (Qwen3.5's ends its generation prompt with <think>):
+        # a reply with no </think> is then thinking cut short, not an answer
+        self.opens_thinking = thinking and self._render("").rstrip().endswith("<think>")
         self.prompt_version = prompt_version
         self.order = check_strategy(order)
         self.scorer = None if order == "document" else build_scorer(scorer, models)
@@ -139,11 +151,28 @@ class SequentialMethod:
         )
 
     async def _call(self, content: str, sampling: SamplingParams, sample_id: str) -> tuple[str, int]:
-        """The reply (it comes back in the next prompt as the state: never as control tokens) and its token count."""
+        """The raw reply (end-of-turn marker removed) and its token count. Raw, so that `</think>` can
+        still be found (`visible`); what a method keeps goes through `untrusted`."""
         completion = await self.lead.generate(self._render(content), sampling, request_id=sample_id)
         text = CHATML.strip_end(completion.text)
         count = len(completion.token_ids) or len(self.tokenizer.encode(text, add_special_tokens=False))
-        return CHATML.neutralize(text, self.tokenizer), count
+        return text, count
+
+    def visible(self, reply: str) -> str:
+        """The reply without its thinking when thinking is on (or `drop_thinking`): the text after the
+        last `</think>`; nothing if a thinking the template or the reply opened was never closed;
+        else the reply as it is."""
+        if self.thinking or self.drop_thinking:
+            return split_thinking(reply, opened=self.opens_thinking)[1]
+        return reply
+
+    def untrusted(self, text: str) -> str:
+        """Model-written text on its way into the next prompt: never control tokens there."""
+        return CHATML.neutralize(text, self.tokenizer)
+
+    def extract(self, reply: str) -> tuple[str | None, str]:
+        """(prediction, how) from the final reply as generated; see the module docstring."""
+        return extract_answer(self.visible(reply))
 
     # -- the hooks -------------------------------------------------------------------------
     def new_state(self) -> dict[str, Any]:
@@ -153,7 +182,8 @@ class SequentialMethod:
         raise NotImplementedError
 
     def absorb(self, reply: str, state: dict[str, Any]) -> dict[str, Any]:
-        """Fold one update's reply into `state`; returns extra fields for that update's trace."""
+        """Fold one update's reply (`visible`: raw text, thinking removed when on) into `state`,
+        keeping only `untrusted` text there; returns extra fields for that update's trace."""
         raise NotImplementedError
 
     def final_prompt(self, question: str, state: dict[str, Any]) -> str:
@@ -176,10 +206,10 @@ class SequentialMethod:
         for index in order:
             reply, n = await self._call(self.update_prompt(sample.question, chunks[index], state), self.update_sampling, sample.id)
             tokens += n
-            trace.append({"chunk": index, "tokens": n, **self.absorb(reply, state)})
+            trace.append({"chunk": index, "tokens": n, **self.absorb(self.visible(reply), state)})
         reply, n = await self._call(self.final_prompt(sample.question, state), self.final_sampling, sample.id)
         tokens += n
-        answer, how = extract_answer(reply)
+        answer, how = self.extract(reply)
         return MethodResult(
             answer=answer,
             steps=len(chunks) + 1,
@@ -187,7 +217,8 @@ class SequentialMethod:
             lead_output_tokens=tokens,
             record={"num_chunks": len(chunks), "order": self.order, "reading_order": order, "order_s": round(order_s, 4),
                     "chunk_paragraphs": [paragraphs_in(c) for c in chunks],
-                    **self.final_record(state), "final_reply": reply, "extracted_by": how, "updates": trace},
+                    **self.final_record(state), "final_reply": reply, "extracted_by": how,
+                    "empty_final_reply": reply == "", "updates": trace},
         )
 
     async def aclose(self) -> None:

@@ -4,6 +4,10 @@ Each version lives in its own folder (`v1/`); a change that alters model behavio
 folder, so results files can say which prompts produced them (`PROMPT_VERSION`). Templates
 are `str.format` strings; the fields each one takes are listed in `FIELDS`.
 
+A template is its file's text without the file's final line break: a template that must end in
+a newline (MemAgent's and ReMemR1's end `Updated memory:\n`, as their authors send them) ends its
+file with an empty line.
+
 Ordering rule for the subagent prompt: fixed instructions -> its chunk -> the query, so that
 instructions+chunk is an identical prefix across rounds (SGLang RadixCache / the CPU backend's
 prefix cache reuse it). Keep the instructions short next to a chunk: the router's cache-aware
@@ -45,30 +49,37 @@ FIELDS = {
 
 
 class PromptSet:
-    """Versioned `str.format` templates in one folder of this package, with their fields declared.
+    """Versioned `str.format` templates in one folder of a package, with their fields declared.
 
-    The lead/engine prompts (`LEAD`) and the baselines' prompts (`BASELINES`) are two sets, so a
-    change to one never changes the other's version.
+    The lead/engine prompts (`LEAD`), the shared tool-set prompts (`TOOLSETS`), the scoring prompts
+    (`SCORING`) and each baseline's own prompts (`parser/methods/<name>/prompts/`, declared in that
+    method's folder) are separate sets, so a change to one never changes another's version.
+
+        PROMPTS = PromptSet(__package__, {"rag_user": {"question"}}, "prompts")   # in parser/methods/rag/
     """
 
-    def __init__(self, folder: str, fields: dict[str, set[str]], default_version: str = DEFAULT_VERSION):
-        self.folder, self.fields, self.default_version = folder, fields, default_version
+    def __init__(self, package: str, fields: dict[str, set[str]], folder: str = "",
+                 default_version: str = DEFAULT_VERSION):
+        self.package, self.folder, self.fields, self.default_version = package, folder, fields, default_version
         # prompts are read once per (name, version); the caches belong to this set
         self.load = functools.lru_cache(maxsize=None)(self._load)
         self.tools = functools.lru_cache(maxsize=None)(self._tools)
 
     def path(self, version: str, filename: str) -> Any:
-        root = resources.files(__package__)
+        root = resources.files(self.package)
         return (root / self.folder if self.folder else root) / version / filename
+
+    def _where(self) -> str:
+        return f"{self.package.replace('.', '/')}/{self.folder}".rstrip("/")
 
     def _load(self, name: str, version: str | None = None) -> str:
         version = version or self.default_version
         if name not in self.fields:
-            raise KeyError(f"unknown {self.folder or 'lead'} prompt {name!r}; known: {sorted(self.fields)}")
+            raise KeyError(f"unknown prompt {name!r} in {self._where()}; known: {sorted(self.fields)}")
         path = self.path(version, f"{name}.txt")
         if not path.is_file():
             raise FileNotFoundError(f"prompt {name!r} missing for version {version!r}: {path}")
-        return path.read_text(encoding="utf-8").rstrip("\n")
+        return path.read_text(encoding="utf-8").removesuffix("\n")
 
     def render(self, name: str, version: str | None = None, **fields: Any) -> str:
         missing = self.fields.get(name, set()) - fields.keys()
@@ -81,31 +92,31 @@ class PromptSet:
         """The set's `tools.json`: OpenAI-style function schemas for `apply_chat_template(tools=...)`."""
         return json.loads(self.path(version or self.default_version, "tools.json").read_text(encoding="utf-8"))
 
+    def schemas(self, *names: str, version: str | None = None) -> list[dict[str, Any]]:
+        """The named tools' function schemas from the set's `tools.json`, in the order asked."""
+        version = version or self.default_version
+        known = self.tools(version)
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise KeyError(f"no tool schema for {unknown} in {self._where()}/{version}/tools.json; known: {sorted(known)}")
+        return [known[n] for n in names]
 
-LEAD = PromptSet("", FIELDS)
 
-# The baselines' prompts (`prompts/baselines/<version>/`): full-context, MemAgent, ReMemR1,
-# Chain-of-Agents (worker, manager), agentic RAG, the DCI agent and the DCI subagent. The engine's own turns (continuation,
-# finalize, compaction placeholder) are in `LEAD` and shared by every tool set.
-BASELINE_FIELDS = {
-    "full_context_user": {"context", "question"},
-    "full_context_followup": set(),
-    "memagent_update": {"question", "memory", "chunk"},
-    "memagent_final": {"question", "memory"},
-    "rememr1_update": {"question", "memory", "recalled_memory", "chunk"},
-    "rememr1_final": {"question", "memory", "recalled_memory"},
-    "coa_worker": {"question", "unit", "chunk"},
-    "coa_manager": {"question", "unit"},
-    "rag_system": set(),
-    "rag_user": {"question"},
-    "dci_system": set(),
-    "dci_user": {"question"},
+LEAD = PromptSet(__package__, FIELDS)
+
+# Tool-set prompts that more than one method uses (`prompts/toolsets/<version>/`): the DCI
+# sandbox's `read`/`bash` schemas (`parser.dci.SandboxTools`: the DCI agent and ParSer's DCI
+# reader), the DCI subagent's prompts (`parser.readers.dci`, a ParSer component), and the hint a
+# function-calling tool set gives after an invalid action (agentic RAG, both DCI uses). A prompt
+# only one method uses lives in that method's folder (`parser/methods/<name>/prompts/`). The
+# engine's own turns (continuation, finalize, compaction placeholder) are in `LEAD`.
+TOOLSET_FIELDS = {
     "dci_subagent_system": set(),
     "dci_subagent_user": {"query"},
     "invalid_action": {"error"},
 }
 
-BASELINES = PromptSet("baselines", BASELINE_FIELDS)
+TOOLSETS = PromptSet(__package__, TOOLSET_FIELDS, "toolsets")
 
 # The answer-scoring prompts (`prompts/scoring/<version>/`): what the InfoMem scorer reads before
 # the gold answer (`parser.info_gain`), with and without the gathered findings. Gains computed
@@ -115,7 +126,7 @@ SCORING_FIELDS = {
     "info_gain_no_evidence": {"question"},
 }
 
-SCORING = PromptSet("scoring", SCORING_FIELDS)
+SCORING = PromptSet(__package__, SCORING_FIELDS, "scoring")
 
 
 def render(name: str, version: str = DEFAULT_VERSION, **fields: Any) -> str:
@@ -125,12 +136,3 @@ def render(name: str, version: str = DEFAULT_VERSION, **fields: Any) -> str:
 def lead_tools(version: str = DEFAULT_VERSION) -> list[dict[str, Any]]:
     """The lead's one tool, `query_agents`, as an OpenAI-style function schema."""
     return LEAD.tools(version)
-
-
-def baseline_tools(*names: str, version: str = DEFAULT_VERSION) -> list[dict[str, Any]]:
-    """The named baseline tools' OpenAI-style function schemas, in the order asked."""
-    known = BASELINES.tools(version)
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise KeyError(f"no tool schema for {unknown} in prompts/baselines/{version}/tools.json; known: {sorted(known)}")
-    return [known[n] for n in names]

@@ -5,7 +5,7 @@ agent and the one episode engine coordinate any of them without retraining:
 
     reader = build_reader({"type": "subagent"}, models)   # the paper's frozen subagent (subagent.py)
     reader = build_reader({"type": "thinking", "max_new_tokens": 4096}, models)   # Table 5 (thinking.py)
-    reader = build_reader({"type": "dci", "episode": {"max_turns": 4}}, models)   # Table 5 (dci.py)
+    reader = build_reader({"type": "dci", "episode": episode_section("dci_reader", max_turns=4)}, models)   # Table 5 (dci.py)
     python -m eval.run method=parser_dci                  # configs/method/parser_dci.yaml
 """
 from __future__ import annotations

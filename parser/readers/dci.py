@@ -7,7 +7,7 @@ chunk by `parser.dci.Sandbox`. The final reply is the same JSON the default suba
 (`{"evidence": ..., "answer": ...}` or `{"answer": "unknown"}`), so `parser.gather` and the lead
 are unchanged.
 
-    reader = build_reader({"type": "dci", "episode": {"max_turns": 4}}, models)   # configs/episode/dci_reader.yaml + overrides
+    reader = build_reader({"type": "dci", "episode": episode_section("dci_reader")}, models)   # parser.config
     python -m eval.run method=parser_dci
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from parser import prompts
 from parser.backends.base import Backend
 from parser.chunking import Chunk
-from parser.config import baseline_episode
+from parser.config import with_turn_rules
 from parser.dci import ProcessSlots, Sandbox, SandboxLimits, SandboxTools, materialize_corpus
 from parser.episode import EpisodeEngine
 from parser.tools import ReaderReply, TurnRules
@@ -35,7 +35,10 @@ class DCIReader:
         self.limits = SandboxLimits.from_config(sandbox)
         self.slots = ProcessSlots(self.limits.max_processes)
         self.prompt_version = prompt_version
-        config, rules = baseline_episode("dci_reader", episode)
+        if episode is None:
+            raise ValueError("dci reader: no episode section: compose it (configs/method/parser_dci.yaml's "
+                             "reader.episode, or parser.config.episode_section('dci_reader'))")
+        config, rules = with_turn_rules(episode, "dci_reader")
         self.rules = TurnRules.from_section(rules, "dci reader: episode.turn_rules")
         self.engine = EpisodeEngine(backend, tokenizer, config=config)
         self.root = Path(tempfile.mkdtemp(prefix="dci-chunks-", dir=workdir))

@@ -8,7 +8,10 @@ thinking on, temperature 0, 8,192 new tokens a turn, at most 48 turns, parallel 
 turns get a continuation prompt, a reply without tool calls is the answer, older tool results are
 compacted past 240,000 characters (the last 12 kept), and a tool-free finalize turn if turns run
 out. These turn rules are the DCI tool set's (`parser.tools.TurnRules`, the preset's
-`turn_rules:`); compaction and finalize are eval-only (they re-render history; no token view).
+`turn_rules:`, composed into this method's `episode` section by configs/method/dci.yaml);
+compaction and finalize are eval-only (they re-render history; no token view). Its system and
+user prompts are `prompts/v1/dci_*.txt` beside this file; the `read`/`bash` schemas are the
+sandbox's (`parser.dci`, shared with ParSer's DCI reader).
 
     python -m eval.run method=dci
 """
@@ -18,26 +21,33 @@ import tempfile
 import time
 from typing import Any, Mapping
 
-from parser import prompts
-from parser.config import baseline_episode
+from parser.config import with_turn_rules
 from parser.dci import ProcessSlots, Sandbox, SandboxLimits, SandboxTools, materialize_corpus
 from parser.episode import EpisodeEngine
 from parser.backends.models import Models
 from parser.methods.base import MethodResult, Sample
+from parser.prompts import DEFAULT_VERSION, PromptSet
 from parser.tools import TurnRules
+
+PROMPTS = PromptSet(__package__, {"dci_system": set(), "dci_user": {"question"}}, "prompts")
+
 
 class DCIAgentMethod:
     name = "dci"
 
     def __init__(self, models: Models, *, layout: str = "paragraphs", sandbox: Mapping[str, Any] | None = None,
                  workdir: str | None = None, episode: Mapping[str, Any] | None = None,
-                 prompt_version: str = prompts.DEFAULT_VERSION):
+                 prompt_version: str = DEFAULT_VERSION):
+        """`episode` is the composed section (configs/episode/dci.yaml + overrides; `parser.config.episode_section("dci")`)."""
         self.models = models
         self.layout, self.workdir = layout, workdir
         self.limits = SandboxLimits.from_config(sandbox)  # every sample's sandbox; max_processes over all of them
         self.slots = ProcessSlots(self.limits.max_processes)
         self.prompt_version = prompt_version
-        config, rules = baseline_episode("dci", episode)
+        if episode is None:
+            raise ValueError("dci: no episode section: build it from its config (configs/method/dci.yaml, "
+                             "parser.config.episode_section('dci'))")
+        config, rules = with_turn_rules(episode, "dci")
         self.rules = TurnRules.from_section(rules, "dci: episode.turn_rules")
         self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, config=config)
 
@@ -45,7 +55,7 @@ class DCIAgentMethod:
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="dci-corpus-", dir=self.workdir) as directory:
             sandbox = Sandbox(materialize_corpus(sample.context, directory, layout=self.layout), self.limits, slots=self.slots)
-            tools = SandboxTools(sandbox, "dci", self.prompt_version, self.rules)
+            tools = SandboxTools(sandbox, "dci", self.prompt_version, self.rules, templates=PROMPTS)
             trajectory = await self.engine.run_tools(sample.question, tools, doc_id=sample.id)
         return MethodResult(
             answer=trajectory.answer, steps=trajectory.num_turns, wall_s=time.perf_counter() - started,

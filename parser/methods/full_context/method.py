@@ -29,12 +29,15 @@ from typing import Any, Mapping
 from parser.actions import split_thinking
 from parser.backends.base import SamplingParams
 from parser.chat_format import CHATML
-from parser import prompts
 from parser.backends.models import Models
 from parser.methods.base import MethodResult, Sample
+from parser.prompts import DEFAULT_VERSION, PromptSet
 from parser.retry import RetryingBackend, RetryPolicy
 
 log = logging.getLogger(__name__)
+
+# this method's prompts: prompts/<version>/ beside this file (configs/method/full_context.yaml `prompt_version`)
+PROMPTS = PromptSet(__package__, {"full_context_user": {"context", "question"}, "full_context_followup": set()}, "prompts")
 
 
 class ContextOverflow(ValueError):
@@ -54,7 +57,7 @@ class FullContextMethod:
         temperature: float = 0.0,
         max_context_tokens: int = 262_144,
         on_overflow: str = "skip",
-        prompt_version: str = prompts.DEFAULT_VERSION,
+        prompt_version: str = DEFAULT_VERSION,
         retry: Mapping[str, Any] | None = None,
     ):
         """`retry`: `parser.retry.RETRY_KEYS` (max_attempts, retry_backoff_s, request_timeout_s)."""
@@ -77,7 +80,7 @@ class FullContextMethod:
 
     def _fit(self, sample: Sample) -> tuple[str, int, str | None]:
         """(context to show, prompt tokens, overflow note or None)."""
-        overhead = self._count(self._render([{"role": "user", "content": prompts.BASELINES.render(
+        overhead = self._count(self._render([{"role": "user", "content": PROMPTS.render(
             "full_context_user", self.prompt_version, context="", question=sample.question)}]))
         room = self.max_context_tokens - self.turn1.max_new_tokens - self.turn2.max_new_tokens - overhead - 64
         ids = self.models.lead_tokenizer.encode(sample.context, add_special_tokens=False)
@@ -105,12 +108,12 @@ class FullContextMethod:
                 raise
             log.warning("%s", error)
             return MethodResult(None, 0, time.perf_counter() - started, record={"error": str(error), "stop_reason": "context_overflow"})
-        messages = [{"role": "user", "content": prompts.BASELINES.render("full_context_user", self.prompt_version, context=context, question=sample.question)}]
+        messages = [{"role": "user", "content": PROMPTS.render("full_context_user", self.prompt_version, context=context, question=sample.question)}]
         first = await self.lead.generate(self._render(messages), self.turn1, request_id=sample.id)
         thinking, reply = split_thinking(CHATML.strip_end(first.text))
         messages += [
             {"role": "assistant", "content": CHATML.strip_end(first.text)},
-            {"role": "user", "content": prompts.BASELINES.render("full_context_followup", self.prompt_version)},
+            {"role": "user", "content": PROMPTS.render("full_context_followup", self.prompt_version)},
         ]
         second = await self.lead.generate(self._render(messages), self.turn2, request_id=sample.id)
         _, answer = split_thinking(CHATML.strip_end(second.text))

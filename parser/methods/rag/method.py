@@ -5,8 +5,8 @@ ParSer's chunking), embedded once per sample; each call returns the top 3 chunks
 similarity of L2-normalised embeddings, as a JSON observation (query; rank, score, index and
 text per chunk). The agent runs in the one episode engine (`parser.episode`) with the `RetrievalTools` tool
 set: ReAct loop, temperature 0, 2,048 new tokens a turn, at most 16 turns, a continuation prompt
-after a cut turn and a tool-free finalize turn when the turns run out (`configs/episode/rag.yaml`;
-the last two are the tool set's `TurnRules`). The embedder comes from the models config or this method's
+after a cut turn and a tool-free finalize turn when the turns run out (the `episode` section of
+configs/method/rag.yaml; the last two are the tool set's `TurnRules`). Its prompts and `retrieve_documents` schema are `prompts/v1/` beside this file. The embedder comes from the models config or this method's
 `embedder` section (`parser.backends.embedder`).
 
     python -m eval.run method=rag
@@ -19,14 +19,17 @@ from typing import Any, Mapping
 import numpy as np
 import orjson
 
-from parser import prompts
 from parser.chunking import chunk_document
-from parser.config import baseline_episode
+from parser.config import with_turn_rules
 from parser.episode import EpisodeEngine
 from parser.backends.embedder import build_embedder
 from parser.backends.models import Models
 from parser.methods.base import MethodResult, Sample
+from parser.prompts import DEFAULT_VERSION, TOOLSETS, PromptSet
 from parser.tools import FunctionTools, TurnRules
+
+PROMPTS = PromptSet(__package__, {"rag_system": set(), "rag_user": {"question"}}, "prompts")
+
 
 class Retriever:
     """Top-k cosine similarity over one document's chunks (embeddings are normalised)."""
@@ -45,10 +48,10 @@ class Retriever:
 class RetrievalTools(FunctionTools):
     """`retrieve_documents(query)`: the top-k chunks as a JSON observation (query; rank, score, index, text)."""
 
-    def __init__(self, retriever: Retriever, version: str = prompts.DEFAULT_VERSION, rules: TurnRules = TurnRules()):
+    def __init__(self, retriever: Retriever, version: str = DEFAULT_VERSION, rules: TurnRules = TurnRules()):
         self.retriever, self.version, self.rules = retriever, version, rules
         self.functions = {"retrieve_documents": self.retrieve_documents}
-        self.tool_schemas = prompts.baseline_tools("retrieve_documents", version=version)
+        self.tool_schemas = PROMPTS.schemas("retrieve_documents", version=version)
 
     async def retrieve_documents(self, arguments: dict[str, Any]) -> str:
         query = arguments.get("query")
@@ -57,28 +60,32 @@ class RetrievalTools(FunctionTools):
         return orjson.dumps({"query": query, "results": self.retriever.search(query)}).decode()
 
     def system_prompt(self) -> str:
-        return prompts.BASELINES.render("rag_system", self.version)
+        return PROMPTS.render("rag_system", self.version)
 
     def user_prompt(self, question: str) -> str:
-        return prompts.BASELINES.render("rag_user", self.version, question=question)
+        return PROMPTS.render("rag_user", self.version, question=question)
 
     def invalid_action(self, error: str) -> str:
-        return prompts.BASELINES.render("invalid_action", self.version, error=error)
+        return TOOLSETS.render("invalid_action", self.version, error=error)
 
 
 class AgenticRAGMethod:
     name = "rag"
 
     def __init__(self, models: Models, *, chunk_size: int = 1024, top_k: int = 3, embedder: Mapping[str, Any] | str | None = None,
-                 episode: Mapping[str, Any] | None = None, prompt_version: str = prompts.DEFAULT_VERSION):
-        """`embedder` (this method's config) is used when the models config has none."""
+                 episode: Mapping[str, Any] | None = None, prompt_version: str = DEFAULT_VERSION):
+        """`embedder` (this method's config) is used when the models config has none; `episode` is the
+        composed section (configs/method/rag.yaml's `episode`; `parser.methods.method_config("rag")["episode"]`)."""
         if models.embedder is None:
             if embedder is None:
                 raise ValueError("rag: no embedder: set method.embedder or models.embedder (e.g. {model: minilm})")
             models.embedder = build_embedder(embedder)
         self.models = models
         self.chunk_size, self.top_k, self.prompt_version = chunk_size, top_k, prompt_version
-        config, rules = baseline_episode("rag", episode)
+        if episode is None:
+            raise ValueError("rag: no episode section: build it from its config (configs/method/rag.yaml, "
+                             "parser.methods.method_config('rag'))")
+        config, rules = with_turn_rules(episode, "rag")
         self.rules = TurnRules.from_section(rules, "rag: episode.turn_rules")
         self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, config=config)
 

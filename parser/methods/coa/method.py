@@ -3,7 +3,7 @@
 Worker i sees the question, its chunk and the communication unit (CU) written by worker i-1,
 and writes the next CU (at most `max_summary_tokens` new tokens); the manager sees only the
 question and the last CU, and answers in `\\boxed{}`. Steps = chunks + 1, as for MemAgent.
-Google released no code; the prompts (`prompts/baselines/v1/coa_*.txt`) are ours.
+Google released no code; the prompts (`prompts/v1/coa_*.txt` beside this file) are ours.
 
 The chunk order is `order:` (`parser.ordering`), the point of Gupta et al.'s "Chow–Liu
 ordering for long-context reasoning in Chain-of-Agents": `document`, `dense`, `chow_liu`
@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from parser import prompts
 from parser.actions import split_thinking
 from parser.backends.models import Models
 from parser.methods.sequential import SequentialMethod
+from parser.prompts import PromptSet
 
 NO_UNIT = "(none yet: you are the first reader)"
+PROMPTS = PromptSet(__package__, {"coa_worker": {"question", "unit", "chunk"}, "coa_manager": {"question", "unit"}}, "prompts")
 
 
 class ChainOfAgentsMethod(SequentialMethod):
@@ -37,14 +38,15 @@ class ChainOfAgentsMethod(SequentialMethod):
         return {"unit": NO_UNIT}
 
     def update_prompt(self, question: str, chunk: str, state: dict[str, Any]) -> str:
-        return prompts.BASELINES.render("coa_worker", self.prompt_version, question=question, unit=state["unit"], chunk=chunk)
+        return PROMPTS.render("coa_worker", self.prompt_version, question=question, unit=state["unit"], chunk=chunk)
 
     def absorb(self, reply: str, state: dict[str, Any]) -> dict[str, Any]:
-        state["unit"] = split_thinking(reply)[1].strip() or state["unit"]  # an empty CU hands the previous one on
+        unit = split_thinking(reply)[1].strip()
+        state["unit"] = self.untrusted(unit) if unit else state["unit"]  # an empty CU hands the previous one on
         return {}
 
     def final_prompt(self, question: str, state: dict[str, Any]) -> str:
-        return prompts.BASELINES.render("coa_manager", self.prompt_version, question=question, unit=state["unit"])
+        return PROMPTS.render("coa_manager", self.prompt_version, question=question, unit=state["unit"])
 
     def final_record(self, state: dict[str, Any]) -> dict[str, Any]:
         return {"final_unit": state["unit"]}

@@ -10,21 +10,26 @@ of `AgentLoopOutput`s; `AgentLoopWorkerTQ._agent_loop_postprocess` stores each u
 broadcasts its advantage to every output of the session. (verl's older `AgentLoopWorker`,
 the non-TransferQueue path, takes one output per run; this loop needs `trainer.use_v1`.)
 
-The memory agent is the eval baseline itself (`parser.methods.memagent`, built by name), never a
-copy: its lead backend is `RecordingLead`, which turns each rendered prompt into token ids,
+The memory agent is the eval baseline itself (`parser.methods.memagent` or `parser.methods.rememr1`,
+named by `parser.memagent.method`), never a copy: its lead backend is `RecordingLead`, which turns each rendered prompt into token ids,
 generates through verl's rollout servers (`parser.verl.server_manager`), and keeps every
 conversation's exact token stream — prompt ids as sent, the generated ids with their rollout
 log-probs — from which the outputs are built (mask 1 on every generated token: a memory agent's
-response is all its own). The reward is exact match of the extracted answer; with
+response is all its own). The final call uses MemAgent's training prompt (`answer_mode: boxed`,
+unless `parser.memagent.answer_mode` says otherwise), and the reward is `parser.memagent.reward`:
+`memagent` (default) is MemAgent's RL reward (`parser.reward.memagent_rl_reward`: the last
+`\\boxed{}` within the final reply's last 300 characters, lowercased, equal to a lowercased gold
+after MemAgent's math-string normaliser); `exact_match` is this project's EM of the answer the
+method extracted (its `answer_mode`, `lenient_extraction`). With
 `parser.info_gain.enable` the final memory is the evidence InfoMem scores (`parser.info_gain`),
 and the replay buffer composes the group (`parser.verl.info_gain`).
 
 Registration (configs/train/agent_loop.yaml) and settings (the trainer config's `parser:` block):
 
     - name: memagent_agent
-      _target_: parser.methods.memagent_loop.MemAgentAgentLoop
+      _target_: parser.verl.memagent_loop.MemAgentAgentLoop
 
-    parser.memagent: {method: memagent, chunk_size: 5000, max_memory_tokens: 1024, ...}
+    parser.memagent: {method: memagent, reward: memagent, answer_mode: boxed, chunk_size: 5000, ...}
     # dataset rows with agent_name = memagent_agent (data_prep.verl_parquet.write_rl_parquet(agent_name=...))
     python -m parser.verl.train --config-name train/memagent_4b parser.gateway_url=http://127.0.0.1:30000
 """
@@ -43,17 +48,20 @@ from parser.backends.models import Models
 from parser.chat_format import CHATML
 from parser.config import EpisodeConfig
 from parser.info_gain import SUCCESS, GainRecord, GainScorer, InfoGainConfig, matched_gold
-from parser.methods import build_method
 from parser.methods.base import Sample
-from parser.methods.memagent import NO_MEMORY
+from parser.methods.memagent import NO_MEMORY, MemAgentMethod
+from parser.methods.rememr1 import ReMemR1Method
 from parser.protocol import protocol_for
 from parser.retry import RETRY_KEYS, RetryingBackend, RetryPolicy
+from parser.reward import memagent_rl_reward
 from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, gold_answers, score_answer
 from parser.verl.rows import episode_inputs
 from parser.verl.server_manager import ServerManagerBackend
 
 AGENT_NAME = "memagent_agent"  # configs/train/agent_loop.yaml `name`; the dataset's agent_name
-MEMORY_METHODS = ("memagent", "rememr1")
+# the memory agents this loop trains, by `parser.memagent.method` (their configs/method/<name>.yaml `name`)
+MEMORY_METHODS = {"memagent": MemAgentMethod, "rememr1": ReMemR1Method}
+REWARD_RULES = ("memagent", "exact_match")  # parser.memagent.reward
 
 
 @dataclasses.dataclass
@@ -87,17 +95,22 @@ class RecordingLead:
         """Nothing to close: verl owns the rollout client."""
 
 
-def method_settings(settings: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
-    """`parser.memagent` -> (method name, its constructor kwargs). Sampling is verl's (rollout.*)."""
+def method_settings(settings: Mapping[str, Any] | None) -> tuple[str, dict[str, Any], str]:
+    """`parser.memagent` -> (method name, its constructor kwargs, reward rule). Sampling is verl's
+    (rollout.*); the final prompt is MemAgent's training one (`answer_mode: boxed`) unless set."""
     settings = dict(settings or {})
     name = settings.pop("method", "memagent")
     if name not in MEMORY_METHODS:
-        raise ValueError(f"parser.memagent.method={name!r}; expected one of {MEMORY_METHODS}")
+        raise ValueError(f"parser.memagent.method={name!r}; expected one of {tuple(MEMORY_METHODS)}")
+    reward = settings.pop("reward", "memagent")
+    if reward not in REWARD_RULES:
+        raise ValueError(f"parser.memagent.reward={reward!r}; expected one of {REWARD_RULES}")
+    settings.setdefault("answer_mode", "boxed")
     for key in ("temperature", "top_p"):
         if key in settings:
             raise ValueError(f"parser.memagent.{key}: training samples with actor_rollout_ref.rollout.{key}; remove it")
     settings.pop("label", None)
-    return name, settings
+    return name, settings, reward
 
 
 class MemAgentAgentLoop(AgentLoopBase):
@@ -107,7 +120,7 @@ class MemAgentAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         settings = self.config.get("parser") or {}
         settings = OmegaConf.to_container(settings, resolve=True) if isinstance(settings, DictConfig) else dict(settings)
-        self.method_name, self.method_kwargs = method_settings(settings.get("memagent"))
+        self.method_name, self.method_kwargs, self.reward_rule = method_settings(settings.get("memagent"))
         self.info_gain = InfoGainConfig.from_settings(settings.get("info_gain"))
         if self.info_gain.enable and self.info_gain.scorer != "policy":
             raise ValueError("parser.info_gain.scorer: a memory agent has no subagent model; score with the policy")
@@ -117,14 +130,20 @@ class MemAgentAgentLoop(AgentLoopBase):
         self.method_kwargs.setdefault("retry", retry)
         self.response_length = int(self.rollout_config.response_length)
         self.prompt_length = int(self.rollout_config.prompt_length)
-        self.protocol = protocol_for(EpisodeConfig())  # this project's EM (MemAgent's extraction, then EM)
+        self.protocol = protocol_for(EpisodeConfig())  # this project's EM, for reward: exact_match
+
+    def reward(self, result: Any, golds: list[str]) -> float:
+        """`parser.memagent.reward` of one read: MemAgent's rule on the final reply, or EM of the answer."""
+        if self.reward_rule == "memagent":
+            return memagent_rl_reward(str(result.record.get("final_reply") or ""), golds)
+        return score_answer(result.answer, golds, self.protocol)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         inputs = episode_inputs(kwargs)
         golds = gold_answers(inputs.golds)
         server = ServerManagerBackend(self.server_manager, sampling_params, stop_token_ids=CHATML.stop_token_ids(self.tokenizer))
         lead = RecordingLead(server, self.tokenizer)
-        method = build_method(self.method_name, Models(lead=lead, lead_tokenizer=self.tokenizer), **self.method_kwargs)
+        method = MEMORY_METHODS[self.method_name](models=Models(lead=lead, lead_tokenizer=self.tokenizer), **self.method_kwargs)
         request_id = uuid4().hex
         started = asyncio.get_running_loop().time()
         try:
@@ -136,14 +155,14 @@ class MemAgentAgentLoop(AgentLoopBase):
                 raise ValueError(f"memory-agent call {i} has a {len(conv.prompt_ids)}-token prompt > "
                                  f"actor_rollout_ref.rollout.prompt_length={self.prompt_length} (data.max_prompt_length): "
                                  "raise it, or lower parser.memagent.chunk_size / max_memory_tokens")
-        reward = score_answer(result.answer, golds, self.protocol)
+        reward = self.reward(result, golds)
         wall = asyncio.get_running_loop().time() - started
         extra: dict[str, Any] = {ANSWER_KEY: result.answer, PROTOCOL_KEY: self.protocol.key, "reward_extra_info": {"acc": reward},
                                  "turn_scores": [], "tool_rewards": [], **versions,
                                  "memagent_stats": {"conversations": float(len(lead.conversations)),
                                                     "num_chunks": float(result.record.get("num_chunks", 0))}}
         if self.info_gain.enable:
-            extra["info_gain"] = (await self._gain(inputs.question, result, golds, request_id)).to_dict()
+            extra["info_gain"] = (await self._gain(inputs.question, result, golds, reward, request_id)).to_dict()
         with_logprobs = bool(sampling_params.get("logprobs"))
         outputs = []
         for i, conv in enumerate(lead.conversations):
@@ -162,14 +181,14 @@ class MemAgentAgentLoop(AgentLoopBase):
             ))
         return outputs
 
-    async def _gain(self, question: str, result: Any, golds: list[str], request_id: str) -> GainRecord:
-        if score_answer(result.answer, golds, self.protocol) < SUCCESS:
+    async def _gain(self, question: str, result: Any, golds: list[str], reward: float, request_id: str) -> GainRecord:
+        if reward < SUCCESS:
             return GainRecord(gain=None, scorer=self.info_gain.scorer, prompt_version=self.info_gain.prompt_version,
                               error="not a successful trajectory")
         scorer = GainScorer(RetryingBackend(ServerManagerBackend(self.server_manager, {}), self.retry), self.tokenizer,
                             self.info_gain)
         memory = str(result.record.get("final_memory") or "")
         memory = "" if memory == NO_MEMORY else memory  # nothing was ever written: no evidence
-        gold = matched_gold(result.answer, golds, self.protocol.exact_match)
+        gold = matched_gold(result, golds, self.reward)  # the first gold the reward rule accepts
         return await scorer.gain(question, memory, gold, request_id=request_id)
 

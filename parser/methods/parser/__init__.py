@@ -1,0 +1,7 @@
+"""ParSer: the lead scatters queries to one subagent per chunk and gathers findings (configs/method/parser.yaml).
+
+The engine and its prompts are shared (`parser.episode`, `parser/prompts/v1`); this folder holds
+only the method that runs them on a sample."""
+from parser.methods.parser.method import ParSerMethod
+
+__all__ = ["ParSerMethod"]
