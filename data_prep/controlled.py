@@ -63,7 +63,7 @@ def position_sets(questions: Sequence[Question], corpus: Corpus, *, length: int 
             rng.shuffle(gold_order)  # which gold paragraph takes which slot
             order: list[int] = []
             it = iter(rest)
-            at = dict(zip(slots, (logical[i] for i in gold_order)))
+            at = dict(zip(slots, (logical[i] for i in gold_order), strict=True))
             for slot in range(length):
                 order.append(at[slot] if slot in at else next(it))
             logical_slots = [slots[gold_order.index(i)] for i in range(len(logical))]
@@ -85,7 +85,7 @@ def order_sets(questions: Sequence[Question], corpus: Corpus, *, length: int = 6
             continue
         rest, slots, logical = _split_gold(q, corpus, length, seed)
         for variant, gold_seq in (("ordered", logical), ("reverse_ordered", logical[::-1])):
-            at = dict(zip(slots, gold_seq))
+            at = dict(zip(slots, gold_seq, strict=True))
             it = iter(rest)
             order = [at[slot] if slot in at else next(it) for slot in range(length)]
             logical_slots = [slots[gold_seq.index(c)] for c in logical]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import hashlib
+import itertools
 import multiprocessing
 import os
 import random
@@ -118,7 +119,7 @@ def evidence_meta(gold_positions: Sequence[int], logical_positions: Sequence[int
         "evidence_idx": ev,
         "is_ordered": ev == srt,
         "is_reverse_ordered": ev == sorted(ev, reverse=True),
-        "min_distance": min((b - a for a, b in zip(srt, srt[1:])), default=None),
+        "min_distance": min((b - a for a, b in itertools.pairwise(srt)), default=None),
         "evidence_layout": layout,
     }
 
@@ -188,6 +189,6 @@ def build_grid(questions: Sequence[Question], corpus: Corpus, lengths: Sequence[
     workers = workers if workers >= 0 else (os.cpu_count() or 1)
     rows = map_tasks(_one, tasks, _init, (list(questions), corpus, seed, compat), workers, "packing")
     grid: dict[int, list[dict[str, Any]]] = {length: [] for length in lengths}
-    for (_, length), row in zip(tasks, rows):
+    for (_, length), row in zip(tasks, rows, strict=True):
         grid[length].append(row)
     return grid

@@ -128,7 +128,7 @@ def _random_value(kind: str, rng: random.Random) -> str:
 def _insert(items: list[str], positions: Sequence[int], extra: Sequence[str]) -> list[str]:
     """Insert extra[j] before items[positions[j]] (positions sorted, into the original list)."""
     out, last = [], 0
-    for pos, x in zip(positions, extra):
+    for pos, x in zip(positions, extra, strict=True):
         out.extend(items[last:pos])
         out.append(x)
         last = pos
@@ -156,7 +156,7 @@ def niah_draft(task: RulerTask, rng: random.Random, counter: TokenCounter, budge
         if key not in keys:
             keys.append(key)
     values = [[_random_value(kind_v, rng) for _ in range(a["num_needle_v"])] for _ in keys]
-    needles = [NIAH_NEEDLE.format(type_needle_v=kind_v, key=k, value=v) for k, vs in zip(keys, values) for v in vs]
+    needles = [NIAH_NEEDLE.format(type_needle_v=kind_v, key=k, value=v) for k, vs in zip(keys, values, strict=True) for v in vs]
     rng.shuffle(needles)
     asked = rng.sample(range(len(keys)), a["num_needle_q"])
     queries = [keys[i] for i in asked]
@@ -203,7 +203,7 @@ def niah_draft(task: RulerTask, rng: random.Random, counter: TokenCounter, budge
         return "\n".join(_insert(list(units[:n]), [int(f * n) for f in fractions], needles))
 
     return Draft(text, prefix, outputs, build_lines, lambda n: cum[n] + needle_tokens, n_max,
-                 math.ceil(max(b - a for a, b in zip(cum, cum[1:]))))
+                 math.ceil(max(b - a for a, b in itertools.pairwise(cum))))
 
 
 def vt_draft(task: RulerTask, rng: random.Random, counter: TokenCounter, budget: int, world: WorldText | None,
@@ -228,7 +228,7 @@ def vt_draft(task: RulerTask, rng: random.Random, counter: TokenCounter, budget:
 
     def build(n: int) -> str:
         sentences = [noise] * n
-        for chain, fr in zip(all_chains, fractions):
+        for chain, fr in zip(all_chains, fractions, strict=True):
             sentences = _insert(sentences, sorted(int(f * len(sentences)) for f in fr), chain)
         return " ".join(sentences).replace(". \n", ".\n")
 
@@ -258,12 +258,12 @@ def fwe_draft(task: RulerTask, rng: random.Random, counter: TokenCounter, budget
         return [int(n * w) for w in weights]
 
     def build(n: int) -> str:
-        bag = [w for w, c in zip(words, counts(n)) for _ in range(c)]
+        bag = [w for w, c in zip(words, counts(n), strict=True) for _ in range(c)]
         random.Random(shuffle_seed).shuffle(bag)
         return " ".join(bag)
 
     def estimate(n: int) -> int:
-        return sum(c * t for c, t in zip(counts(n), word_tokens))
+        return sum(c * t for c, t in zip(counts(n), word_tokens, strict=True))
 
     return Draft(task.template, task.answer_prefix, words[1:4], build, estimate, 4 * budget + 64, max(word_tokens))
 
@@ -340,7 +340,7 @@ def fit_samples(drafts: list[tuple[Draft, int]], counter: TokenCounter, floors: 
         contexts = [drafts[i][0].build(sizes[i]) for i in todo]
         tokens = counter.counts(contexts)
         retry = []
-        for i, context, n_tok in zip(todo, contexts, tokens):
+        for i, context, n_tok in zip(todo, contexts, tokens, strict=True):
             draft, budget = drafts[i]
             n = sizes[i]
             per_unit = max(1.0, (draft.estimate(n) - draft.estimate(0)) / max(n, 1))
@@ -381,7 +381,7 @@ def generate(task_name: str, length: int, num_samples: int, *, seed: int, counte
             fitted = fit_samples(drafts, counter, floors)
         except DataError as err:
             raise DataError(f"{task_name} length {length} (batch from index {lo}): {err}") from None
-        for i, (draft, _), (context, n_tok) in zip(indices, drafts, fitted):
+        for i, (draft, _), (context, n_tok) in zip(indices, drafts, fitted, strict=True):
             total = counter.count(draft.input) + n_tok + task.tokens_to_generate
             rows.append({"index": i, "input": draft.input, "context": context, "outputs": draft.outputs,
                          "answer_prefix": draft.answer_prefix, "length": total})

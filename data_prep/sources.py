@@ -44,7 +44,7 @@ def _context_pairs(context: Any, source: str) -> list[tuple[str, Any]]:
             raise DataError(f"{source}: 'context.title' and its sentences must be lists")
         if len(titles) != len(sentences):
             raise DataError(f"{source}: 'context.title' has {len(titles)} items but the sentences have {len(sentences)}")
-        pairs = list(zip(titles, sentences))
+        pairs = list(zip(titles, sentences, strict=True))
     elif isinstance(context, list):
         for i, pair in enumerate(context):
             if not (isinstance(pair, (list, tuple)) and len(pair) == 2):

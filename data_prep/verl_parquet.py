@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_prep.files import atomic_path
+from data_prep.records import DataError
 
 AGENT_NAME = "parser_agent"
 ABILITY = "long_context_qa"
@@ -51,6 +52,8 @@ def write_rl_parquet(path: str | Path, rows: Iterable[dict[str, Any]], data_sour
                      agent_name: str = AGENT_NAME) -> Path:
     """Write verl rows atomically (row groups of 256 keep peak memory flat for 32K x 28K-token rows)."""
     table = pa.Table.from_pylist([rl_row(r, data_source, split, agent_name) for r in rows])
+    if table.num_rows == 0:
+        raise DataError(f"{path}: no rows to write; an empty training table trains on nothing")
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, row_group_size=256)
     return Path(path)
@@ -62,4 +65,8 @@ def read_rl_parquet(path: str | Path) -> list[Any]:
     before a run: `read_rl_parquet("data/train/hotpotqa_train_process_emb-select_llm-unable.parquet")`."""
     from parser.verl.rows import episode_inputs
 
-    return [episode_inputs(row, source=f"{path} row {i}") for i, row in enumerate(pq.read_table(path).to_pylist())]
+    rows = pq.read_table(path).to_pylist()
+    if not rows:
+        raise DataError(f"{path}: the parquet table has no rows; rebuild it (python -m data_prep.build) or point "
+                        "data.train_files / data.val_files at another file")
+    return [episode_inputs(row, source=f"{path} row {i}") for i, row in enumerate(rows)]

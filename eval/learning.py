@@ -100,7 +100,7 @@ def plot_training_curve(steps: dict[int, dict[str, float]], path: str | Path) ->
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(9, 6), sharex=True)
-    for ax, (key, title) in zip(axes.flat, CURVE):
+    for ax, (key, title) in zip(axes.flat, CURVE, strict=True):
         xs = [s for s, m in steps.items() if key in m]
         ax.plot(xs, [steps[s][key] for s in xs], "-o", markersize=3)
         ax.set_title(title, fontsize=10)

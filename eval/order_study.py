@@ -17,7 +17,8 @@ the spreads alone) and figures (`figures/controlled_sensitivity.png`) to `{study
     python -m eval.order_study --config-name order_study_cpu       # SmolLM2-135M on CPU, synthetic world
     python -m eval.report outputs/order_study/tiny-qwen3.5 --out reports/order_study_tiny
 
-Re-running the same command resumes every cell. Settings that apply to one method or one set go
+Re-running the same command resumes every cell. A cell another process is evaluating (its
+folder locked) is reported and skipped, the study goes on, and it exits 1. Settings that apply to one method or one set go
 in that entry's `overrides` (Hydra override strings), not on the command line, where they would
 reach every cell.
 """
@@ -52,7 +53,8 @@ def _entries(section: Any, what: str) -> list[dict[str, Any]]:
 async def run_study(cfg: DictConfig, compose_cell: Any) -> int:
     """Every cell of `cfg.study`, then the report; `compose_cell(overrides)` gives a cell's eval config."""
     from eval.report import build_report
-    from eval.run import build_eval_method, evaluate
+    from eval.run import build_eval_method, check_settings, evaluate
+    from eval.store import RunDirLocked
     from parser.backends.models import build_models
 
     methods, datasets = _entries(cfg.study.methods, "methods"), _entries(cfg.study.datasets, "datasets")
@@ -62,6 +64,8 @@ async def run_study(cfg: DictConfig, compose_cell: Any) -> int:
         if OmegaConf.to_container(cell.models, resolve=True) != models_cfg:
             raise ValueError(f"study: every cell must run on the same models; {cell.method.name} on {cell.dataset.name} "
                              "changes the `models` section (set models once, on the command line or in the study config)")
+    for _, cell in cells:  # before any model is built: a setting no cell can honour stops the study at once
+        check_settings(cell)
     labels = [cell.report.row for _, cell in cells[:: len(datasets)]]
     if len(set(labels)) != len(labels):
         raise ValueError(f"study.methods: two entries give the same table row ({labels}); give each its own order or label")
@@ -73,7 +77,11 @@ async def run_study(cfg: DictConfig, compose_cell: Any) -> int:
             print(f"[study] {cell.report.row} on {cell.dataset.name} -> {cell.out_dir}")
             if index not in built:
                 built[index] = build_eval_method(cell, models)
-            status |= await evaluate(cell, built[index])
+            try:
+                status |= await evaluate(cell, built[index])
+            except RunDirLocked as error:  # another process evaluates this cell: record it, run the others
+                print(f"[study] {cell.report.row} on {cell.dataset.name}: skipped, {error}", flush=True)
+                status |= 1
     finally:
         for method in built.values():
             await method.aclose()  # the models are shared; closing them twice is safe
@@ -90,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from hydra import compose
     from hydra.core.hydra_config import HydraConfig
 
-    from eval.run import CONFIGS, with_search_path
+    from eval.run import CONFIGS, BadSetting, with_search_path
     from parser import hydra_help
 
     @hydra.main(config_path="../configs/eval", config_name="order_study", version_base="1.3")
@@ -101,7 +109,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         def compose_cell(overrides: list[str]) -> DictConfig:
             return compose(hydra_cfg.job.config_name, overrides=[*base, *overrides])
 
-        sys.exit(asyncio.run(run_study(cfg, compose_cell)))
+        try:
+            sys.exit(asyncio.run(run_study(cfg, compose_cell)))
+        except BadSetting as error:
+            print(f"eval.order_study: error: {error}", file=sys.stderr)
+            sys.exit(2)
 
     hydra_help.register()
     sys.argv = [sys.argv[0], *with_search_path(list(sys.argv[1:] if argv is None else argv))]

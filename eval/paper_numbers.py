@@ -22,7 +22,7 @@ TOKENS = {50: "7K", 100: "14K", 200: "28K", 400: "56K", 800: "112K", 1600: "224K
 
 def _row(*values: float) -> dict[int, float]:
     assert len(values) == len(LENGTHS)
-    return dict(zip(LENGTHS, values))
+    return dict(zip(LENGTHS, values, strict=True))
 
 
 SUB_EM: dict[str, dict[str, dict[str, dict[int, float]]]] = {

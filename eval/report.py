@@ -10,6 +10,8 @@ Reads every `results.jsonl` / `timings.jsonl` under the given paths (run directo
   runs and resumed sessions) and mean sequential steps, per concurrency (Table 2, Figure 3),
   with baseline/ParSer speedups.
 - `tokens.{md,csv}`: mean output tokens per sample, lead and subagents (Table 6).
+- `lead_prompt.md`: the lead's prompt tokens turn by turn (from saved records): ParSer's grows
+  with its history, LongHarness's stays within its state budget.
 - `controlled.{md,csv}`: Sub_EM per condition for the controlled sets (Figure 2), with each
   method's spread (max − min over the set's conditions), and `sensitivity.{md,csv}`: the spreads
   alone, one row per method, one column per analysis (position, order, distance).
@@ -234,6 +236,24 @@ def token_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             for (d, b, m, L), g in sorted(groups.items())]
 
 
+def lead_prompt_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lead's prompt per turn, from saved records (`Turn.prompt_tokens`): how it grows with
+    the rounds (ParSer's appended history) or stays within a budget (LongHarness's state).
+    Rows without a record are left out; groups with none are not listed."""
+    groups: dict[tuple, list[list[int]]] = collections.defaultdict(list)
+    for r in rows:
+        turns = (r.get("record") or {}).get("turns") or []
+        if r.get("condition") is None and turns:
+            groups[(r["dataset"], r["backbone"], r["row"], int(r["length"]))].append([int(t.get("prompt_tokens", 0)) for t in turns])
+    table = []
+    for (d, b, m, L), samples in sorted(groups.items()):
+        depth = max(len(s) for s in samples)
+        by_turn = [_mean([s[i] for s in samples if len(s) > i]) for i in range(depth)]
+        table.append({"dataset": d, "backbone": b, "row": m, "length": L, "turns": _mean([len(s) for s in samples]),
+                      "by_turn": by_turn, "max": max(max(s) for s in samples)})
+    return table
+
+
 ANALYSES = {"position": "evidence position (window start, percentile)", "order": "evidence order",
             "distance": "evidence distance (paragraphs between)"}
 
@@ -364,7 +384,7 @@ def plot_controlled(controlled: dict[str, dict[str, Any]], fig_dir: Path) -> lis
         paths.append(_save(fig, fig_dir / f"controlled_{dataset}.png"))
     if len(controlled) > 1:
         fig, axes = plt.subplots(1, len(controlled), figsize=(5.2 * len(controlled), 4.2), squeeze=False)
-        for ax, (dataset, table) in zip(axes[0], controlled.items()):
+        for ax, (dataset, table) in zip(axes[0], controlled.items(), strict=True):
             _controlled_panel(ax, dataset, table)
         fig.suptitle("Accuracy under controlled evidence: position, order, distance")
         fig.tight_layout()
@@ -479,6 +499,15 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
     (out / "tokens.md").write_text(tok_md)
     (out / "tokens.csv").write_text(table_to_csv(tok_header, tok_body))
     sections.append(tok_md)
+
+    prompts = lead_prompt_table(rows)
+    if prompts:
+        pr_header = ["Dataset", "Backbone", "Method", "Length", "turns", "prompt tokens by turn (mean)", "max"]
+        pr_body = [[p["dataset"], p["backbone"], p["row"], str(p["length"]), f"{p['turns']:.1f}",
+                    " → ".join(f"{x:.0f}" for x in p["by_turn"]), str(p["max"])] for p in prompts]
+        pr_md = "## Lead prompt tokens per turn\n\n" + table_to_markdown(pr_header, pr_body)
+        (out / "lead_prompt.md").write_text(pr_md)
+        sections.append(pr_md)
 
     controlled = controlled_table(rows)
     if controlled:

@@ -131,7 +131,7 @@ def plot_heatmap(table: dict[str, Any], path: Path) -> Path:
     fig, axes = plt.subplots(1, len(panels), figsize=((1.8 + 0.8 * n_lengths) * len(panels), 1.0 + 0.45 * n_tasks),
                              squeeze=False)
     image = None
-    for ax, (panel, by_task) in zip(axes[0], panels):
+    for ax, (panel, by_task) in zip(axes[0], panels, strict=True):
         tasks = _ordered_tasks(by_task)
         lengths = sorted({L for cells in by_task.values() for L in cells})
         grid = [[by_task[t].get(L, {}).get("value", math.nan) for L in lengths] for t in tasks]

@@ -226,17 +226,42 @@ def build_eval_method(cfg: DictConfig, models: Any = None) -> Method:
     return build_method(method_cfg, models)
 
 
+class BadSetting(ValueError):
+    """A setting no run can honour (`concurrency: 0` waits forever, `runs: 0` or a dataset without
+    samples would report "all 0 samples done"): refused at load, the key or file named; exit 2."""
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """`concurrency` and `runs` are integers >= 1."""
+    for key in ("concurrency", "runs"):
+        value = cfg.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BadSetting(f"{key}={value!r}: expected an integer >= 1")
+
+
+def check_subsets(subsets: list[Subset]) -> None:
+    """Every subset has samples: an empty dataset file is named, not evaluated as zero samples."""
+    for subset in subsets:
+        if not subset.samples:
+            raise BadSetting(f"{subset.source}: no samples ({subset.label}); check dataset.path or rebuild the file")
+    if not subsets:
+        raise BadSetting("dataset: no subsets (dataset.lengths or dataset.subsets is empty)")
+
+
 async def evaluate(cfg: DictConfig, method: Method | None = None) -> int:
     """Run (or resume) one eval. Pass `method` to reuse built models across several evals
     (RULER's tasks); the caller then closes it. Otherwise it is built from `cfg` and closed here.
-    Raises `RunDirLocked` if another process is evaluating into `cfg.out_dir`, and
-    `InputsChanged` (before anything is written) if its rows were computed on other inputs."""
+    Raises `BadSetting` for settings no run can honour, `RunDirLocked` if another process is
+    evaluating into `cfg.out_dir`, and `InputsChanged` (before anything is written) if its rows
+    were computed on other inputs."""
+    check_settings(cfg)
     with lock_run_dir(cfg.out_dir):
         return await _evaluate(cfg, method)
 
 
 async def _evaluate(cfg: DictConfig, method: Method | None) -> int:
     subsets = load_subsets(cfg.dataset, limit=cfg.limit)
+    check_subsets(subsets)
     store = ResultsStore(cfg.out_dir)
     for problem in store.problems:  # what opening skipped or repaired: the rows it kept are all there
         print(f"[eval] {problem}")
@@ -291,7 +316,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 def _main(cfg: DictConfig) -> None:
     try:
         sys.exit(asyncio.run(evaluate(cfg)))
-    except (RunDirLocked, InputsChanged, ConfigError) as error:
+    except (BadSetting, RunDirLocked, InputsChanged, ConfigError) as error:
         print(f"eval.run: error: {error}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:  # what was saved and how to resume is already said, in one line

@@ -70,7 +70,7 @@ def split_paragraphs(document: str) -> list[Paragraph]:
         preamble = document[: starts[0][0]].rstrip("\n")
         if preamble:
             paragraphs.append(Paragraph(index=None, text=preamble))
-    for (start, number), nxt in zip(starts, starts[1:] + [(len(document) + len(PARAGRAPH_SEPARATOR), None)]):
+    for (start, number), nxt in zip(starts, starts[1:] + [(len(document) + len(PARAGRAPH_SEPARATOR), None)], strict=True):
         end = nxt[0] - len(PARAGRAPH_SEPARATOR)
         paragraphs.append(Paragraph(index=number, text=document[start:end]))
     return paragraphs
@@ -95,6 +95,8 @@ def chunk_document(document: str, tokenizer: Any, chunk_size: int) -> list[Chunk
     Each paragraph is tokenized once (batched); chunk sizes are the sum of paragraph and
     separator token counts, so the growing chunk is never re-tokenized.
     """
+    if not isinstance(document, str):
+        raise TypeError(f"chunk_document: document must be a str, got {type(document).__name__}")
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     paragraphs = split_paragraphs(document)
@@ -112,7 +114,7 @@ def chunk_document(document: str, tokenizer: Any, chunk_size: int) -> list[Chunk
             chunks.append(Chunk(len(chunks), PARAGRAPH_SEPARATOR.join(texts), tuple(para_ids), size))
         texts, para_ids, size = [], [], 0
 
-    for paragraph, encoding in zip(paragraphs, encodings):
+    for paragraph, encoding in zip(paragraphs, encodings, strict=True):
         pid = paragraph.index if paragraph.index is not None else -1
         n = len(encoding)
         if n > chunk_size:  # contiguous token windows, each its own chunk
@@ -142,7 +144,7 @@ def release_chunks(document: str, tokenizer: Any, chunk_size: int) -> list[Chunk
         raise ValueError("document is empty: nothing to chunk")
     sizes = [len(e) for e in _encode_batch(tokenizer, [text for _, text in pieces], add_special_tokens=True)]
     if chunk_size <= 0:
-        return [Chunk(n, text, (i,), size) for n, ((i, text), size) in enumerate(zip(pieces, sizes))]
+        return [Chunk(n, text, (i,), size) for n, ((i, text), size) in enumerate(zip(pieces, sizes, strict=True))]
     groups: list[list[int]] = [[0]]
     count = sizes[0]
     for k in range(1, len(pieces)):

@@ -288,16 +288,48 @@ class Sandbox:
         return fd
 
     def _check_no_hard_links(self) -> None:
-        """Refuse to run a command while any regular file in the corpus has more than one link."""
-        pending = [str(self.root)]
-        while pending:
-            with os.scandir(pending.pop()) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        pending.append(entry.path)
-                    elif entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_nlink > 1:
-                        shown = self.display(Path(entry.path))
-                        raise Refused(f"refused: corpus file {shown!r} has several hard links (it may be a file outside the corpus); commands stay off until it is removed")
+        """Refuse to run a command while any regular file in the corpus has more than one link.
+
+        The walk holds one directory descriptor and opens each child by name relative to it
+        (and climbs back through ".."), never a full path: a tree deeper than PATH_MAX, which
+        `grep -r` still reads, is checked to the bottom instead of failing every command."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            stack = [(_identity(fd), self._subdirectories(fd, ()), ())]
+            while stack:
+                _, pending, parts = stack[-1]
+                if pending:
+                    name = pending.pop()
+                    try:
+                        child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                    except OSError as error:
+                        raise Refused(f"refused: corpus directory {'/'.join((*parts, name))!r} cannot be checked "
+                                      f"({error.strerror}); commands stay off until it can") from None
+                    os.close(fd)
+                    fd = child
+                    stack.append((_identity(fd), self._subdirectories(fd, (*parts, name)), (*parts, name)))
+                    continue
+                stack.pop()
+                if stack:
+                    parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                    os.close(fd)
+                    fd = parent
+                    if _identity(fd) != stack[-1][0]:
+                        raise Refused("refused: the corpus changed while it was checked; try the command again")
+        finally:
+            os.close(fd)
+
+    def _subdirectories(self, fd: int, parts: tuple[str, ...]) -> list[str]:
+        """The names of the subdirectories of the open directory `fd`; a multi-link file in it is refused."""
+        subdirectories = []
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    subdirectories.append(entry.name)
+                elif entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_nlink > 1:
+                    shown = "/".join((*parts, entry.name))
+                    raise Refused(f"refused: corpus file {shown!r} has several hard links (it may be a file outside the corpus); commands stay off until it is removed")
+        return subdirectories
 
     def display(self, path: Path) -> str:
         return "." if path == self.root else str(path.relative_to(self.root))
@@ -484,6 +516,11 @@ def _signal_note(returncode: int) -> str:
     """Name the limit a killed command ran into (a negative code is the signal that killed it)."""
     notes = {-9: "killed", -24: "CPU time limit", -25: "tried to write a file", -6: "aborted (out of memory?)", -11: "crashed (out of memory?)"}
     return f", {notes[returncode]}" if returncode in notes else ""
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    info = os.fstat(fd)
+    return info.st_dev, info.st_ino
 
 
 def materialize_corpus(document: str, directory: str | os.PathLike[str], *, layout: str = "paragraphs") -> Path:

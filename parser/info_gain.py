@@ -29,9 +29,10 @@ so both are configuration (docs/info_gain.md says what was checked).
 
 Two choices made here, not in the paper: a trajectory that gathered no findings has gain 0
 exactly (its scoring prompt would be the no-evidence one), and untrusted text (question,
-findings, gold answer) is tokenised with special tokens split, so a document that quotes
-`<|im_end|>` cannot end the scorer's turn. A scoring call that still fails after the episode's
-retries leaves the trajectory with no gain (Norm 0: its reward is its EM), recorded, never fatal.
+findings, gold answer) goes through `CHATML.neutralize`, so a document that quotes
+`<|im_end|>` or `</think>` cannot end the scorer's turn or its thinking. A scoring call that still fails after the episode's
+retries, or answers with log-probs that are missing or not finite, leaves the trajectory with no
+gain (Norm 0: its reward is its EM), recorded as a scoring failure, never fatal and never a number.
 
 No verl import: the agent loop computes gains (`GainScorer`), the replay buffer composes groups
 (`parser.verl.info_gain`), and the tests check the formula by hand.
@@ -50,6 +51,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from parser import prompts
 from parser.backends.base import BackendError, Scorer
+from parser.chat_format import CHATML
 from parser.reward import exact_match
 from parser.trajectory import Trajectory
 
@@ -77,8 +79,12 @@ class InfoGainConfig:
             raise ValueError(f"parser.info_gain.normalization={self.normalization!r}; expected one of {NORMALIZATIONS}")
         if self.scorer not in SCORERS:
             raise ValueError(f"parser.info_gain.scorer={self.scorer!r}; expected one of {SCORERS}")
-        if not (math.isfinite(self.beta) and self.beta >= 0):
-            raise ValueError(f"parser.info_gain.beta={self.beta!r}; expected a finite number >= 0")
+        if not (_number(self.beta) and math.isfinite(self.beta) and self.beta > 0):
+            raise ValueError(f"parser.info_gain.beta={self.beta!r}; expected a finite number > 0 "
+                             "(to train on EM alone, set enable: false)")
+        if not (_number(self.eps) and math.isfinite(self.eps) and self.eps > 0):
+            raise ValueError(f"parser.info_gain.eps={self.eps!r}; expected a finite number > 0 "
+                             "(zscore divides by a spread at least this large)")
         if self.max_evidence_tokens < 1:
             raise ValueError(f"parser.info_gain.max_evidence_tokens={self.max_evidence_tokens}; expected >= 1")
 
@@ -93,11 +99,28 @@ class InfoGainConfig:
 
 
 # ---------------------------------------------------------------------- the formula
+# The largest |gain| taken as a measurement, in nats per answer token. A real scorer's per-token
+# log-likelihoods differ by tens of nats at most (a softmax over logits of a bf16/fp32 model); a
+# gain beyond this bound is a broken scorer, recorded as a scoring failure like a NaN. It also
+# keeps every sum and square below float overflow, so a group's rewards are finite by construction.
+MAX_ABS_GAIN = 1e6
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def usable_gain(value: Any) -> bool:
+    """Whether `value` is a gain to compose: a finite number within MAX_ABS_GAIN (else: no gain)."""
+    return _number(value) and math.isfinite(value) and abs(value) <= MAX_ABS_GAIN
+
+
 def mean_logprob(values: Sequence[float]) -> float:
-    """Per-token mean log-likelihood (the paper's length normalisation)."""
+    """Per-token mean log-likelihood (the paper's length normalisation). Each term is divided
+    before summing, so finite values never overflow."""
     if not values:
         raise ValueError("mean_logprob of no tokens")
-    return sum(values) / len(values)
+    return sum(v / len(values) for v in values)
 
 
 def info_gain(with_evidence: Sequence[float], without_evidence: Sequence[float]) -> float:
@@ -106,32 +129,41 @@ def info_gain(with_evidence: Sequence[float], without_evidence: Sequence[float])
 
 
 def normalize_group(gains: Sequence[float | None], method: str = "zscore", eps: float = 1e-6) -> list[float]:
-    """Norm(gain) for each member of one GRPO group; None (not a success, or no gain) -> 0."""
+    """Norm(gain) for each member of one GRPO group; None (not a success, or no gain) -> 0, and so
+    does a gain that is not `usable_gain` (NaN, inf, beyond MAX_ABS_GAIN): one bad number never
+    reaches the others' statistics. Always finite."""
     if method not in NORMALIZATIONS:
         raise ValueError(f"normalization {method!r}; expected one of {NORMALIZATIONS}")
-    present = [g for g in gains if g is not None]
+    if not (_number(eps) and math.isfinite(eps) and eps > 0):
+        raise ValueError(f"normalize_group: eps={eps!r}; expected a finite number > 0")
+    kept = [float(g) if usable_gain(g) else None for g in gains]
+    present = [g for g in kept if g is not None]
     if method == "none":
-        return [0.0 if g is None else float(g) for g in gains]
+        return [0.0 if g is None else g for g in kept]
     if len(present) < 2:  # one success has nothing to be compared with
         return [0.0] * len(gains)
-    mean = sum(present) / len(present)
+    mean = sum(g / len(present) for g in present)
     scale = 1.0
     if method == "zscore":
         std = math.sqrt(sum((g - mean) ** 2 for g in present) / len(present))  # population std of the successes
         if std < eps:
             return [0.0] * len(gains)
         scale = std
-    return [0.0 if g is None else (g - mean) / scale for g in gains]
+    return [0.0 if g is None else (g - mean) / scale for g in kept]
 
 
 def compose(outcomes: Sequence[float], gains: Sequence[float | None], config: InfoGainConfig) -> list[float]:
     """R_i = outcome_i + beta * 1[outcome_i = 1] * Norm(gain)_i over one group. A gain on an
-    unsuccessful trajectory is ignored (gating holds even if one was computed)."""
+    unsuccessful trajectory is ignored (gating holds even if one was computed). An outcome is an
+    EM (0 or 1): anything not finite is a bug upstream, refused here rather than trained on."""
     if len(outcomes) != len(gains):
         raise ValueError(f"compose: {len(outcomes)} outcomes but {len(gains)} gains")
-    gated = [g if o >= SUCCESS else None for o, g in zip(outcomes, gains)]
+    for i, o in enumerate(outcomes):
+        if not (_number(o) and math.isfinite(o)):
+            raise ValueError(f"compose: outcome {i} is {o!r}, not a finite EM")
+    gated = [g if o >= SUCCESS else None for o, g in zip(outcomes, gains, strict=True)]
     norm = normalize_group(gated, config.normalization, config.eps)
-    return [float(o) + config.beta * (1.0 if o >= SUCCESS else 0.0) * n for o, n in zip(outcomes, norm)]
+    return [float(o) + config.beta * (1.0 if o >= SUCCESS else 0.0) * n for o, n in zip(outcomes, norm, strict=True)]
 
 
 # ---------------------------------------------------------------------- what is scored
@@ -179,8 +211,11 @@ class GainScorer:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _untrusted(self, text: str) -> list[int]:
-        """Text from the document, the dataset or a model: special-token strings stay text."""
-        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+        """Text from the document, the dataset or a model, through the project's one rule for
+        untrusted text (`CHATML.neutralize`): no control token of the scorer's template comes out,
+        the added tags (`<think>`, `<tool_call>`, ...) included, which `split_special_tokens`
+        leaves whole because the tokenizer does not mark them special."""
+        return self._plain(CHATML.neutralize(text, self.tokenizer))
 
     def prompt_ids(self, question: str, evidence: str | None) -> list[int]:
         """The scoring prompt as the scorer's chat template renders it, ending where the answer
@@ -235,6 +270,28 @@ class GainScorer:
         except (BackendError, asyncio.TimeoutError) as error:
             record.error = f"{SCORING_FAILED}: {type(error).__name__}: {str(error)[:300]}"
             return record
+        bad = _unusable_scores(with_lps, len(answer), "with findings") or _unusable_scores(
+            without_lps, len(answer), "without findings")
+        if bad:  # a scorer that answered with nothing usable failed, like one that never answered
+            record.error = f"{SCORING_FAILED}: {bad}"
+            return record
         record.lp_with, record.lp_without = mean_logprob(with_lps), mean_logprob(without_lps)
-        record.gain = info_gain(with_lps, without_lps)
+        gain = record.lp_with - record.lp_without
+        if not usable_gain(gain):
+            record.error = f"{SCORING_FAILED}: gain {gain!r} is beyond {MAX_ABS_GAIN:g} nats per token"
+            return record
+        record.gain = gain
         return record
+
+
+def _unusable_scores(values: Any, expected: int, which: str) -> str | None:
+    """Why the scorer's log-probs for the gold answer cannot be used (None: they can): one finite
+    number per answer token. The `Scorer` contract promises this; a scorer that breaks it is
+    recorded as a scoring failure, never turned into a number."""
+    if not isinstance(values, (list, tuple)) or len(values) != expected:
+        got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+        return f"the scorer gave {got} log-probs {which} for the {expected} answer tokens"
+    for i, v in enumerate(values):
+        if not (_number(v) and math.isfinite(v)):
+            return f"the scorer's log-prob {which} for answer token {i} is {v!r}"
+    return None

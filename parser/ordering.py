@@ -126,7 +126,7 @@ def _maximum_spanning_tree(sim: np.ndarray) -> list[list[int]]:
     cost[i, j] = rank
     tree = minimum_spanning_tree(cost).tocoo()
     adjacency: list[list[int]] = [[] for _ in range(n)]
-    for a, b in zip(tree.row.tolist(), tree.col.tolist()):
+    for a, b in zip(tree.row.tolist(), tree.col.tolist(), strict=True):
         adjacency[a].append(b)
         adjacency[b].append(a)
     return adjacency

@@ -205,7 +205,7 @@ class QueryAgents:
         limit = max(1, self.config.max_subagent_requests_per_turn // len(self.chunks))
         run = usable[:limit]
         queries = list(await asyncio.gather(*(self.scatter(c.arguments["query"]) for c in run)))
-        replies = {id(c): q.observation for c, q in zip(run, queries)}
+        replies = {id(c): q.observation for c, q in zip(run, queries, strict=True)}
         refused = not_run(len(usable), limit, self.config.prompt_version)
         messages = [{"role": "tool", "name": c.name or TOOL_NAME,
                      "content": c.error if c.error is not None else replies.get(id(c), refused)} for c in calls]
@@ -216,7 +216,7 @@ class QueryAgents:
         calls = await asyncio.gather(*(self._read(query, chunk) for chunk in self.chunks))
         gathered = self.protocol.gather(
             query, [(call.chunk_index, text if call.status != "failed" else None) for call, text in calls], self.count_tokens)
-        for (call, text), kept in zip(calls, gathered.kept):
+        for (call, text), kept in zip(calls, gathered.kept, strict=True):
             if kept:
                 call.status, call.raw = "finding", text
             elif call.status != "failed":
@@ -273,5 +273,5 @@ class FunctionTools:
 
     async def execute(self, calls: list[ToolCall]) -> ToolResult:
         done = await asyncio.gather(*(self._call(c) for c in calls))
-        messages = [{"role": "tool", "name": c.name, "content": result} for c, (result, _) in zip(calls, done)]
+        messages = [{"role": "tool", "name": c.name, "content": result} for c, (result, _) in zip(calls, done, strict=True)]
         return ToolResult(messages, calls=[record for _, record in done])

@@ -95,10 +95,10 @@ class PrefixCachedTokenizer:
         enc = raw.encode_batch(paragraphs, add_special_tokens=False)
         joined = raw.encode_batch([f"Document 1:\n{p}" for p in paragraphs], add_special_tokens=False)
         prefix1 = raw.encode("Document 1:\n", add_special_tokens=False).ids
-        self.paragraphs = {p: (e.ids, e.offsets) for p, e, j in zip(paragraphs, enc, joined) if j.ids == prefix1 + e.ids}
+        self.paragraphs = {p: (e.ids, e.offsets) for p, e, j in zip(paragraphs, enc, joined, strict=True) if j.ids == prefix1 + e.ids}
         self.fallbacks = len(paragraphs) - len(self.paragraphs)
         prefixes = [f"Document {i}:\n" for i in range(1, max_index + 1)]
-        self.prefixes = {p: (e.ids, e.offsets) for p, e in zip(prefixes, raw.encode_batch(prefixes, add_special_tokens=False))}
+        self.prefixes = {p: (e.ids, e.offsets) for p, e in zip(prefixes, raw.encode_batch(prefixes, add_special_tokens=False), strict=True)}
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[Any]:
         out: list[Any] = [None] * len(texts)
@@ -111,7 +111,7 @@ class PrefixCachedTokenizer:
                 continue
             out[k] = _Encoding(_Concat(pre[0], para[0]), _Concat(pre[1], para[1], cut))
         if misses:
-            for k, e in zip(misses, self.raw.encode_batch([texts[k] for k in misses], add_special_tokens=False)):
+            for k, e in zip(misses, self.raw.encode_batch([texts[k] for k in misses], add_special_tokens=False), strict=True):
                 out[k] = e
         return out
 

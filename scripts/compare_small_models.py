@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -146,7 +148,8 @@ async def run_model(lead: str, readers: str | None, samples: list[Sample], episo
     store = JsonlStore(out / f"{stem}.jsonl", key=lambda line: str(line["id"]))
     timings = JsonlStore(out / f"{stem}.timings.jsonl")
     for timing in timings.rows:
-        row.wall_s, row.timed = row.wall_s + timing["wall_s"], row.timed + timing["samples"]
+        with _stored(timings.path, timing):
+            row.wall_s, row.timed = row.wall_s + timing["wall_s"], row.timed + timing["samples"]
     slots = asyncio.Semaphore(concurrency)
     ran = 0
 
@@ -171,10 +174,11 @@ async def run_model(lead: str, readers: str | None, samples: list[Sample], episo
         if line is None:
             todo.append(sample)
             continue
-        if line["question"] != sample.question:
-            raise SystemExit(f"[compare] {store.path}: the line of {sample.id} asks {line['question']!r}, not "
-                             f"{sample.question!r}: another seed or length wrote it; give this run its own --out")
-        row.count(line, {c.index: c.text for c in chunks_of(sample)})
+        with _stored(store.path, line):
+            if line["question"] != sample.question:
+                raise SystemExit(f"[compare] {store.path}: the line of {sample.id} asks {line['question']!r}, not "
+                                 f"{sample.question!r}: another seed or length wrote it; give this run its own --out")
+            row.count(line, {c.index: c.text for c in chunks_of(sample)})
         row.resumed += 1
     if row.resumed:
         print(f"[compare] {label}: {row.resumed} samples read back from {store.path}, {len(todo)} to run", flush=True)
@@ -188,6 +192,30 @@ async def run_model(lead: str, readers: str | None, samples: list[Sample], episo
         timings.append({"samples": ran, "wall_s": wall, "concurrency": concurrency, "load_after": os.getloadavg()[0]})
         row.wall_s, row.timed = row.wall_s + wall, row.timed + ran
     return row
+
+
+@contextlib.contextmanager
+def _stored(path: Path, line: dict[str, Any]) -> Iterator[None]:
+    """Reading one resumed line: a field it lacks or holds in the wrong shape stops the run with
+    the file, the line number and the field named, and the fix (nothing is overwritten)."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
+        field = error.args[0] if isinstance(error, KeyError) and error.args else f"({type(error).__name__}: {error})"
+        raise SystemExit(f"[compare] {path}:{_line_number(path, line)}: field {field!r} is missing or malformed; "
+                         "delete that line to run its sample again, or give this run its own --out") from None
+
+
+def _line_number(path: Path, line: dict[str, Any]) -> int | str:
+    """The 1-based line of `path` that holds `line`, else "?"."""
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                if json.loads(raw) == line:
+                    return number
+            except ValueError:
+                continue
+    return "?"
 
 
 def table(header: list[str], rows: list[Row]) -> str:
@@ -207,6 +235,9 @@ def main() -> None:
     ap.add_argument("--out", default="outputs/compare_small_models")
     ap.add_argument("--smoke", action="store_true", help="tiny random model, 2 questions")
     args = ap.parse_args()
+    for flag in ("concurrency", "questions", "length"):
+        if getattr(args, flag) < 1:  # 0 episodes at once would wait forever; 0 questions "pass" with nothing run
+            ap.error(f"--{flag} {getattr(args, flag)}: expected an integer >= 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.smoke:
         args.models, args.questions, args.length = ["tiny-qwen3"], 2, 12

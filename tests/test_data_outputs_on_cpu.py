@@ -20,7 +20,8 @@ from data_prep.build import run
 from data_prep.files import JsonlStore, write_json
 from data_prep.knowledge_filter import is_correct, last_boxed, parametric_filter
 from data_prep.verl_parquet import AGENT_NAME, write_rl_parquet
-from parser.backends.base import Completion, SamplingParams
+from parser.backends.base import SamplingParams
+from scripted_lead import ScriptedModel
 
 CONFIGS = Path(__file__).parents[1] / "configs" / "data"
 
@@ -74,33 +75,20 @@ def test_rule_verifier():
     assert not is_correct("<think>Eiffel Tower?</think> \\boxed{Louvre}", ["Eiffel Tower"])
 
 
-class ScriptedModel:
-    """The outer edge only: a model that knows some answers. Counts calls to check resumption."""
-
-    def __init__(self, known: dict[str, str]):
-        self.known, self.calls, self.prompts = known, 0, []
-
-    async def generate(self, prompt, sampling, *, routing_key=None, request_id=None):
-        self.calls += 1
-        self.prompts.append(prompt)
-        for question, answer in self.known.items():
-            if question in prompt:
-                return Completion(text=f"\\boxed{{{answer}}}")
-        return Completion(text="\\boxed{unknown}")
-
-    async def aclose(self):
-        pass
+def knowing(known: dict[str, str]) -> ScriptedModel:
+    """The outer edge only: a model that knows some answers (the rest it boxes as unknown)."""
+    return ScriptedModel(lambda text, _: next((f"\\boxed{{{a}}}" for q, a in known.items() if q in text), "\\boxed{unknown}"))
 
 
 def test_knowledge_filter_drops_known_and_resumes(tmp_path, rows, tiny_tokenizer):
     questions = [{"id": r["id"], "question": r["question"], "answers": r["answers"]} for r in rows]
-    model = ScriptedModel({rows[1]["question"]: rows[1]["answers"][0]})
+    model = knowing({rows[1]["question"]: rows[1]["answers"][0]})
     log_path = tmp_path / "filter.jsonl"
     result = asyncio.run(parametric_filter(questions[:4], model, tiny_tokenizer, log_path=log_path, samples=3, concurrency=2))
     assert model.calls == 12
     assert [result[q["id"]]["answerable"] for q in questions[:4]] == [False, True, False, False]
     assert "<|im_start|>user" in model.prompts[0] and rows[0]["context"][:100] not in model.prompts[0], "question only, chat template"
-    again = ScriptedModel({})
+    again = knowing({})
     result = asyncio.run(parametric_filter(questions, again, tiny_tokenizer, log_path=log_path, samples=3))
     assert again.calls == 3 * 2, "only the two new questions are asked"
     assert result[questions[1]["id"]]["answerable"] and len(log_path.read_text().splitlines()) == 6

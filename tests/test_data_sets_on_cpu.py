@@ -91,7 +91,7 @@ def test_order_sets_reverse_the_logical_order(world):
     questions, corpus = world
     sets = order_sets(questions, corpus, length=300, seed=0)
     assert sets["ordered"] and len(sets["ordered"]) == len(sets["reverse_ordered"])
-    for fwd, rev in zip(sets["ordered"], sets["reverse_ordered"]):
+    for fwd, rev in zip(sets["ordered"], sets["reverse_ordered"], strict=True):
         assert fwd["meta"]["type"] == "bridge_comparison"
         assert fwd["gold_paragraph_ids"] == rev["gold_paragraph_ids"], "same slots"
         assert fwd["meta"]["evidence_layout"] == "logical" and rev["meta"]["evidence_layout"] == "reversed"
@@ -129,7 +129,7 @@ def test_synthetic_world_is_seeded_and_answerable():
     for r in rows_a:
         ctx = r["metadata"]["context"]
         gold = r["metadata"]["supporting_facts"]["title"]
-        gold_text = " ".join(t + " " + "".join(s) for t, s in zip(ctx["title"], ctx["content"]) if t in gold)
+        gold_text = " ".join(t + " " + "".join(s) for t, s in zip(ctx["title"], ctx["content"], strict=True) if t in gold)
         assert r["golden_answers"][0] in gold_text, r["question"]
         assert len(ctx["title"]) == 10
     assert len(set(paras_a)) == len(paras_a) >= 1500 - 20

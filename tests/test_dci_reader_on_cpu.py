@@ -2,7 +2,7 @@
 
     .venv/bin/pytest tests/test_dci_reader_on_cpu.py -q
 
-The lead and the subagents are one scripted model (only the model is faked); the engine,
+The lead and the subagents are one scripted model (tests/scripted_lead.ScriptedModel: only the model is faked); the engine,
 gather, chunking, the DCI sandbox and its grep processes are real. The DCI subagent greps its
 own chunk for the queried name and replies with JSON only when its chunk holds it, so the
 lead's observation must contain exactly the chunks that mention the name.
@@ -15,29 +15,13 @@ import re
 
 import pytest
 
-from parser.backends.base import Completion
 from parser.chunking import chunk_document
 from parser.backends.models import Models
 from parser.config import episode_section
 from parser.methods import Sample
 from parser.methods.parser import ParSerMethod
 from parser.readers import DCIReader, ThinkingReader
-
-
-class ScriptedModel:
-    """Replies `script(text, prompt)`; token-id prompts (the episode engine's) are decoded to `text`."""
-
-    def __init__(self, script, tokenizer):
-        self.script, self.tokenizer, self.prompts, self.routing_keys = script, tokenizer, [], []
-
-    async def generate(self, prompt, sampling, *, routing_key=None, request_id=None):
-        text = prompt if isinstance(prompt, str) else self.tokenizer.decode(list(prompt), skip_special_tokens=False)
-        self.prompts.append(text)
-        self.routing_keys.append(routing_key)
-        return Completion(text=self.script(text, prompt), finish_reason="stop")
-
-    async def aclose(self):
-        pass
+from scripted_lead import ScriptedModel
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +36,9 @@ def test_parser_with_dci_subagents_finds_the_right_chunks(sample, tiny_tokenizer
     name = sample.context.split("\n")[1]  # the first paragraph's title: an entity of the world
     query_call = f'<tool_call>{{"name": "query_agents", "arguments": {{"query": "Who is {name}?"}}}}</tool_call>'
 
-    def script(text, prompt):
-        assert not isinstance(prompt, str)  # lead and DCI subagents both run in the episode engine
+    def script(text, index):  # token-id prompts (ScriptedModel checks): lead and DCI subagents both run in the engine
         if "query_agents" in text:  # the lead (its system prompt offers query_agents)
-            return "</think><answer>done</answer><|im_end|>" if "<tool_response>" in text else "plan</think>" + query_call + "<|im_end|>"
+            return "</think><answer>done</answer>" if "<tool_response>" in text else "plan</think>" + query_call
         if "Query: Who is" in text and "<tool_response>" not in text:  # a DCI subagent's first turn
             return f'</think><tool_call>{{"name": "bash", "arguments": {{"command": "grep -rl \'{name}\' ."}}}}</tool_call>'
         hits = re.findall(r"doc_(\d+)\.txt", text.rsplit("<tool_response>", 1)[-1])
@@ -63,7 +46,7 @@ def test_parser_with_dci_subagents_finds_the_right_chunks(sample, tiny_tokenizer
             return json.dumps({"evidence": f"Document {int(hits[0])}", "answer": f"found in doc {int(hits[0])}"})
         return '{"answer": "unknown"}'
 
-    model = ScriptedModel(script, tiny_tokenizer)
+    model = ScriptedModel(script, tiny_tokenizer, sent="ids")
     models = Models(model, tiny_tokenizer, model, tiny_tokenizer)
     method = ParSerMethod(models, episode={"chunk_size": 600, "max_turns": 3, "lead_temperature": 0.0},
                           reader={"type": "dci", "episode": episode_section("dci_reader")})
@@ -75,7 +58,7 @@ def test_parser_with_dci_subagents_finds_the_right_chunks(sample, tiny_tokenizer
     assert 0 < len(holding) < len(chunks)  # some chunks hold the name, others must stay silent
     reported = {int(a.split("_")[1]) for f in query["findings"] for a in [f["agent"], *f["merged_agents"]]}
     assert reported == holding
-    subagent_keys = {k for k, p in zip(model.routing_keys, model.prompts) if "query_agents" not in p}
+    subagent_keys = {k for k, p in zip(model.routing_keys, model.prompts, strict=True) if "query_agents" not in p}
     assert subagent_keys == {f"{sample.id}:{c.index}" for c in chunks}  # each chunk's turns pinned to its key
     root = method.reader.root
     assert root.exists() and not any(root.iterdir())  # the sample's chunk corpora are gone
@@ -84,7 +67,7 @@ def test_parser_with_dci_subagents_finds_the_right_chunks(sample, tiny_tokenizer
 
 
 def test_dci_reader_reuses_one_corpus_per_chunk(sample, tiny_tokenizer):
-    model = ScriptedModel(lambda text, prompt: '{"answer": "unknown"}', tiny_tokenizer)
+    model = ScriptedModel(lambda text, index: '{"answer": "unknown"}', tiny_tokenizer)
     reader = DCIReader(model, tiny_tokenizer, episode=episode_section("dci_reader"))
     chunk = chunk_document(sample.context, tiny_tokenizer, 600)[1]
     for query in ("a?", "b?"):
@@ -105,7 +88,7 @@ def test_thinking_reader_hands_gather_only_the_reply(tiny_tokenizer):
         'Maybe {"answer": "guess"}? No.</think>\n{"evidence": "Lake Y lies north.", "answer": "north"}',
         'thinking {"answer": "guess"} and cut off',
     ])
-    model = ScriptedModel(lambda text, prompt: next(replies), tiny_tokenizer)
+    model = ScriptedModel(lambda text, index: next(replies), tiny_tokenizer)
     reader = ThinkingReader(model, tiny_tokenizer)
     first = asyncio.run(reader.read("Where is Lake Y?", chunk, "d"))
     assert parse_reply(first.text) == ("north", "Lake Y lies north.")

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parser import dci
+from parser import dci, dci_process
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
 from parser.chunking import chunk_document, render_paragraphs, split_paragraphs
@@ -167,9 +167,11 @@ def test_a_forking_command_is_killed_with_its_whole_group(corpus, marker):
             os.kill(pid, signal.SIGKILL)
 
 
-def test_a_cancelled_call_kills_its_command(corpus, marker):
+def test_a_cancelled_call_kills_its_command(corpus, marker, monkeypatch):
     """An episode cancelled mid-command (eval interrupted, a reader timed out) must not leave
-    the command running: one blocked on a FIFO would run for ever."""
+    the command running: one blocked on a FIFO would run for ever. The cancel comes once the call
+    waits on its running command (asyncio itself kills a child whose start is cancelled, which
+    would prove nothing about the sandbox)."""
     fifo = corpus / f"{marker}.fifo"
     os.mkfifo(fifo)  # no writer: opening it blocks for ever
     sandbox = Sandbox(corpus, timeout_s=60)
@@ -177,10 +179,19 @@ def test_a_cancelled_call_kills_its_command(corpus, marker):
     def head_running():  # exec'd (not the limits shim any more), so the call is past starting it
         return any(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"head") for pid in processes_with(fifo.name))
 
+    waiting = asyncio.Event()
+    wait = asyncio.wait
+
+    async def noting_wait(futures, **kwargs):  # run_limited's wait for its command to finish
+        waiting.set()
+        return await wait(futures, **kwargs)
+
+    monkeypatch.setattr(dci_process.asyncio, "wait", noting_wait)
+
     async def cancel_midway():
         task = asyncio.ensure_future(sandbox.call("bash", {"command": f"head -n 1 {fifo.name}"}))
         assert await asyncio.to_thread(wait_until, head_running)
-        await asyncio.sleep(0.3)  # asyncio itself kills a child whose start is cancelled: cancel after it
+        await asyncio.wait_for(waiting.wait(), 20)  # past starting it: waiting on the running command
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -388,3 +388,24 @@ def test_many_rg_threads_still_run_under_the_memory_limit(world):
     reply = run(sandbox.call("bash", {"command": "rg -j 64 -c Anna ."}))
     assert "doc_00002.txt" in reply and "exit status" not in reply
     assert time.perf_counter() - started < 5
+
+
+def test_a_corpus_deeper_than_path_max_keeps_bash_and_is_still_checked(world):
+    """A directory chain whose full path is longer than PATH_MAX (4096): listing it by full path
+    failed every command; the check now walks it by descriptors, to the bottom."""
+    sandbox, outside, _ = world
+    name = "d" * 200
+    fd = os.open(sandbox.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(30):  # 30 x 201 bytes: past PATH_MAX
+            os.mkdir(name, dir_fd=fd)
+            inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        assert "Anna" in run(sandbox.call("bash", {"command": "grep -r Anna doc_00001.txt"}))
+        os.link(outside / "secret.txt", "deep.txt", dst_dir_fd=fd)  # a hard link at the bottom is still found
+        reply = run(sandbox.call("bash", {"command": "grep -r Anna doc_00001.txt"}))
+        assert "hard links" in reply and "deep.txt" in reply and SECRET not in reply
+        os.unlink("deep.txt", dir_fd=fd)
+    finally:
+        os.close(fd)

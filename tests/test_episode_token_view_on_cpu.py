@@ -5,15 +5,16 @@ and the token bookkeeping are the real engine. Run:
     .venv/bin/pytest tests/test_episode_token_view_on_cpu.py -q
 """
 import asyncio
+import itertools
 
 import pytest
 
 from parser import prompts
-from parser.backends.base import Completion
 from parser.chunking import chunk_document, render_paragraphs
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
 from parser.tools import ReaderReply
+from scripted_lead import ScriptedLead
 
 CALL = "<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
 SCRIPT = [
@@ -26,25 +27,6 @@ SCRIPT = [
     # turn 4: the answer
     ("So the answer follows.\n</think>\n\n<answer>Miro Tal</answer>", "stop"),
 ]
-
-
-class ScriptedLead:
-    """Replays scripted generations as token ids, recording every prompt it was given."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.prompts, self.generated = [], []
-
-    async def generate(self, prompt, sampling, **_):
-        text, finish = SCRIPT[len(self.prompts)]
-        self.prompts.append(list(prompt))
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + ([self.end] if finish == "stop" else [])
-        self.generated.append(ids)
-        return Completion(text="", token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason=finish)
-
-    async def aclose(self):
-        pass
 
 
 class ScriptedReader:
@@ -62,7 +44,7 @@ def episode(qwen3_5_tokenizer):
     paragraphs[1] = "Zorvan\nZorvan is a film directed by Miro Tal."
     paragraphs[2] = "Miro Tal\nMiro Tal (born 3 May 1950) is a fictional director."
     chunks = chunk_document(render_paragraphs(paragraphs), qwen3_5_tokenizer, 40)
-    lead = ScriptedLead(qwen3_5_tokenizer)
+    lead = ScriptedLead(qwen3_5_tokenizer, SCRIPT, logprob=-0.5)
     engine = EpisodeEngine(lead, qwen3_5_tokenizer, ScriptedReader(), EpisodeConfig())
     trajectory = asyncio.run(engine.run("Who directed Zorvan and when was the director born?", chunks, doc_id="d0"))
     return trajectory, lead, qwen3_5_tokenizer
@@ -84,9 +66,9 @@ def test_each_turn_prompt_extends_the_previous_stream(episode):
     trajectory, lead, _ = episode
     stream = trajectory.prompt_ids + trajectory.response_ids
     assert len(lead.prompts) == 4 and trajectory.answer == "Miro Tal" and trajectory.stop_reason == "answer"
-    for earlier, later in zip(lead.prompts, lead.prompts[1:]):
+    for earlier, later in itertools.pairwise(lead.prompts):
         assert later[: len(earlier)] == earlier
-    for prompt, generated in zip(lead.prompts, lead.generated):
+    for prompt, generated in zip(lead.prompts, lead.generated, strict=True):
         assert stream[: len(prompt)] == prompt
         assert stream[len(prompt): len(prompt) + len(generated)] == generated
 
@@ -95,19 +77,19 @@ def test_mask_is_one_exactly_on_generated_tokens(episode):
     trajectory, lead, tok = episode
     offset = len(trajectory.prompt_ids)
     expected_mask = [0] * len(trajectory.response_ids)
-    for prompt, generated in zip(lead.prompts, lead.generated):
+    for prompt, generated in zip(lead.prompts, lead.generated, strict=True):
         start = len(prompt) - offset
         expected_mask[start: start + len(generated)] = [1] * len(generated)
     assert trajectory.response_mask == expected_mask
     assert sum(trajectory.response_mask) == sum(len(g) for g in lead.generated)
-    assert [lp for lp, m in zip(trajectory.response_logprobs, trajectory.response_mask) if m] == [-0.5] * sum(trajectory.response_mask)
-    assert all(lp == 0.0 for lp, m in zip(trajectory.response_logprobs, trajectory.response_mask) if not m)
+    assert [lp for lp, m in zip(trajectory.response_logprobs, trajectory.response_mask, strict=True) if m] == [-0.5] * sum(trajectory.response_mask)
+    assert all(lp == 0.0 for lp, m in zip(trajectory.response_logprobs, trajectory.response_mask, strict=True) if not m)
 
 
 def _segments(trajectory):
     """The mask-0 runs of the response, decoded."""
     runs, current = [], []
-    for token, mask in zip(trajectory.response_ids, trajectory.response_mask):
+    for token, mask in zip(trajectory.response_ids, trajectory.response_mask, strict=True):
         if mask == 0:
             current.append(token)
         elif current:

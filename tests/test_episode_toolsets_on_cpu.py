@@ -9,42 +9,22 @@ import asyncio
 import pytest
 
 from parser import prompts
-from parser.backends.base import Completion
 from parser.dci import SandboxTools
 from parser.dci import Sandbox, materialize_corpus
 from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
 from parser.methods.dci import PROMPTS as DCI_PROMPTS
 from parser.tools import TurnRules
+from scripted_lead import ScriptedLead
 
 DOCUMENT = "Document 1:\nZorvan\nZorvan is a film directed by Miro Tal.\n\nDocument 2:\nLake Y\nLake Y lies north."
 GREP = "<tool_call>\n<function=bash>\n<parameter=command>\ngrep -rl Zorvan .\n</parameter>\n</function>\n</tool_call>"
 READ = '<tool_call>{"name": "read", "arguments": {"file": "doc_00001.txt"}}</tool_call>'
 
 
-class ScriptedModel:
-    """Replays (text, finish) pairs as token ids, recording every prompt."""
-
-    def __init__(self, tokenizer, script):
-        self.tokenizer, self.script = tokenizer, script
-        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.prompts, self.generated, self.kwargs = [], [], []
-
-    async def generate(self, prompt, sampling, **kwargs):
-        text, finish = self.script[len(self.prompts)]
-        self.prompts.append(list(prompt))
-        self.kwargs.append(kwargs)
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + ([self.end] if finish == "stop" else [])
-        self.generated.append(ids)
-        return Completion(text="", token_ids=ids, logprobs=[-0.25] * len(ids), finish_reason=finish)
-
-    async def aclose(self):
-        pass
-
-
 def run_dci(tokenizer, tmp_path, script, rules=TurnRules(), **options):
     sandbox = Sandbox(materialize_corpus(DOCUMENT, tmp_path / "corpus"))
-    model = ScriptedModel(tokenizer, script)
+    model = ScriptedLead(tokenizer, script, logprob=-0.25)
     engine = EpisodeEngine(model, tokenizer, config=EpisodeConfig(**options))
     trajectory = asyncio.run(engine.run_tools("Who directed Zorvan?", SandboxTools(sandbox, "dci", rules=rules, templates=DCI_PROMPTS), doc_id="d", routing_key="d:0"))
     return trajectory, model
@@ -66,7 +46,7 @@ def test_other_tools_keep_the_appended_token_view(appended):
     trajectory, model, tok = appended
     assert trajectory.answer == "Miro Tal" and trajectory.stop_reason == "plain_reply" and trajectory.token_view_valid
     stream = trajectory.prompt_ids + trajectory.response_ids
-    for prompt, generated in zip(model.prompts, model.generated):
+    for prompt, generated in zip(model.prompts, model.generated, strict=True):
         assert stream[: len(prompt)] == prompt and stream[len(prompt): len(prompt) + len(generated)] == generated
     assert sum(trajectory.response_mask) == sum(len(g) for g in model.generated)
     first = tok.decode(trajectory.prompt_ids)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 
 import aiohttp
@@ -148,10 +149,10 @@ def test_sglang_ids_from_logprob_triples_when_no_output_ids(capture):
 
 def test_sglang_abort_is_a_backend_error(capture):
     capture.replies.append((200, {"text": "", "meta_info": {"finish_reason": {
-        "type": "abort", "message": "input is longer than the context", "status_code": 400}}}))
-    with pytest.raises(BackendError, match="longer than the context") as err:
+        "type": "abort", "message": "the scheduler aborted the request", "status_code": 400}}}))
+    with pytest.raises(BackendError, match="scheduler aborted") as err:
         run(generate_once(HttpBackend(capture.url), "x", SP))
-    assert err.value.retryable is False and err.value.status == 400
+    assert err.value.retryable is True and err.value.status == 400  # the worker gave up on a request it took
 
 
 def test_completions_shape_and_cached_tokens(capture):
@@ -283,16 +284,21 @@ def test_one_backend_across_event_loops(loopback):
 
 
 def test_loopback_reports_load_while_busy(fresh_loopback):
-    """The router's load probe (/get_load) sees a request that is still being answered."""
-    fresh_loopback.worker.delay_s = 0.5
+    """The router's load probe (/get_load) sees a request that is still being answered: the
+    worker holds it in flight until the probe has answered."""
+    worker = fresh_loopback.worker
+    worker.hold = threading.Event()
     backend = HttpBackend(fresh_loopback.url)
 
     async def probe_during_request():
         task = asyncio.create_task(backend.generate("x" * 40, SP))
-        await asyncio.sleep(0.2)
-        async with aiohttp.ClientSession() as s:
-            async with s.get(fresh_loopback.url + "/get_load") as r:
-                busy = await r.json()
+        try:
+            assert await asyncio.to_thread(worker.in_flight.wait, 60), "the request never reached the worker"
+            async with aiohttp.ClientSession() as s:
+                async with s.get(fresh_loopback.url + "/get_load") as r:
+                    busy = await r.json()
+        finally:
+            worker.hold.set()
         await task
         async with aiohttp.ClientSession() as s:
             async with s.get(fresh_loopback.url + "/get_load") as r:

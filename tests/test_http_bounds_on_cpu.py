@@ -108,7 +108,7 @@ def test_a_gzip_bomb_is_not_inflated_past_the_bound(hostile):
     assert len(hostile._app[BOMB]) < 1 * MB
     peak, error = peak_bytes(lambda: generate(hostile.url + "/bomb"))
     assert error is not None and "max_response_bytes" in str(error) and "decompressed" in str(error)
-    assert error.retryable is False
+    assert error.retryable is True  # the worker's fault: another worker may answer within the bound
     assert peak < 80 * MB, f"{peak / MB:.0f} MB"
 
 
@@ -133,13 +133,13 @@ def test_a_lying_content_length_is_refused_before_reading(hostile):
     started = time.perf_counter()
     with pytest.raises(BackendError, match="Content-Length 10737418240") as error:
         generate(hostile.url + "/liar", timeout_s=10)
-    assert error.value.retryable is False and time.perf_counter() - started < 5
+    assert error.value.retryable is True and time.perf_counter() - started < 5
 
 
 def test_an_encoding_nobody_asked_for_is_refused(hostile):
     with pytest.raises(BackendError, match="Content-Encoding 'br'") as error:
         generate(hostile.url + "/brotli")
-    assert error.value.retryable is False
+    assert error.value.retryable is True
 
 
 def test_the_client_asks_for_an_uncompressed_reply(hostile):

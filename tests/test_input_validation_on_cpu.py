@@ -109,3 +109,16 @@ def test_the_eval_loader_reads_memagent_rows_and_numeric_golds(tmp_path):
     path.write_bytes(orjson.dumps([{"index": 4, "input": "When?", "answers": [1999], "context": GOOD["context"], "num_docs": 1}]))
     (subset,) = load_subsets({"name": "x", "source": "files", "lengths": [1], "path": str(tmp_path / "eval_{length}.json")})
     assert subset.samples[0].answers == ["1999"] and subset.samples[0].question == "When?"
+
+
+def test_an_empty_training_table_is_refused_naming_the_file(tmp_path):
+    """A parquet with the columns but no rows was accepted as training data (it trains on nothing)."""
+    from data_prep.verl_parquet import write_rl_parquet
+
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.Table.from_pylist([ours()]).slice(0, 0), path)
+    with pytest.raises(DataError, match=f"{path}: the parquet table has no rows"):
+        read_rl_parquet(path)
+    with pytest.raises(DataError, match="no rows to write"):
+        write_rl_parquet(tmp_path / "none.parquet", [], data_source="synthetic")
+    assert not (tmp_path / "none.parquet").exists()

@@ -25,7 +25,7 @@ TYPES = ("compositional", "inference", "bridge", ONE_HOP)
 
 def _document(row) -> str:
     context = row["metadata"]["context"]
-    return render_paragraphs([t + "\n" + "".join(c) for t, c in zip(context["title"], context["content"])])
+    return render_paragraphs([t + "\n" + "".join(c) for t, c in zip(context["title"], context["content"], strict=True)])
 
 
 @pytest.fixture(scope="module")

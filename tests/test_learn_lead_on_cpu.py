@@ -40,7 +40,7 @@ def recorded(tmp_path_factory, tiny_tokenizer):
 def test_full_chains_reach_the_gold_and_premature_ones_answer_the_intermediate(recorded, tiny_tokenizer):
     demo_rows, hops, weights, episodes = recorded
     assert len(demo_rows) > 8 and sorted(set(weights)) == [0.4, 0.6, 1.0]
-    for row, hop, episode in zip(demo_rows, hops, episodes):
+    for row, hop, episode in zip(demo_rows, hops, episodes, strict=True):
         chain = row["meta"]["evidences"]
         text = tiny_tokenizer.decode(episode.ids[episode.prompt_len:], skip_special_tokens=False)
         if hop is None:  # the whole chain: one query per hop, then the gold answer
@@ -49,7 +49,7 @@ def test_full_chains_reach_the_gold_and_premature_ones_answer_the_intermediate(r
                 assert f"<parameter=query>\n{learn_lead.QUERY_TEMPLATES[chain[1][1]].format(chain[0][2])}" in text
         else:  # stopped after the first hop: answers the intermediate entity
             assert episode.reward == 0.0 and f"<answer> {chain[0][2]}</answer>" in text
-        lead = [t for t, m in zip(episode.ids, episode.mask) if m]
+        lead = [t for t, m in zip(episode.ids, episode.mask, strict=True) if m]
         assert "Query:" not in tiny_tokenizer.decode(lead)  # observations are never lead tokens
 
 
@@ -57,11 +57,11 @@ def test_answer_turn_copies_train_only_the_answer_after_the_last_finding(recorde
     demo_rows, hops, weights, episodes = recorded
     copies, copy_weights = learn_lead.answer_turn_copies(episodes, hops, weight=0.6)
     assert copy_weights == [0.6] * len(copies)
-    full_chains = [(row, e) for row, h, e in zip(demo_rows, hops, episodes) if h is None and len(row["meta"]["evidences"]) > 1]
+    full_chains = [(row, e) for row, h, e in zip(demo_rows, hops, episodes, strict=True) if h is None and len(row["meta"]["evidences"]) > 1]
     assert len(copies) == len(full_chains) > 0
-    for (row, full), copy in zip(full_chains, copies):
-        assert copy.ids == full.ids and all(m <= f for m, f in zip(copy.mask, full.mask))
-        trained = tiny_tokenizer.decode([t for t, m in zip(copy.ids, copy.mask) if m], skip_special_tokens=False)
+    for (row, full), copy in zip(full_chains, copies, strict=True):
+        assert copy.ids == full.ids and all(m <= f for m, f in zip(copy.mask, full.mask, strict=True))
+        trained = tiny_tokenizer.decode([t for t, m in zip(copy.ids, copy.mask, strict=True) if m], skip_special_tokens=False)
         assert f"<answer> {row['meta']['evidences'][-1][2]}</answer>" in trained, trained
         assert "<tool_call>" not in trained  # neither query is trained, so nor is the decision to follow up
     assert learn_lead.answer_turn_copies(episodes, hops, weight=0.0) == ([], [])

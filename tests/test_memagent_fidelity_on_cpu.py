@@ -19,7 +19,6 @@ import pytest
 from omegaconf import OmegaConf
 
 from data_prep.knowledge_filter import PROMPT_TEMPLATE
-from parser.backends.base import Completion
 from parser.backends.models import Models
 from parser.methods import Sample, method_class, method_config
 from parser.methods.coa import PROMPTS as COA_PROMPTS
@@ -28,24 +27,10 @@ from parser.methods.rememr1 import PROMPTS as REMEMR1_PROMPTS
 from parser.methods.rememr1.method import NO_RECALL_RESULT, TfidfRecall
 from parser.methods.memagent.rules import memagent_memory, prediction, recall_query, remove_recalls
 from parser.reward import authors_boxed, memagent_rl_reward, sub_em
+from scripted_lead import ScriptedModel  # stands in for the served checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "  Who directed Vrystork?\n"  # edge whitespace: theirs `.strip()` the question (`item['input'].strip()`)
-
-
-class ScriptedModel:
-    """Stands in for the served checkpoint: `script(prompt, i)` is the reply; every prompt kept."""
-
-    def __init__(self, script):
-        self.script, self.prompts = script, []
-
-    async def generate(self, prompt, sampling, *, routing_key=None, request_id=None):
-        self.prompts.append(prompt)
-        self.sampling = sampling
-        return Completion(text=self.script(prompt, len(self.prompts) - 1), finish_reason="stop")
-
-    async def aclose(self):
-        pass
 
 
 def built(method: str, models: Models, **kwargs):

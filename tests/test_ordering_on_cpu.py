@@ -128,7 +128,7 @@ def test_report_labels_and_run_folders_name_the_order():
 def cosines(vectors: list[list[float]], query: list[float]) -> tuple[list[float], list[list[float]]]:
     unit = [[x / math.sqrt(math.fsum(v * v for v in row)) for x in row] for row in vectors]
     q = [x / math.sqrt(math.fsum(v * v for v in query)) for x in query]
-    dot = lambda a, b: math.fsum(x * y for x, y in zip(a, b))  # noqa: E731
+    dot = lambda a, b: math.fsum(x * y for x, y in zip(a, b, strict=True))  # noqa: E731
     return [dot(u, q) for u in unit], [[dot(a, b) for b in unit] for a in unit]
 
 

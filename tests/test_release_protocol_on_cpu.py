@@ -24,7 +24,7 @@ import yaml
 
 from parser import release
 from parser.actions import parse_lead_output, parse_release_turn
-from parser.backends.base import BackendError, Completion
+from parser.backends.base import BackendError
 from parser.chunking import Chunk, chunk_document, release_chunks, render_paragraphs
 from parser.episode import EpisodeConfig, EpisodeEngine
 from parser.gather import parse_release_reply, parse_reply, render_observation
@@ -33,6 +33,7 @@ from parser.readers.subagent import SubagentReader
 from parser.tools import ReaderReply
 from parser.reward import exact_match, normalize_answer, release_normalize, release_sub_em
 from parser.testing.release_standin import write_release_standin
+from scripted_lead import ScriptedLead
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -257,7 +258,7 @@ def _release_chunks(document: str, tok, size: int) -> list[str]:
     splits = [f"Paragraph {i}: {p.strip()}" for i, p in enumerate(parts) if p.strip()]
     counts = [len(tok.encode(s)) for s in splits]
     chunks, current, count = [], splits[0], counts[0]
-    for split, n in zip(splits[1:], counts[1:]):
+    for split, n in zip(splits[1:], counts[1:], strict=True):
         if count + n < size:
             current, count = f"{current}\n\n{split}", count + n + 1
         else:
@@ -297,26 +298,16 @@ SCRIPT = [
 ]
 
 
-class ScriptedLead:
-    def __init__(self, tok, script):
-        self.tok, self.script, self.outputs = tok, script, []
-        self.end = tok.convert_tokens_to_ids("<|im_end|>")
-
-    async def generate(self, prompt, sampling, **_):
-        text, closed = self.script[len(self.outputs)]
-        ids = self.tok.encode(text, add_special_tokens=False) + ([self.end] if closed else [])
-        self.outputs.append(ids)
-        return Completion(text="", token_ids=ids, finish_reason="stop" if closed else "length")
-
-    async def aclose(self):
-        pass
-
-
 class ScriptedSubagents:
     async def read(self, query, chunk, doc_id):
         if 2 in chunk.paragraph_ids:
             return ReaderReply('```json\n{"evidence": "Zorvan is a film directed by Miro Tal.", "answer": "Miro Tal"}\n```')
         return ReaderReply("Unknown")
+
+
+def scripted(tok) -> ScriptedLead:
+    """SCRIPT's turns as the lead's generations (closed: ended by <|im_end|>, else cut at the limit)."""
+    return ScriptedLead(tok, [(text, "stop" if closed else "length") for text, closed in SCRIPT])
 
 
 def _release_stream(tok, prompts, script, observations):
@@ -340,7 +331,7 @@ def _release_stream(tok, prompts, script, observations):
     messages = [{"role": "system", "content": prompts.lead_system}, {"role": "user", "content": f"## Question\n\n{QUESTION}\n"}]
     prompt = ids(messages, True)
     response, mask = [], []
-    for (text, closed), observation in zip(script, observations):
+    for (text, closed), observation in zip(script, observations, strict=True):
         out = tok.encode(text, add_special_tokens=False) + ([end] if closed else [])
         response += out
         content = re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.S).strip()  # the whole turn, thinking included
@@ -375,7 +366,7 @@ def release_episode(release_repo, qwen3_5_tokenizer):
     paragraphs[1] = "Zorvan\nZorvan is a film directed by Miro Tal."
     config = release_config(release_repo, chunk_size=30)
     chunks = protocol_for(config).chunk(render_paragraphs(paragraphs), tok)
-    lead = ScriptedLead(tok, SCRIPT)
+    lead = scripted(tok)
     trajectory = asyncio.run(EpisodeEngine(lead, tok, ScriptedSubagents(), config).run(QUESTION, chunks, doc_id="d0"))
     return trajectory, chunks, tok, release.load_release_prompts(release_repo)
 
@@ -407,7 +398,7 @@ def test_release_answer_is_the_last_answer_of_the_whole_completion(release_repo,
     tok = qwen3_5_tokenizer
     chunks = release_chunks("Document 1:\nZorvan is a film directed by Miro Tal.", tok, 64)
     config = release_config(release_repo, max_turns=2)
-    trajectory = asyncio.run(EpisodeEngine(ScriptedLead(tok, SCRIPT), tok, ScriptedSubagents(), config).run(QUESTION, chunks))
+    trajectory = asyncio.run(EpisodeEngine(scripted(tok), tok, ScriptedSubagents(), config).run(QUESTION, chunks))
     assert trajectory.stop_reason == "max_turns" and trajectory.answer == "Someone"  # from turn 1's thinking
 
 
@@ -420,7 +411,7 @@ def test_release_turns_use_the_full_budget_until_the_response_is_spent(release_r
     def run(protocol_name, max_turns, max_response_tokens):
         config = EpisodeConfig(protocol=protocol_name, protocol_release={"repo": release_repo}, max_tokens_per_turn=50,
                                max_turns=max_turns, max_response_tokens=max_response_tokens)
-        engine = EpisodeEngine(ScriptedLead(tok, SCRIPT), tok, ScriptedSubagents(), config)
+        engine = EpisodeEngine(scripted(tok), tok, ScriptedSubagents(), config)
         budgets = []
         engine._turn = _recording(engine._turn, budgets)
         return asyncio.run(engine.run(QUESTION, chunks)), budgets
@@ -449,22 +440,10 @@ def test_subagent_reads_the_release_prompt_on_the_real_template(release_repo, qw
 
 # --- the release's loop, where it ends a turn or an episode differently (rows 7, 9 and the token view) ---
 
-class Lead:
-    """Replays (token ids, finish reason) per turn: the lead as verl's server manager returns it."""
-
-    def __init__(self, turns):
-        self.turns, self.prompts = turns, []
-
-    async def generate(self, prompt, sampling, **_):
-        ids, finish = self.turns[len(self.prompts)]
-        self.prompts.append(list(prompt))
-        return Completion(text="", token_ids=list(ids), finish_reason=finish)
-
-
 def _episode(tok, repo, turns, protocol_name, **settings):
     config = EpisodeConfig(protocol=protocol_name, protocol_release={"repo": repo}, **settings)
     chunks = protocol_for(config).chunk("Document 1:\nZorvan\nZorvan is a film directed by Miro Tal.\n\nDocument 2:\nB\nRain.", tok)
-    lead = Lead(turns)
+    lead = ScriptedLead(tok, [], ids=turns)  # (token ids, finish reason) per turn, as verl's server manager returns them
     return asyncio.run(EpisodeEngine(lead, tok, ScriptedSubagents(), config).run(QUESTION, chunks, doc_id="d")), lead
 
 
@@ -569,9 +548,9 @@ def test_cut_replies_are_repaired_into_fields_as_the_release_does(qwen3_5_tokeni
     assert all(k and "raw_response" not in k for k in kept)
     # field for field; json-repair's string-end heuristics keep or drop a trailing comma of the cut
     # string by context (open brackets, commas before it), which only json-repair itself reproduces
-    same = sum(k == t for k, t in zip(kept, theirs))
+    same = sum(k == t for k, t in zip(kept, theirs, strict=True))
     assert same >= 0.95 * len(replies)
-    unfinished = [({f: v.rstrip(",") for f, v in k.items()}, {f: v.rstrip(",") for f, v in t.items()}) for k, t in zip(kept, theirs)]
+    unfinished = [({f: v.rstrip(",") for f, v in k.items()}, {f: v.rstrip(",") for f, v in t.items()}) for k, t in zip(kept, theirs, strict=True)]
     assert all(k == t for k, t in unfinished)
 
 
@@ -670,7 +649,7 @@ def test_eval_run_feeds_release_subagents_the_releases_paragraph_chunks(release_
                                                           "method.episode.subagent_max_tokens=4", "method.episode.chunk_size=2048"])
     method = build_eval_method(cfg)
     tok = method.models.lead_tokenizer
-    method.engine.lead = Lead([_turn(tok, f"</think>\n\n{_xml('Who?')}"), _turn(tok, "</think>\n\n<answer>x</answer>")])
+    method.engine.lead = ScriptedLead(tok, [], ids=[_turn(tok, f"</think>\n\n{_xml('Who?')}"), _turn(tok, "</think>\n\n<answer>x</answer>")])
     seen = []
     subagent = method.models.subagent
     generate = subagent.generate

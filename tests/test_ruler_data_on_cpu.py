@@ -7,6 +7,7 @@ loader rejects bad files naming the file, record and field; the contexts chunk u
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import re
 
@@ -94,7 +95,7 @@ def test_vt_chain_is_in_order_and_complete(files, length):
         value = re.search(r"assigned the value (\d+) in", r["input"]).group(1)
         names = r["outputs"]
         assert len(names) == 5 and len(set(names)) == 5
-        links = [f"VAR {names[0]} = {value}"] + [f"VAR {b} = VAR {a}" for a, b in zip(names, names[1:])]
+        links = [f"VAR {names[0]} = {value}"] + [f"VAR {b} = VAR {a}" for a, b in itertools.pairwise(names)]
         positions = [r["context"].index(link) for link in links]
         assert positions == sorted(positions)
         assert len(re.findall(r"VAR [A-Z]{5} =", r["context"])) == 5
@@ -116,7 +117,7 @@ def test_qa_rows_hold_their_gold_paragraphs(files, tokenizer, length):
     from data_prep.synthetic_world import synthetic_source
 
     questions, _ = synthetic_source(SAMPLES, seed=0, num_paragraphs=2000)  # the generator's world at these lengths
-    for r, q in zip(rows_of(files, "qa_1", length), questions):
+    for r, q in zip(rows_of(files, "qa_1", length), questions, strict=True):
         assert r["input"] == f"Answer the question based on the given documents. {q.question}"
         assert r["outputs"] == list(q.answers)
         for g in q.gold:

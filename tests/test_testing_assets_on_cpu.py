@@ -177,7 +177,7 @@ def test_tiny_models_are_seeded(tiny_tokenizer, tiny_qwen3_model):
     from parser.testing import tiny_qwen3
 
     again = tiny_qwen3(tiny_tokenizer)
-    for (name, a), (_, b) in zip(tiny_qwen3_model.state_dict().items(), again.state_dict().items()):
+    for (name, a), (_, b) in zip(tiny_qwen3_model.state_dict().items(), again.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
 
 

@@ -115,7 +115,7 @@ def alone(model, tok, requests):
 
 
 def assert_same(got, want, logprob_tol=1e-4):
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.token_ids == w.token_ids
         assert (g.text, g.finish_reason, g.prompt_tokens, g.cached_tokens) == (w.text, w.finish_reason, w.prompt_tokens, w.cached_tokens)
         if w.logprobs is not None:
@@ -186,7 +186,7 @@ def test_later_rounds_run_every_chunks_query_in_one_forward(model, tiny_tokenize
     elif getattr(model.config, "layer_types", None) and "linear_attention" in model.config.layer_types:
         assert {rows for rows, _ in prefills} == {1} and len(prefills) >= 5 and all(c.cached_tokens > 0 for c in got)
     else:
-        tails = {len(p) - c.cached_tokens for (p, _, _), c in zip(requests, got)}
+        tails = {len(p) - c.cached_tokens for (p, _, _), c in zip(requests, got, strict=True)}
         assert prefills == [(5, max(tails))] and all(c.cached_tokens > 0 for c in got)
 
 

@@ -78,7 +78,7 @@ def test_rewards_answers_and_score_position(scripted):
 
 def test_mask_is_one_exactly_on_lead_generated_tokens(scripted, tiny_tokenizer):
     out, manager, _, _ = scripted
-    ids = dict(zip(range(len(out)), _trajectories(out, manager)))
+    ids = dict(zip(range(len(out)), _trajectories(out, manager), strict=True))
     for i, request_id in ids.items():
         calls = [r for r in manager.requests if r.request_id == request_id]
         assert len(calls) == 2  # one request id for the whole trajectory (sticky session)

@@ -8,6 +8,8 @@ dataclass schema (`omega_conf_to_dataclass`), so a renamed or removed verl key f
 """
 from __future__ import annotations
 
+import copy
+import functools
 import os
 
 import pytest
@@ -29,9 +31,17 @@ TABLE9 = [name for name in SHIPPED if not name.endswith(("_release", "_infomem")
 GATEWAY = "parser.gateway_url=http://127.0.0.1:30000"
 
 
-def compose_config(name: str, overrides: list[str] = ()):  # type: ignore[assignment]
+@functools.lru_cache(maxsize=None)
+def _composed(name: str, overrides: tuple[str, ...]):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return compose(config_name=name, overrides=list(overrides))
+
+
+def compose_config(name: str, overrides: list[str] = ()):  # type: ignore[assignment]
+    """Hydra composes each (name, overrides) once per module (~0.5-1 s of CPU each; this module asks
+    for train/parser_4b a dozen times); every caller gets its own copy, which `prepare` may change.
+    Interpolations stay unresolved in the copy, so `${oc.env:...}` still reads the test's environment."""
+    return copy.deepcopy(_composed(name, tuple(overrides)))
 
 
 def test_shipped_configs_are_the_4b_and_9b_runs_and_the_release_and_infomem_runs():

@@ -39,7 +39,7 @@ def actor_log_probs(model, batch) -> torch.Tensor:
     from verl.utils.torch_functional import logprobs_from_logits
 
     flat = []
-    for ids, attention in zip(batch["input_ids"], batch["attention_mask"]):
+    for ids, attention in zip(batch["input_ids"], batch["attention_mask"], strict=True):
         ids = ids[attention.bool()]
         logits = model(input_ids=ids[None]).logits[0].float()
         flat.append(logprobs_from_logits(logits, torch.roll(ids, -1)))

@@ -42,7 +42,7 @@ def test_policy_scores_only_successful_trajectories_and_the_reward_stays_em(need
     answer = tiny_tokenizer.encode("Miro Tal", add_special_tokens=False)
     assert all(p[-len(answer):] == answer for p in manager.scored)  # the gold answer is what is scored
     prompts = {tiny_tokenizer.decode(p[: -len(answer)]): p[: -len(answer)] for p in manager.scored}
-    for record, acc, question in zip(records, accs, [QUESTIONS[i // 2] for i in range(4)]):
+    for record, acc, question in zip(records, accs, [QUESTIONS[i // 2] for i in range(4)], strict=True):
         assert record["scorer"] == "policy" and record["prompt_version"] == "v1"
         if acc < 1:
             assert record["gain"] is None and record["error"] == "not a successful trajectory"
@@ -66,7 +66,7 @@ def test_a_scorer_that_cannot_score_is_recorded_and_never_fatal(needle_loopback,
                            ["parser.info_gain.scorer=subagent", "parser.episode.max_attempts=2", "parser.episode.retry_backoff_s=0.01"])
     records, accs = list(out.non_tensor_batch["info_gain"]), list(out.non_tensor_batch["acc"])
     assert sorted(accs) == [0.0, 0.0, 1.0, 1.0]
-    for record, acc in zip(records, accs):
+    for record, acc in zip(records, accs, strict=True):
         assert record["gain"] is None and record["scorer"] == "subagent"
         assert record["error"].startswith(SCORING_FAILED) if acc == 1.0 else record["error"] == "not a successful trajectory"
 
@@ -146,3 +146,14 @@ def test_the_replay_buffer_reads_the_settings_verl_hands_it(needle_loopback, mod
     )
     assert buffer.info_gain == InfoGainConfig(enable=True, beta=0.3)
     assert buffer.filter_groups_metric == "acc"  # dynamic sampling judges groups by their EM
+
+
+def test_a_stored_gain_that_is_not_a_usable_number_is_no_gain_and_the_group_stays_finite():
+    """Records read back from TransferQueue are data: NaN, inf, huge or a string gain is no gain."""
+    keys = [f"u1_{i}_0" for i in range(6)]
+    rows = [_row(1.0, float("nan")), _row(1.0, float("inf")), _row(1.0, 1e308), _row(1.0, "0.5"),
+            _row(1.0, 0.2), _row(1.0, 0.8)]
+    got = compose_groups(keys, rows, InfoGainConfig(enable=True))
+    assert got == pytest.approx([1.0, 1.0, 1.0, 1.0, 0.8, 1.2])
+    metrics = info_gain_metrics(keys, rows, got)
+    assert all(math.isfinite(v) for v in metrics.values()) and metrics["parser/info_gain/scored_fraction"] == 2 / 6

@@ -151,7 +151,7 @@ def test_verls_multi_output_advantage_trains_every_conversation_with_its_session
         non_tensors={"uid": np.array(["u0"] * len(rows), dtype=object)})
     out = compute_advantage_for_multi_trajectories(data, batch_keys=[k for k, _ in rows], adv_estimator=AdvantageEstimator.GRPO,
                                                    num_repeat=2, norm_adv_by_std_in_grpo=True)
-    for (key, _), adv, mask in zip(rows, out.batch["advantages"], out.batch["response_mask"]):
+    for (key, _), adv, mask in zip(rows, out.batch["advantages"], out.batch["response_mask"], strict=True):
         values = set(adv[mask.bool()].tolist())
         assert len(values) == 1, key  # one advantage over the whole conversation
         (value,) = values

@@ -25,7 +25,6 @@ pytest.importorskip("verl")
 from omegaconf import OmegaConf  # noqa: E402
 from verl_fakes import ANSWER, NEEDLE, SCRIPT, ScriptedServerManager, dataset_row, run_verl_worker, save_tiny_model, train_config  # noqa: E402
 
-from parser.backends.base import Completion  # noqa: E402
 from parser.backends.http import HttpBackend  # noqa: E402
 from parser.backends.models import Models  # noqa: E402
 from parser.methods import method_class, method_config  # noqa: E402
@@ -36,32 +35,13 @@ from parser.testing.loopback import start_loopback  # noqa: E402
 from parser.testing.release_standin import write_release_standin  # noqa: E402
 from parser.verl.agent_loop import episode_config  # noqa: E402
 from parser.verl.reward import ANSWER_KEY  # noqa: E402
-
-
-class ScriptedLead:
-    """The eval side's lead: the same script, through the core Backend interface."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.prompts: list[list[int]] = []
-        self.generated: list[list[int]] = []
-
-    async def generate(self, prompt, sampling, **_):
-        text, finish = SCRIPT[len(self.prompts)]
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + ([self.end] if finish == "stop" else [])
-        self.prompts.append(list(prompt))
-        self.generated.append(ids)
-        return Completion(text="", token_ids=ids, logprobs=[-1.0] * len(ids), finish_reason=finish)
-
-    async def aclose(self):
-        pass
+from scripted_lead import ScriptedLead  # noqa: E402
 
 
 def eval_episode(config, subagent_url, tokenizer, row, method_name):
     """The eval side: the class configs/method/<method_name>.yaml names, on the training config's episode, the scripted
     lead, the same loopback subagents. Returns (lead, episode, result)."""
-    lead = ScriptedLead(tokenizer)
+    lead = ScriptedLead(tokenizer, SCRIPT, logprob=-1.0)  # the eval side's lead: the same script
     episode = episode_config(OmegaConf.to_container(config.parser.episode), 10**9)
     episode.max_response_tokens = None  # eval has no response budget
     models = Models(lead=lead, lead_tokenizer=tokenizer, subagent=HttpBackend(subagent_url), subagent_tokenizer=tokenizer)
@@ -98,7 +78,7 @@ def test_same_full_stream_and_mask(both_paths):
     out, _, lead, *_ = both_paths
     stream = lead.prompts[-1] + lead.generated[-1]
     eval_mask = [0] * len(stream)
-    for prompt, generated in zip(lead.prompts, lead.generated):
+    for prompt, generated in zip(lead.prompts, lead.generated, strict=True):
         eval_mask[len(prompt) : len(prompt) + len(generated)] = [1] * len(generated)
     p = out.batch["prompts"].shape[1]
     valid = out.batch["attention_mask"][0].bool()

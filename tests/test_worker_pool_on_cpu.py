@@ -91,24 +91,122 @@ def test_http_backend_reports_a_garbage_200_as_retryable(api):
     assert error.value.retryable
 
 
-def test_a_worker_that_keeps_failing_is_reprobed_ever_more_rarely():
+class Clock:
+    """Stands in for the pool's `time.monotonic`: the test moves it, so no test waits out a cooldown."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_worker_that_keeps_failing_is_reprobed_ever_more_rarely(monkeypatch):
     """Each probe of a dead or hung worker costs a request a retry (or a whole deadline): the
-    cooldown doubles per failure in a row instead of re-probing every `cooldown_s`."""
+    cooldown doubles per failure in a row instead of re-probing every `cooldown_s`, up to
+    `max_cooldown_s`. Just before each cooldown ends the key's requests go to the good worker
+    only; once it has ended, exactly one probe reaches the dead one."""
+    from parser.backends import pool as pool_module
+
+    clock = Clock()
+    monkeypatch.setattr(pool_module, "time", clock)
     with start_loopback("dead", fail_first=10**9, fail_mode="503") as dead, start_loopback("good") as good:
         pool = WorkerPool([HttpBackend(dead.url), HttpBackend(good.url)], cooldown_s=0.05, max_cooldown_s=0.4)
-        keys = [k for k in (f"k{i}" for i in range(200)) if pool.ranking(k)[0] == 0][:4]  # ranked on the dead one
+        key = next(k for k in (f"k{i}" for i in range(200)) if pool.ranking(k)[0] == 0)  # ranked on the dead one
 
         async def go():
+            probes = lambda: len(dead.worker.records)  # noqa: E731
             try:
-                deadline = asyncio.get_running_loop().time() + 1.5
-                while asyncio.get_running_loop().time() < deadline:
-                    for key in keys:
-                        await attempts(pool, key, timeout_s=5)
-                    await asyncio.sleep(0.01)
+                _, used = await attempts(pool, key, timeout_s=5)
+                assert used == 2 and probes() == 1  # the first failure: down for cooldown_s
+                for n, cooldown in enumerate((0.05, 0.1, 0.2, 0.4, 0.4), start=1):  # doubled per failure in a row, capped
+                    clock.now += cooldown - 1e-3
+                    _, used = await attempts(pool, key, timeout_s=5)
+                    assert used == 1 and probes() == n, f"re-probed 1 ms before a {cooldown} s cooldown ended"
+                    clock.now += 2e-3
+                    _, used = await attempts(pool, key, timeout_s=5)
+                    assert used == 2 and probes() == n + 1, f"not re-probed after a {cooldown} s cooldown"
             finally:
                 await pool.aclose()
 
         asyncio.run(go())
-    probes = len(dead.worker.records)
-    # a fixed 0.05 s cooldown would probe it ~30 times in 1.5 s; doubling to 0.4 s: 0.05+0.1+0.2+0.4+0.4+0.4
-    assert 3 <= probes <= 8, probes
+
+
+# ---------------------------------------------------------------------- any refused reply fails over
+def _faulty_app():
+    """One aiohttp worker per fault, as SGLang `/generate` would answer: each reply passes the
+    transport but the client refuses it (or the connection dies), except `bad_request`, which is
+    a 400 for a request of ours that every worker would refuse alike."""
+    from aiohttp import web
+
+    async def oversized(request):
+        return web.json_response({"text": "x" * 4096, "meta_info": {"finish_reason": "stop"}})
+
+    async def brotli(request):
+        return web.Response(body=b"\x0b\x02\x80{}\x03", headers={"Content-Encoding": "br"})
+
+    async def aborted(request):
+        return web.json_response({"text": "", "meta_info": {"finish_reason": {
+            "type": "abort", "message": "aborted", "status_code": 400}}})
+
+    async def reset(request):
+        request.transport.close()
+        return web.Response()
+
+    async def bad_request(request):
+        return web.json_response({"error": {"message": "bad sampling", "type": "invalid_request_error"}}, status=400)
+
+    return {"oversized": oversized, "brotli": brotli, "aborted": aborted, "reset": reset, "bad_request": bad_request}
+
+
+async def _serve(handler):
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/generate", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+@pytest.mark.parametrize("fault", ["oversized", "brotli", "aborted", "reset"])
+def test_a_worker_whose_replies_are_refused_is_marked_down_and_its_chunks_move(fault):
+    handler = _faulty_app()[fault]
+
+    async def go():
+        runner, bad_url = await _serve(handler)
+        with start_loopback("good") as good:
+            pool = WorkerPool([HttpBackend(bad_url, max_response_bytes=1024), HttpBackend(good.url)], cooldown_s=60)
+            try:
+                results = await asyncio.gather(*(attempts(pool, f"doc:chunk{i}", timeout_s=10) for i in range(16)))
+                return results, pool._strikes[0] >= 1
+            finally:
+                await pool.aclose()
+                await runner.cleanup()
+
+    results, down = asyncio.run(go())
+    assert all(c.worker == "good" for c, _ in results)  # no chunk lost
+    assert any(used == 2 for _, used in results) and all(used <= 2 for _, used in results)  # moved once, in the call
+    assert down  # counted toward the faulty worker's health
+
+
+def test_a_bad_request_of_ours_is_neither_retried_nor_held_against_the_worker():
+    async def go():
+        runner, url = await _serve(_faulty_app()["bad_request"])
+        with start_loopback("good") as good:
+            pool = WorkerPool([HttpBackend(url), HttpBackend(good.url)], cooldown_s=60)
+            keys = [k for k in (f"doc:chunk{i}" for i in range(64)) if pool.ranking(k)[0] == 0][:4]
+            try:
+                for key in keys:
+                    with pytest.raises(BackendError, match="bad sampling") as error:
+                        await attempts(pool, key, timeout_s=10)
+                    assert not error.value.retryable
+                return pool._strikes[0], len(good.worker.records)
+            finally:
+                await pool.aclose()
+                await runner.cleanup()
+
+    strikes, sent_to_good = asyncio.run(go())
+    assert strikes == 0 and sent_to_good == 0  # one attempt each, on the key's own worker

@@ -74,7 +74,7 @@ class Embedder:
         starts = [offsets[lo][0] for lo in range(0, len(offsets), self.window_tokens)]
         ends = starts[1:] + [len(text)]
         sizes = [min(self.window_tokens, len(offsets) - lo) for lo in range(0, len(offsets), self.window_tokens)]
-        return [(text[a:b], n) for a, b, n in zip(starts, ends, sizes)]
+        return [(text[a:b], n) for a, b, n in zip(starts, ends, sizes, strict=True)]
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         torch = self.torch
@@ -96,7 +96,7 @@ class Embedder:
         keys = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in texts]
         missing = list(dict.fromkeys(k for k in keys if k not in self.cache))
         fresh = self._passages([texts[keys.index(k)] for k in missing])
-        for key, row in zip(missing, fresh):
+        for key, row in zip(missing, fresh, strict=True):
             self.cache[key] = row
         rows = [self.cache[k] for k in keys]
         for key in keys:

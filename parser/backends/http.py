@@ -39,16 +39,19 @@ sessions. If the server says which worker answered (`X-Worker-Id`, set by `parse
 loopback worker), it lands in `Completion.worker`.
 
 It must never retry by itself: the engine owns retries and backoff (`parser.retry`). Failures
-become `BackendError`: 5xx, 408, 429, connection errors, timeouts and garbled bodies are
-`retryable=True`; other 4xx, and 5xx whose body names a validation error (llama.cpp answers an
-over-long prompt with 500), are `retryable=False`. The server's message is kept, capped at
+become `BackendError`, classified by whose fault they are. The worker's: 5xx, 408, 429,
+connection errors and resets, timeouts, and every 200 the client refuses (a garbled body, a body
+over the bound, an encoding it did not ask for, an SGLang abort) are `retryable=True`, so a
+retry (through a gateway, or `WorkerPool`'s failover) can land on a healthy worker. Ours: other
+4xx, and 5xx whose body names a validation error (llama.cpp answers an over-long prompt with
+500), fail the same on every worker and are `retryable=False`. The server's message is kept, capped at
 `MAX_ERROR_CHARS`.
 
 Bodies are bounded: at most `max_response_bytes` of a reply are read (a declared
 Content-Length over it is refused before reading; an error body is cut at `ERROR_BODY_BYTES`,
 not refused). The client asks for `identity` and never lets aiohttp decompress by itself
 (a 200 KB gzip reply grew the client by 1.2 GB): a server that compresses anyway is decoded
-here, within the same bound. A body over the bound is a non-retryable `BackendError`.
+here, within the same bound. A body over the bound is a retryable `BackendError` (the worker's).
 
     backend = HttpBackend("http://127.0.0.1:30000", api="sglang")
     backend = HttpBackend("http://127.0.0.1:8000", api="completions", server="vllm")  # model from /v1/models
@@ -274,7 +277,7 @@ class HttpBackend:
                                            truncate=status >= 400)
                 except _TooLarge as e:
                     raise BackendError(f"{method} {url}: HTTP {status} with a body over max_response_bytes="
-                                       f"{self.max_response_bytes} ({e}); not read", retryable=False, status=status) from None
+                                       f"{self.max_response_bytes} ({e}); not read", retryable=True, status=status) from None
                 except zlib.error as e:
                     raise BackendError(f"{method} {url}: HTTP {status} with a body that does not decode as "
                                        f"{resp.headers.get('Content-Encoding')} ({e})", retryable=True, status=status) from e
@@ -303,7 +306,7 @@ async def _read_body(resp: aiohttp.ClientResponse, limit: int, *, truncate: bool
     encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("", "identity") and encoding not in _ZLIB_ENCODINGS:
         raise BackendError(f"{resp.method} {resp.url}: the server sent Content-Encoding {encoding!r}, which this client "
-                           "does not decode (it asks for identity)", retryable=False, status=resp.status)
+                           "does not decode (it asks for identity)", retryable=True, status=resp.status)
     decoder = zlib.decompressobj(_ZLIB_ENCODINGS[encoding]) if encoding in _ZLIB_ENCODINGS else None
     if decoder is None and resp.content_length is not None and resp.content_length > limit and not truncate:
         raise _TooLarge(f"Content-Length {resp.content_length}")

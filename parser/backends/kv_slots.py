@@ -126,7 +126,7 @@ class SlotBatch:
             self._grow(max(1, 2 * self._slots))
         self._zero_to(length)
         slot = len(self.rows)
-        for mine, theirs in zip(self._layers, cache.layers):
+        for mine, theirs in zip(self._layers, cache.layers, strict=True):
             mine.put(slot, theirs, length)
         self.rows.append(row)
         self.lengths.append(length)
@@ -136,7 +136,7 @@ class SlotBatch:
         row moves into its slot."""
         row, length = self.rows[index], self.lengths[index]
         cache = DynamicCache(config=self.config)
-        for mine, theirs in zip(self._layers, cache.layers):
+        for mine, theirs in zip(self._layers, cache.layers, strict=True):
             mine.take(index, theirs, length)
         last = len(self.rows) - 1
         if index != last:
@@ -186,7 +186,7 @@ class SlotBatch:
         wanted = sorted({len(seq) - 1 for seq in seqs})  # the query positions whose logits are kept
         out = model(input_ids=ids, position_ids=self._positions, attention_mask=mask, past_key_values=self.cache,
                     use_cache=True, logits_to_keep=1 if q == 1 else torch.tensor(wanted, device=device))
-        self.lengths = [length + len(seq) for length, seq in zip(self.lengths, seqs)]
+        self.lengths = [length + len(seq) for length, seq in zip(self.lengths, seqs, strict=True)]
         if q == 1:
             return out.logits[:, -1].float()
         column = torch.tensor([wanted.index(len(seq) - 1) for seq in seqs], device=device)
@@ -376,4 +376,4 @@ class SoloRows:
         return torch.stack([
             model(input_ids=torch.tensor([[token]], device=device), past_key_values=cache, use_cache=True,
                   logits_to_keep=1).logits[0, -1].float()
-            for token, cache in zip(tokens, self._caches)])
+            for token, cache in zip(tokens, self._caches, strict=True)])

@@ -10,11 +10,14 @@ on a success: a worker that stays dead or hung is re-probed ever more rarely, si
 a hung worker costs one request a full deadline (measured: with a fixed 5 s cooldown a hung
 worker held up a scatter round every 5 s, `scripts/gateway_faults.py`).
 
-What counts as a failure: a retryable `BackendError` (5xx, connection refused, the backend's
-own timeout); a request the caller gave up on after `hung_after_s` (the engine's
-`request_timeout_s` cancels it, so the backend never raises: a hung worker); and an HTTP 200
-whose body is not a completion (a parse error, or `text` that is not a string), re-raised as
-a retryable `BackendError`. The retry of a key that just failed on a worker goes to another
+What counts as a failure of the worker: a retryable `BackendError` (5xx, connection refused or
+reset, the backend's own timeout, and every 200 the client refuses: a body over its bound, an
+encoding it did not ask for, an SGLang abort; `parser.backends.http` classifies them); a request
+the caller gave up on after `hung_after_s` (the engine's `request_timeout_s` cancels it, so the
+backend never raises: a hung worker); and an HTTP 200 whose body is not a completion (a parse
+error, or `text` that is not a string), re-raised as a retryable `BackendError`. A
+non-retryable `BackendError` is a bad request of ours (a 4xx that is not 408/429): it would fail
+on every worker, so it neither marks the worker down nor is retried. The retry of a key that just failed on a worker goes to another
 worker whenever one is up, even if the cooldown has already run out.
 
     pool = WorkerPool([HttpBackend(url) for url in urls])

@@ -80,7 +80,7 @@ def vllm_prompt_logprobs(entries: Any, continuation: list[int], where: str) -> l
     first) or {token id (as a JSON string): {"logprob", "rank", "decoded_token"}}."""
     tail = _tail(entries, len(continuation), where, "choices[0].prompt_logprobs")
     values = []
-    for i, (entry, token) in enumerate(zip(tail, continuation)):
+    for i, (entry, token) in enumerate(zip(tail, continuation, strict=True)):
         item = entry.get(str(token)) if isinstance(entry, dict) else None
         if not isinstance(item, dict):
             raise BackendError(f"{where}: prompt_logprobs at continuation token {i} has no entry for token {token} "

@@ -73,6 +73,8 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import math
+import operator
 import threading
 from typing import Any, Callable, Sequence
 
@@ -171,6 +173,7 @@ class TransformersBackend:
         self.name = name
         self.device = next(model.parameters()).device
         self.eos_ids = _eos_ids(model, tokenizer)
+        self.vocab_size = model.get_input_embeddings().num_embeddings  # the ids a prompt may hold
         self._entries: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
         self._entries_lock = threading.Lock()
         self._rng = torch.Generator().manual_seed(int(seed))  # for requests without a seed (worker thread only)
@@ -187,7 +190,7 @@ class TransformersBackend:
         self._deferred: dict[str, collections.deque[_Request]] = {}  # key -> requests waiting for it
         self._worker: threading.Thread | None = None
         self._groups: dict[int, SlotBatch | SoloRows] = {}  # capacity -> running rows (worker only)
-        self._in_flight: set[str] = set()  # keys of running requests (worker only)
+        self._in_flight: set[str] = set()  # keys held by a started request (under _wake)
         self._reserved = 0  # sum of `need` over running requests (worker only)
 
     @classmethod
@@ -237,7 +240,7 @@ class TransformersBackend:
         if items and isinstance(items[0], dict):
             ids = self.tokenizer.apply_chat_template(items, tokenize=True, add_generation_prompt=True)
             return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-        return [int(t) for t in items]
+        return self._check_ids(items, "prompt")
 
     def generate_ids(self, ids: list[int], sampling: SamplingParams, key: str = "",
                      cancelled: threading.Event | None = None) -> Completion:
@@ -249,10 +252,10 @@ class TransformersBackend:
                cancelled: threading.Event | None = None) -> concurrent.futures.Future:
         """Queue one request for the worker; the future resolves to its `Completion`. Bad
         requests raise `BackendError` here, before anything is queued."""
+        ids = self._check_ids(ids, "prompt")
         if not ids:
             raise BackendError("TransformersBackend: empty prompt", retryable=False)
-        if sampling.max_new_tokens < 1:
-            raise BackendError(f"TransformersBackend: max_new_tokens={sampling.max_new_tokens} < 1", retryable=False)
+        _check_sampling(sampling)
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit and len(ids) + sampling.max_new_tokens > limit:
             raise BackendError(
@@ -261,10 +264,28 @@ class TransformersBackend:
         generator = None
         if sampling.temperature > 0 and sampling.seed is not None:
             generator = torch.Generator().manual_seed(sampling.seed)
-        request = _Request(list(ids), sampling, key, cancelled or threading.Event(), concurrent.futures.Future(),
+        request = _Request(ids, sampling, key, cancelled or threading.Event(), concurrent.futures.Future(),
                            self._matcher(sampling), generator, len(ids) + sampling.max_new_tokens)
+        # A caller that gives up while its request waits (asyncio cancellation cancels the
+        # future) takes it out of the queue at once: a dead request holds no queue place.
+        request.future.add_done_callback(lambda f, r=request: f.cancelled() and self._drop(r))
         self._enqueue(request)
         return request.future
+
+    def _check_ids(self, ids: Sequence[Any], what: str) -> list[int]:
+        """`ids` as ints inside the model's vocabulary, else a non-retryable BackendError (an id
+        out of range would index past the embedding table: an IndexError deep in the worker)."""
+        out = []
+        for i, t in enumerate(ids):
+            try:  # an integer of any kind (int, numpy, a 0-d tensor); not a bool, a float or a string
+                value = None if isinstance(t, bool) else operator.index(t)
+            except TypeError:
+                value = None
+            if value is None or not 0 <= value < self.vocab_size:
+                raise BackendError(f"TransformersBackend: {what} token {i} is {t!r}, not a token id in "
+                                   f"[0, {self.vocab_size})", retryable=False)
+            out.append(value)
+        return out
 
     def run_exclusive(self, fn: Callable[[], Any]) -> Any:
         """Run `fn()` on the worker between two decode steps (no row advances meanwhile) and
@@ -310,7 +331,12 @@ class TransformersBackend:
 
     def _admit(self) -> None:
         """Start queued requests while the batch has room: prefill each alone (or, a short tail
-        after a cached prefix, leave it to the batch's next forward), then join."""
+        after a cached prefix, leave it to the batch's next forward), then join.
+
+        A request holds its routing key from the moment it leaves the queue until it ends, by
+        whatever path (answered, aborted, failed, cancelled before it started): every one of
+        those paths goes through `_release`, which hands the key to the next live request
+        waiting for it. A key held by nobody has nobody waiting for it."""
         while True:
             with self._wake:
                 if not self._queue:
@@ -323,23 +349,35 @@ class TransformersBackend:
                         continue
                     if running and (running >= self.max_batch_size or self._reserved + item.need > self.max_batch_tokens):
                         return
+                    if item.key:
+                        self._in_flight.add(item.key)
                 self._queue.popleft()
             if not item.future.set_running_or_notify_cancel():
+                if isinstance(item, _Request):
+                    self._release(item.key)
                 continue  # the caller gave up while it waited
             if isinstance(item, _Job):
                 _settle(item.future, item.fn)
                 continue
             if item.cancelled.is_set():
+                self._release(item.key)
                 item.future.set_result(Completion(text="", finish_reason="abort", prompt_tokens=len(item.ids),
                                                   worker=self.name))
                 continue
             try:
                 entry, item.cached, logits = self._prefill(item.ids, item.key, defer_tail=self._joint_tails)
             except Exception as error:  # noqa: BLE001 - one request's failure is its own
+                self._release(item.key)
                 item.future.set_exception(error)
                 continue
             item.logits, item.snapshots = logits, entry.snapshots
             item.tail = item.ids[len(entry.tokens):]  # [] unless the tail was deferred
+            if item.cancelled.is_set():  # given up while it prefilled: keep the state, join nothing
+                self._store(item.key, entry)
+                self._release(item.key)
+                item.future.set_result(Completion(text="", finish_reason="abort", prompt_tokens=len(item.ids),
+                                                  cached_tokens=item.cached, worker=self.name))
+                continue
             capacity = MIN_CAPACITY
             while capacity <= item.need:
                 capacity *= 4
@@ -348,8 +386,34 @@ class TransformersBackend:
                 group = self._groups[capacity] = SlotBatch(self.model.config, capacity) if self._batchable else SoloRows()
             group.add(item, entry.cache, len(entry.tokens))
             self._reserved += item.need
-            if item.key:
-                self._in_flight.add(item.key)
+
+    def _release(self, key: str) -> None:
+        """`key` is free: the next live request waiting for it goes to the queue's front."""
+        if not key:
+            return
+        with self._wake:
+            self._in_flight.discard(key)
+            waiting = self._deferred.get(key)
+            while waiting:
+                nxt = waiting.popleft()
+                if not nxt.future.done():  # a cancelled one is skipped: it would hold the key for nothing
+                    self._queue.appendleft(nxt)
+                    break
+            if waiting is not None and not waiting:
+                del self._deferred[key]
+
+    def _drop(self, request: _Request) -> None:
+        """A request whose caller cancelled its future leaves the queue (or its key's waiting line)."""
+        with self._wake:
+            removed = False
+            for line in (self._queue, self._deferred.get(request.key)):
+                if line is not None and request in line:
+                    line.remove(request)
+                    removed = True
+            if request.key in self._deferred and not self._deferred[request.key]:
+                del self._deferred[request.key]
+        if removed:  # the worker will never see it: mark it notified, or concurrent.futures.wait never returns
+            request.future.set_running_or_notify_cancel()
 
     def _step(self) -> None:
         """Every running row takes one token; finished rows leave; the rest advance one forward."""
@@ -376,7 +440,7 @@ class TransformersBackend:
                         request.error = error
                         self._finish(request, None)
                 else:
-                    for request, row in zip(group.rows, logits):
+                    for request, row in zip(group.rows, logits, strict=True):
                         request.logits, request.tail = row, []
             if not group.rows:
                 del self._groups[capacity]
@@ -405,14 +469,7 @@ class TransformersBackend:
     def _finish(self, r: _Request, cache: Any) -> None:
         """Give the key back (and its next waiting request), keep the state, answer the caller."""
         self._reserved -= r.need
-        if r.key:
-            self._in_flight.discard(r.key)
-            with self._wake:
-                waiting = self._deferred.get(r.key)
-                if waiting:
-                    self._queue.appendleft(waiting.popleft())
-                    if not waiting:
-                        del self._deferred[r.key]
+        self._release(r.key)
         if r.error is not None:
             r.future.set_exception(r.error)
             return
@@ -487,7 +544,7 @@ class TransformersBackend:
         point = max(entry.snapshots, default=0)
         if point == 0:
             return 0
-        for layer, state in zip(cache.layers, entry.snapshots[point]):
+        for layer, state in zip(cache.layers, entry.snapshots[point], strict=True):
             if isinstance(layer, DynamicLayer):
                 DynamicLayer.crop(layer, point)
             if state is not None:
@@ -555,7 +612,8 @@ class TransformersBackend:
     def score_ids(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int]) -> list[float]:
         """Blocking `score` (thread-safe): one teacher-forced pass at temperature 1 on the worker,
         between two decode steps (`run_exclusive`)."""
-        prompt, continuation = check_request(prompt_ids, continuation_ids, "TransformersBackend")
+        prompt, continuation = check_request(self._check_ids(prompt_ids, "prompt"),
+                                             self._check_ids(continuation_ids, "continuation"), "TransformersBackend")
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit and len(prompt) + len(continuation) > limit:
             raise BackendError(f"TransformersBackend: {len(prompt)} + {len(continuation)} tokens to score exceed "
@@ -639,6 +697,26 @@ def _settle(future: concurrent.futures.Future, fn: Callable[[], Any]) -> None:
         future.set_result(fn())
     except Exception as error:  # noqa: BLE001 - the caller of run_exclusive gets it
         future.set_exception(error)
+
+
+def _check_sampling(s: SamplingParams) -> None:
+    """A request the sampler cannot honour is refused up front as a non-retryable BackendError
+    (every worker would refuse it the same way), not a ValueError/RuntimeError from torch mid-batch."""
+    def refuse(field: str, why: str) -> None:
+        raise BackendError(f"TransformersBackend: sampling {field}={getattr(s, field)!r} {why}", retryable=False)
+
+    if isinstance(s.max_new_tokens, bool) or not isinstance(s.max_new_tokens, int) or s.max_new_tokens < 1:
+        refuse("max_new_tokens", "is not an integer >= 1")
+    for field in ("temperature", "top_p"):
+        value = getattr(s, field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            refuse(field, "is not a finite number")
+    if not 0 < s.top_p <= 1:
+        refuse("top_p", "is not in (0, 1]")
+    if s.top_k is not None and (isinstance(s.top_k, bool) or not isinstance(s.top_k, int)):
+        refuse("top_k", "is not an integer")
+    if s.seed is not None and (isinstance(s.seed, bool) or not isinstance(s.seed, int) or not -2 ** 63 <= s.seed < 2 ** 64):
+        refuse("seed", "is not an integer in [-2**63, 2**64) (torch.Generator's seed range)")
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> int | None:

@@ -85,7 +85,7 @@ class Calibrator:
                                       for w, key, prefix, fresh in prompts))
         samples = []
         for w in range(len(self.backends)):
-            mine = [d for (owner, *_), d in zip(prompts, done) if owner == w]
+            mine = [d for (owner, *_), d in zip(prompts, done, strict=True) if owner == w]
             samples.append(([job for job, _ in mine], max(t for _, t in mine) - started))
         return samples
 

@@ -131,7 +131,7 @@ def fit(samples: Sequence[tuple[Sequence[Job], float]], max_batch: int, *, sourc
     if rows.sum() >= len(keep_cols) and not rows.all():
         coef = solve(rows)
     rel = np.abs(X @ coef - y)[rows] / y[rows]
-    rates = Rates(**dict(zip(COEFFICIENTS, map(float, coef))), max_batch=max_batch, source=source)
+    rates = Rates(**dict(zip(COEFFICIENTS, map(float, coef), strict=True)), max_batch=max_batch, source=source)
     return rates, {"max_rel_error": float(rel.max()), "mean_rel_error": float(rel.mean()), "samples": int(rows.sum()),
                    "dropped": int((~rows).sum())}
 

@@ -108,7 +108,7 @@ def main(cfg: Mapping[str, Any], out_dir: Path) -> list[dict[str, Any]]:
     spec = load_spec(cfg["model"])
     h100, lead = fit(spec, cfg["workload"])
     rows = []
-    for n, ratio in zip(LENGTHS, RATIO):
+    for n, ratio in zip(LENGTHS, RATIO, strict=True):
         parser_s, memagent_s = predict(h100, lead, spec, cfg["workload"], n)
         rows.append({"doc_tokens": n, "fit": n in FIT_LENGTHS, "parser_s": parser_s, "memagent_s": memagent_s,
                      "ratio": memagent_s / parser_s, "paper_ratio": ratio,

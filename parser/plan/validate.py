@@ -102,7 +102,8 @@ def measure_shape(reader: SubagentReader, tokenizer: Any, text: str, chunk_size:
     for chunk in chunks:
         a = tokenizer.encode(reader.prompt(QUERIES[0], chunk), add_special_tokens=False)
         b = tokenizer.encode(reader.prompt(QUERIES[1], chunk), add_special_tokens=False)
-        common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                      min(len(a), len(b)))  # the prompts differ in length past their common prefix
         prefixes.append(common)
         suffixes.append(len(a) - common)
     return Shape(len(chunks), round(statistics.mean(prefixes)), round(statistics.mean(suffixes))), chunks

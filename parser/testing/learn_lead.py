@@ -128,7 +128,7 @@ async def record(rows: Sequence[dict[str, Any]], settings: dict[str, Any], token
     from parser.verl.server_manager import ServerManagerBackend
 
     state = _WorkerState(settings, response_length)
-    plans = {f"demo-{i}": Plan.from_row(row, hops) for i, (row, hops) in enumerate(zip(rows, hops_of))}
+    plans = {f"demo-{i}": Plan.from_row(row, hops) for i, (row, hops) in enumerate(zip(rows, hops_of, strict=True))}
     lead = ServerManagerBackend(Demonstrator(tokenizer, plans), {"temperature": 1.0},
                                 stop_token_ids=state.protocol.chat.stop_token_ids(tokenizer))
     engine = EpisodeEngine(lead, tokenizer, state.reader, state.config, state.protocol)
@@ -174,7 +174,7 @@ def answer_turn_copies(episodes: Sequence[Episode], hops: Sequence[int | None],
     teaching the decision to ask for it, which is what RL is left to learn."""
     if not weight:
         return [], []
-    copies = [dataclasses.replace(e, mask=_last_turn(e.mask)) for e, h in zip(episodes, hops) if h is None and e.hops > 1]
+    copies = [dataclasses.replace(e, mask=_last_turn(e.mask)) for e, h in zip(episodes, hops, strict=True) if h is None and e.hops > 1]
     return copies, [weight] * len(copies)
 
 
@@ -334,7 +334,7 @@ def build(data: str | Path, out: str | Path, gateway_url: str, overrides: Sequen
     probe = asyncio.run(record(demo_rows[:64], settings, byte_bpe_tokenizer(), response_length, hops[:64]))
     tokenizer = fit_tokenizer(probe, byte_bpe_tokenizer(), paragraphs, int(cfg["vocab_size"]), words=_lexicon(data))
     episodes = asyncio.run(record(demo_rows, settings, tokenizer, response_length, hops))
-    full = [e for e, h in zip(episodes, hops) if h is None]
+    full = [e for e, h in zip(episodes, hops, strict=True) if h is None]
     solved = sum(e.reward for e in full) / len(full)
     if solved < 0.99:
         raise RuntimeError(f"only {solved:.0%} of the full-chain demonstrations reached the gold answer: are the "

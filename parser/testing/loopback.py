@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import dataclasses
 import hashlib
+import threading
 import time
 from typing import Any
 
@@ -123,6 +124,10 @@ class LoopbackWorker:
         self.inflight = 0
         self.inflight_len = 0
         self.held = 0  # requests held by fail_mode "hang"
+        # A test that must see a request in flight sets `hold` (in flight until it is set) and waits
+        # on `in_flight` (set once a request is counted by /get_load): no guessed delay.
+        self.hold: threading.Event | None = None
+        self.in_flight = threading.Event()
 
     def check_faults(self) -> None:
         """Refuse knobs that would make the worker misbehave in a way nobody asked for."""
@@ -193,11 +198,14 @@ class LoopbackWorker:
                 prefix_hash=prefix_hash(prompt, self.prefix_marker),
                 prompt_len=len(prompt), time=time.time(), prompt=prompt if self.keep_prompts else None,
             ))
-        if self.delay_s:
+        if self.delay_s or self.hold is not None:
             self.inflight += 1
             self.inflight_len += len(prompt)
+            self.in_flight.set()
             try:
                 await asyncio.sleep(self.delay_s)
+                if self.hold is not None:
+                    await asyncio.to_thread(self.hold.wait, MAX_HANG_S)
             finally:
                 self.inflight -= 1
                 self.inflight_len -= len(prompt)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from parser.info_gain import SCORING_FAILED, SUCCESS, InfoGainConfig, compose
+from parser.info_gain import SCORING_FAILED, SUCCESS, InfoGainConfig, compose, usable_gain
 
 PREFIX = "parser/info_gain"
 CHANGED_TOL = 1e-9  # a composed reward this close to the EM counts as unchanged
@@ -45,8 +45,11 @@ def _acc(row: Any) -> float | None:
 
 
 def _gain(row: Any) -> float | None:
+    """The row's stored gain; None when it has none or it is not a usable number (a record read
+    back from TransferQueue is data: a NaN or a string there is no gain, never a reward)."""
     record = row.get("info_gain") if isinstance(row, dict) else None
-    return None if not isinstance(record, dict) or record.get("gain") is None else float(record["gain"])
+    gain = record.get("gain") if isinstance(record, dict) else None
+    return float(gain) if usable_gain(gain) else None
 
 
 def final_outputs(keys: Sequence[str]) -> dict[str, dict[str, int]]:
@@ -71,7 +74,7 @@ def compose_groups(keys: Sequence[str], rows: Sequence[Any], config: InfoGainCon
         known = [i for i, o in enumerate(outcomes) if o is not None]
         composed = compose([outcomes[i] for i in known], [_gain(rows[sessions[names[i]]]) for i in known], config)
         session_score.update({s: None for s in names})
-        session_score.update({names[i]: r for i, r in zip(known, composed)})
+        session_score.update({names[i]: r for i, r in zip(known, composed, strict=True)})
     return [session_score[key.rsplit("_", 1)[0]] for key in keys]
 
 

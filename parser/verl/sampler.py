@@ -107,7 +107,7 @@ class ParserReplayBuffer(ReplayBufferAsync):
             data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["extra_fields", "rm_scores"])
             scores = compose_groups(keys, _rows(data["extra_fields"]), self.info_gain)
             new = []
-            for score, row in zip(scores, _unbind(data["rm_scores"])):
+            for score, row in zip(scores, _unbind(data["rm_scores"]), strict=True):
                 row = row.clone()
                 if score is not None:  # the reward sits on the last response token, as verl put it
                     row.zero_()
@@ -150,7 +150,7 @@ def version_metrics(tags: list[dict] | None) -> dict[str, float]:
     rows = [t for t in tags or [] if not t.get("is_padding")]
     low = [t.get("min_global_steps") for t in rows]
     high = [t.get("max_global_steps") for t in rows]
-    known = [(lo, hi) for lo, hi in zip(low, high) if lo is not None and hi is not None]
+    known = [(lo, hi) for lo, hi in zip(low, high, strict=True) if lo is not None and hi is not None]
     out = {"parser/weights/unversioned/sum": float(len(rows) - len(known))}
     if known:
         out.update({"parser/weights/oldest_version/min": float(min(lo for lo, _ in known)),
@@ -180,7 +180,7 @@ def mask_metrics(extra_fields: Any, response_mask: Any) -> dict[str, float]:
     # TransferQueue keeps each trajectory's response unpadded (a jagged nested tensor)
     masks = _unbind(response_mask)
     mismatched = lead = total = 0
-    for row, mask in zip(rows, masks):
+    for row, mask in zip(rows, masks, strict=True):
         stats = row.get("parser_stats") if isinstance(row, dict) else None
         if not stats:
             continue

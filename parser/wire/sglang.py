@@ -111,7 +111,10 @@ class MetaInfo(WireModel):
     input_token_logprobs: list[Triple] | None = None
 
     def finish_kind(self, url: str) -> str | None:
-        """SGLang's finish-reason type; an abort (the server gave up: prompt too long, OOM) raises."""
+        """SGLang's finish-reason type; an abort raises, retryable whatever its status_code: SGLang
+        validates a request (a prompt over the context: HTTP 400) before it accepts it, so an abort
+        inside a 200 is this worker giving up on a request it took (memory, a restart, a fault),
+        which another worker may serve (`parser.backends.pool` moves the chunk)."""
         reason = self.finish_reason
         kind = reason.get("type") if isinstance(reason, dict) else reason
         if kind == "abort":
@@ -119,7 +122,7 @@ class MetaInfo(WireModel):
             raise BackendError(
                 f"POST {url}: request aborted by the server: "
                 f"{reason.get('message') if isinstance(reason, dict) else reason}",
-                retryable=not (isinstance(code, int) and 400 <= code < 500),
+                retryable=True,
                 status=code,
             )
         return kind

@@ -1,7 +1,7 @@
 """An episode end to end where the subagents are real HTTP servers and one dies mid-episode.
 
 Two `python -m parser.serve` processes on 127.0.0.1 serve a tiny random Qwen3.5 as subagents;
-the lead is scripted (the only faked edge) so that it really issues queries. After turn 1 one
+the lead is scripted (tests/scripted_lead.py, the only faked edge) so that it really issues queries. After turn 1 one
 server is killed. Run: .venv/bin/pytest tests/e2e/test_episode_http_on_cpu.py -q
 """
 import asyncio
@@ -14,7 +14,6 @@ import urllib.request
 import pytest
 
 from parser.backends import build_backend
-from parser.backends.base import Completion
 from parser.backends.http import HttpBackend
 from parser.backends.pool import WorkerPool
 from parser.chunking import chunk_document
@@ -22,6 +21,7 @@ from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
 from parser.readers import SubagentReader
 from parser.testing import byte_bpe_tokenizer
+from scripted_lead import ScriptedLead
 
 CALL = "</think>\n\n<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
 
@@ -58,30 +58,13 @@ def servers():
         procs.append(proc)
         urls.append(f"http://127.0.0.1:{port}")
     try:
-        for url, proc in zip(urls, procs):
+        for url, proc in zip(urls, procs, strict=True):
             _wait_healthy(url, proc)
         yield urls, procs
     finally:
         for proc in procs:
             proc.kill()
             proc.wait()
-
-
-class ScriptedLead:
-    """Issues one query per turn, kills a server before turn 2, answers on turn 4."""
-
-    def __init__(self, tokenizer, on_turn):
-        self.tokenizer, self.on_turn, self.turn = tokenizer, on_turn, 0
-
-    async def generate(self, prompt, sampling, **_):
-        self.turn += 1
-        self.on_turn(self.turn)
-        text = f"step {self.turn}" + (CALL.format(f"query number {self.turn}?") if self.turn < 4 else "</think><answer>done</answer>")
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
-        return Completion(text="", token_ids=ids, finish_reason="stop")
-
-    async def aclose(self):
-        pass
 
 
 def _document(n):
@@ -103,7 +86,9 @@ def _run(urls, procs, *, pool, kill_turn=2):
             procs[0].kill()
             procs[0].wait()
 
-    engine = EpisodeEngine(ScriptedLead(tokenizer, on_turn), tokenizer, reader, config)
+    # one query per turn, the server killed as turn `kill_turn` starts, the answer on turn 4
+    turns = [f"step {n}" + CALL.format(f"query number {n}?") for n in (1, 2, 3)] + ["step 4</think><answer>done</answer>"]
+    engine = EpisodeEngine(ScriptedLead(tokenizer, turns, on_call=on_turn), tokenizer, reader, config)
     chunks = chunk_document(_document(24), tokenizer, 96)
 
     async def go():

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import pytest
 
-from parser.backends.base import Completion, SamplingParams
 from parser.backends.http import HttpBackend
 from parser.backends.pool import WorkerPool
 from parser.chunking import Chunk
@@ -41,6 +40,7 @@ from parser.config import EpisodeConfig
 from parser.episode import EpisodeEngine
 from parser.gateway import Gateway, ProcessGroup, router_launch, router_preset, worker_launches
 from parser.readers import SubagentReader
+from scripted_lead import ScriptedLead
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,28 +159,16 @@ def test_smg_pins_chunks_by_the_routing_key_header(loopback_workers, tmp_path):
     assert keys == {"smg_manual_policy_cache_entries": 0, "smg_routing_key_source_total": 0}, "smg pinned keys it was never sent"
 
 
-class ScriptedLead:
-    """The lead model, scripted: two query turns, then an answer. On the second query turn it
-    schedules `on_second_scatter` to fire while that scatter round is in flight."""
+def scripted_lead(tokenizer, on_second_scatter=None, delay_s: float = 0.0) -> ScriptedLead:
+    """The lead model, scripted: two query turns, then an answer. As the second query turn starts
+    it schedules `on_second_scatter` to fire while that scatter round is in flight."""
+    def on_call(n):
+        if n == 2 and on_second_scatter is not None:
+            asyncio.get_running_loop().call_later(delay_s, on_second_scatter)
 
-    def __init__(self, on_second_scatter, delay_s: float):
-        self.turn = 0
-        self.on_second_scatter = on_second_scatter
-        self.delay_s = delay_s
-
-    async def generate(self, prompt, sampling: SamplingParams, *, routing_key=None, request_id=None) -> Completion:
-        self.turn += 1
-        if self.turn == 2 and self.on_second_scatter is not None:
-            asyncio.get_running_loop().call_later(self.delay_s, self.on_second_scatter)
-        if self.turn <= 2:
-            query = ["Where was the treaty signed?", "Who signed the treaty?"][self.turn - 1]
-            text = f'<think>ask</think>\n<tool_call>{{"name": "query_agents", "arguments": {{"query": "{query}"}}}}</tool_call><|im_end|>'
-        else:
-            text = "<think>done</think>\n<answer>Lisbon</answer><|im_end|>"
-        return Completion(text=text, finish_reason="stop")
-
-    async def aclose(self) -> None:
-        pass
+    turns = [f'<think>ask</think>\n<tool_call>{{"name": "query_agents", "arguments": {{"query": "{q}"}}}}</tool_call>'
+             for q in ("Where was the treaty signed?", "Who signed the treaty?")]
+    return ScriptedLead(tokenizer, [*turns, "<think>done</think>\n<answer>Lisbon</answer>"], on_call=on_call)
 
 
 CHUNKS = [Chunk(index=i, text=f"Document {i + 1}:\n" + " ".join(["filler"] * 200) + (" needle-lisbon" if i == 5 else ""),
@@ -205,7 +193,7 @@ def test_worker_killed_mid_round_loses_no_request(kind, tmp_path, tiny_tokenizer
 
         async def go():
             async with HttpBackend(gw.url) as backend:
-                return await _episode(backend, tiny_tokenizer, ScriptedLead(kill_worker1, delay_s=0.15))
+                return await _episode(backend, tiny_tokenizer, scripted_lead(tiny_tokenizer, kill_worker1, delay_s=0.15))
 
         trajectory = asyncio.run(go())
         router_retries = sum(_metric(gw.metrics_url, "smg_worker_retries_total").values())
@@ -228,7 +216,7 @@ def test_a_garbage_200_passes_through_smg_and_only_the_client_pool_routes_around
 
         async def through(backend):
             try:
-                return await _episode(backend, tiny_tokenizer, ScriptedLead(None, 0.0))
+                return await _episode(backend, tiny_tokenizer, scripted_lead(tiny_tokenizer))
             finally:
                 await backend.aclose()
 

@@ -139,9 +139,18 @@ def test_infomem_gain_is_scored_and_logged_every_step(runs):
         assert metrics["critic/score/mean"] == pytest.approx(metrics["parser/reward/mean"], abs=1e-6)
         if metrics["parser/info_gain/groups_changed"] > 0:
             assert metrics["critic/score/max"] > 1.0  # a composed reward above the EM's 1
+    config = runs["first"]["config"]
+    assert config.parser.info_gain.normalization == "zscore"  # what the bounds below follow from
+    # no z-score in a group of n exceeds sqrt(n - 1) in size, so no success's bonus exceeds this
+    max_bonus = config.parser.info_gain.beta * math.sqrt(config.actor_rollout_ref.rollout.n - 1)
     for metrics in scored.values():
         assert metrics["parser/info_gain/scored_fraction"] == 1.0
-        assert math.isfinite(metrics["parser/info_gain/gain/mean"]) and metrics["parser/info_gain/gain/std"] >= 0
+        assert math.isfinite(metrics["parser/info_gain/gain/mean"]) and math.isfinite(metrics["parser/info_gain/gain/std"])
+        # zscore changes a group's rewards only where its successes' gains spread (std >= eps): then
+        # the step's gains are not all equal
+        if metrics["parser/info_gain/groups_changed"] > 0:
+            assert metrics["parser/info_gain/gain/std"] > 0
+        assert 0.0 <= metrics["parser/info_gain/bonus_abs/mean"] <= max_bonus + 1e-6
 
 
 def test_guards_against_silent_non_learning_are_logged_every_step(runs):

@@ -196,7 +196,7 @@ def test_scatter_through_smg_keeps_each_chunk_on_the_worker_that_holds_it(smg, w
             second = await keyed.scatter(queries[1])
             after = [_counter(u, "vllm:request_success_total") for u in workers]
             rekeyed = await tool("varnholm-rekeyed").scatter(queries[2])  # new keys: placed afresh
-            return first, second, rekeyed, [a - b for a, b in zip(after, before)]
+            return first, second, rekeyed, [a - b for a, b in zip(after, before, strict=True)]
         finally:
             await backend.aclose()
 

@@ -106,7 +106,7 @@ class GlooCheckpointEngine(CheckpointEngine):
             metas.append((name, tuple(tensor.shape), tensor.dtype, offset, tensor.nbytes))
             offset += tensor.nbytes
         buffer = torch.empty(offset, dtype=torch.uint8)
-        for (_, _, _, start, nbytes), (_, tensor) in zip(metas, bucket):
+        for (_, _, _, start, nbytes), (_, tensor) in zip(metas, bucket, strict=True):
             buffer[start : start + nbytes] = tensor.reshape(-1).view(torch.uint8)
         self._broadcast_header({"metas": metas, "size": offset})
         self._broadcast(buffer)
