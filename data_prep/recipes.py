@@ -19,11 +19,11 @@ from typing import Any, Sequence
 
 from data_prep import controlled as ctl
 from data_prep.files import write_card
-from parser.jsonl import read_records, write_records
+from parser.jsonl import atomic_path, read_records, write_records
 from data_prep.packing import build_grid
 from data_prep.records import Corpus, DataError, Question
 from data_prep.sources import load_2wiki, load_hotpotqa, read_2wiki, read_hotpotqa
-from data_prep.verl_parquet import write_rl_parquet
+from data_prep.verl_parquet import AGENT_NAME, write_rl_parquet
 
 
 def load_source(name: str, split: str | None = None, path: str | None = None, revision: str | None = None,
@@ -130,33 +130,56 @@ def eval_grid(*, source: dict[str, Any], out_dir: str, lengths: Sequence[int], n
 
 def train_set(*, source: dict[str, Any], out_dir: str, name: str = "train", length: int = 200, keep: int | None = 32768,
               seed: int = 0, compat: bool = False, workers: int = 0, knowledge_filter: dict[str, Any] | None = None,
-              write_eval_json: bool = False) -> Path:
-    """Pack every question at L (200), drop those a model answers without context, keep the first N."""
+              write_eval_json: bool = False, split: str = "train", agent_name: str = AGENT_NAME) -> Path:
+    """Pack every question at L (200), drop those a model answers without context, keep the first N.
+    `split` labels the rows (train, or val for a trainer's validation file); `agent_name` names
+    the verl agent loop that reads them (parser_agent, or memagent_agent)."""
+    filtering = bool(knowledge_filter and knowledge_filter.get("enabled", True))
+    judge = _filter_backend(knowledge_filter) if filtering else None  # before the source: no server fails in seconds
     questions, corpus, provenance = load_source(**source, compat=compat)
     dataset = questions[0].dataset if questions else "empty"
     counts: dict[str, Any] = {"source_questions": len(questions)}
-    if knowledge_filter and knowledge_filter.get("enabled", True):
-        questions = _apply_filter(questions, Path(out_dir) / f"{name}.filter.jsonl", knowledge_filter, counts)
+    if judge is not None:
+        questions = _apply_filter(questions, Path(out_dir) / f"{name}.filter.jsonl", knowledge_filter, counts, *judge)
     questions = questions[:keep] if keep else questions
     if not questions:
         raise DataError(f"train_set {name}: the knowledge filter dropped all {counts['source_questions']} questions")
     rows = build_grid(questions, corpus, [length], seed=seed, compat=compat, workers=workers)[length]
     counts.update(rows=len(rows), paragraphs=sum(r["num_docs"] for r in rows))
-    config = {"length": length, "keep": keep, "seed": seed, "compat": compat, "knowledge_filter": knowledge_filter}
-    path = write_rl_parquet(Path(out_dir) / f"{name}.parquet", rows, data_source=dataset)
+    config = {"length": length, "keep": keep, "seed": seed, "compat": compat, "knowledge_filter": knowledge_filter,
+              "split": split, "agent_name": agent_name}
+    path = write_rl_parquet(Path(out_dir) / f"{name}.parquet", rows, data_source=dataset, split=split, agent_name=agent_name)
     write_card(path, recipe=f"train_set/{dataset}", config=config, counts=counts, source=provenance)
     if write_eval_json:
         write_records(Path(out_dir) / f"{name}.json", rows)
     return path
 
 
-def _apply_filter(questions: list[Question], log_path: Path, cfg: dict[str, Any], counts: dict[str, Any]) -> list[Question]:
+# What the knowledge filter asks (paper App. C.1), said where a missing server is found.
+FILTER_SERVER_HINT = (
+    "the knowledge filter asks a Qwen3.5-9B server (paper App. C.1: questions it answers without the document are "
+    "dropped) at knowledge_filter.backend.base_url. Start one there, e.g. `python -m sglang.launch_server "
+    "--model-path Qwen/Qwen3.5-9B --port 30000`, or set knowledge_filter.backend.base_url=http://host:port; "
+    "knowledge_filter.enabled=false skips it (a set that is not the paper's)")
+
+
+def _filter_backend(cfg: dict[str, Any]) -> tuple[Any, Any]:
+    """The knowledge filter's model client, its server probed (parser.backends.preflight)."""
     from parser.backends import build_backend
+    from parser.backends.preflight import ServerUnavailable
+
+    try:
+        return build_backend(dict(cfg["backend"]), where="knowledge_filter.backend")
+    except ServerUnavailable as error:
+        raise DataError(f"{error}\n  {FILTER_SERVER_HINT}") from None
+
+
+def _apply_filter(questions: list[Question], log_path: Path, cfg: dict[str, Any], counts: dict[str, Any],
+                  backend: Any, tokenizer: Any) -> list[Question]:
     from parser.backends.base import SamplingParams
 
     from data_prep.knowledge_filter import DEFAULT_SAMPLING, parametric_filter
 
-    backend, tokenizer = build_backend(dict(cfg["backend"]))
     sampling = SamplingParams(**{**DEFAULT_SAMPLING.__dict__, **dict(cfg.get("sampling") or {})})
     limit = cfg.get("max_questions")  # the paper processed 41,027 questions to keep 32,768
     pool = questions[:limit] if limit else questions
@@ -206,9 +229,18 @@ def controlled(*, kind: str, source: dict[str, Any], out_dir: str, num_questions
 
 def fetch_released(*, out_dir: str, which: str = "memagent", lengths: Sequence[int] = (50, 100, 200, 400, 800, 1600, 3200, 6400),
                    revision: str | None = None) -> dict[int, Path]:
-    """Download MemAgent's (`which="memagent"`) or the authors' ("hqa_val" / "2wiki_val") eval files by name."""
-    from data_prep.sources import MEMAGENT_EVAL, PARSER_RELEASE, load_memagent_eval, load_parser_release
+    """Download MemAgent's (`which="memagent"`) or the authors' ("hqa_val" / "2wiki_val") eval files by name,
+    or (`which="train"`) the authors' training parquet as it is (train/parser_4b_release reads it)."""
+    from data_prep.sources import MEMAGENT_EVAL, PARSER_RELEASE, TRAIN_FILE, load_memagent_eval, load_parser_release
 
+    if which == "train":
+        rows = load_parser_release("train", revision=revision)
+        with atomic_path(Path(out_dir) / Path(TRAIN_FILE).name) as tmp:
+            rows.to_parquet(str(tmp))
+        path = Path(out_dir) / Path(TRAIN_FILE).name
+        write_card(path, recipe="fetch_released/train", config={}, counts={"rows": len(rows)},
+                   source={"name": f"{PARSER_RELEASE}/{TRAIN_FILE}", "revision": revision})
+        return {0: path}
     out = {}
     for length in lengths:
         rows = load_memagent_eval(length, revision) if which == "memagent" else load_parser_release(which, length, revision)
@@ -263,6 +295,32 @@ def learn_sets(*, out_dir: str, train_world: dict[str, Any], heldout_world: dict
                                                    config=config, source=source)
     written["val"] = write_rl_parquet(out / "val.parquet", grid[heldout_lengths[0]], data_source="synthetic", split="val")
     return written
+
+
+def planned_outputs(cfg: dict[str, Any]) -> list[Path]:
+    """The files a data config (`configs/data/*.yaml`, composed) writes, named without running it:
+    what README's data commands produce, so a test can check that every training recipe's default
+    files come from one of them (tests/test_training_data_on_cpu.py, which also checks these names
+    against what the recipes really write). `controlled` is not covered: its file names carry the
+    source's dataset label, known only once the source is read."""
+    recipe, out = cfg["recipe"], Path(cfg["out_dir"])
+    if recipe == "fetch_released" and cfg.get("which") == "train":
+        from data_prep.sources import TRAIN_FILE
+
+        return [out / Path(TRAIN_FILE).name]
+    if recipe in ("eval_grid", "fetch_released"):
+        names = [f"eval_{length}.json" for length in cfg["lengths"]]
+        if cfg.get("parquet"):
+            names += [f"eval_{length}.parquet" for length in cfg["lengths"]]
+        return [out / n for n in names]
+    if recipe == "train_set":
+        name = cfg.get("name", "train")
+        return [out / f"{name}.parquet"] + ([out / f"{name}.json"] if cfg.get("write_eval_json") else [])
+    if recipe == "learn_sets":
+        return [out / n for n in ("train.parquet", "warmup.json", "val.parquet",
+                                  *(f"heldout_{length}.json" for length in cfg["heldout_lengths"]))]
+    raise ValueError(f"planned_outputs: recipe {recipe!r} names its files from the source it reads; "
+                     "known: eval_grid, fetch_released, train_set, learn_sets")
 
 
 def _title(paragraph: str) -> str:

@@ -99,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from eval.run import CONFIGS, BadSetting, with_search_path
+    from parser import hydra_help
 
     @hydra.main(config_path=str(CONFIGS / "eval"), config_name="order_study", version_base="1.3")
     def run(cfg: DictConfig) -> None:
@@ -114,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"eval.order_study: error: {error}", file=sys.stderr)
             sys.exit(2)
 
+    hydra_help.register()
     sys.argv = [sys.argv[0], *with_search_path(list(sys.argv[1:] if argv is None else argv))]
     run()
 

@@ -261,8 +261,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     from eval.inputs import InputsChanged
     from eval.provenance import ManifestDamaged
     from eval.run import with_search_path
+    from parser import hydra_help
     from eval.store import RunDirLocked  # shared presets: configs/backend, configs/episode, configs/method
 
+    hydra_help.register()
     sys.argv = [sys.argv[0], *with_search_path(argv)]
     run()
 

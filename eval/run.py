@@ -50,7 +50,7 @@ from eval.datasets import Subset, load_subsets
 from eval.inputs import InputsChanged, check_unchanged, fingerprint
 from eval.metrics import PRIMARY, completion_text, score
 from eval.store import ResultsStore, RunDirLocked, lock_run_dir
-from parser import progress
+from parser import hydra_help, progress
 from parser.config import ConfigError, check_episode_keys
 from parser.methods import Method, MethodResult, Sample, build_method
 from parser.resources import config_dir
@@ -340,6 +340,7 @@ def preset_spelling(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
+    hydra_help.register()
     sys.argv = [sys.argv[0], *with_search_path(preset_spelling(sys.argv[1:]))]
     _main()
 

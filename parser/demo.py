@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from data_prep.synthetic_world import build_synthetic_eval
 from parser.backends.models import build_models
 from parser.config import check_episode_keys, episode_preset
-from parser import progress
+from parser import hydra_help, progress
 from parser.gateway import ProcessGroup, worker_launches
 from parser.methods import MethodResult, Sample
 from parser.methods.parser import ParSerMethod
@@ -158,6 +158,9 @@ def start_subagent_workers(models_cfg: dict[str, Any], num: int, log_dir: Path) 
     print(f"subagents: {num} parser.serve workers at {', '.join(urls)} (logs in {log_dir})")
     models_cfg["subagent"] = {"type": "http", "api": "sglang", "base_urls": urls, "tokenizer": sub["model"]}
     return group
+
+
+hydra_help.register()
 
 
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="demo")

@@ -94,3 +94,7 @@ stage report_sampled "$PYTHON" -m eval.report "$LEARN_DIR/eval/before_sampled" "
     --out "$LEARN_DIR/report/sampled" --no-viewer
 stage report "$PYTHON" -m eval.report "$LEARN_DIR/eval/before" "$LEARN_DIR/eval/after" --out "$LEARN_DIR/report" \
     --no-viewer --train-log "$LEARN_DIR/train_metrics.jsonl" --summary "$LEARN_DIR/summary.json" "${JUDGE[@]}"
+
+echo "== done: checkpoint at $LEARN_DIR/checkpoints/global_step_$STEP/actor, merged lead at $LEARN_DIR/lead_rl"
+echo "   Table 7: $LEARN_DIR/report/rl.md, verdict: $LEARN_DIR/summary.json, stage times: $LEARN_DIR/timings.txt"
+echo "   next: python -m eval.run --config-name learn_cpu models.lead.model=$LEARN_DIR/lead_rl dataset.path=\"$DATA_DIR/heldout_{length}.json\" out_dir=outputs/eval/learned"

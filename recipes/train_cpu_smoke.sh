@@ -37,6 +37,8 @@ if [[ ! -f "$SMOKE_DIR/data/train.parquet" || ! -d "$SMOKE_DIR/lead" ]]; then
     "$PYTHON" -m support.verl_smoke --out "$SMOKE_DIR" --gateway-url "$PARSER_GATEWAY_URL"
 fi
 
+# Refuses up front on a machine that cannot run it; ends by printing where the checkpoint is and
+# the next commands (merge -> eval): parser/verl/machine.py.
 "$PYTHON" -m parser.verl.train --config-name train/cpu_smoke \
     actor_rollout_ref.model.path="$SMOKE_DIR/lead" \
     data.train_files="$SMOKE_DIR/data/train.parquet" data.val_files="$SMOKE_DIR/data/val.parquet" \

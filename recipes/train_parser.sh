@@ -18,7 +18,9 @@ MODEL_SIZE=${MODEL_SIZE:-4b}                 # 4b | 9b -> configs/train/parser_$
 LEAD_MODEL=${LEAD_MODEL:-}                   # override actor_rollout_ref.model.path (local dir on offline clusters)
 
 # ---- data ---------------------------------------------------------------------------------
-TRAIN_FILES=${TRAIN_FILES:-data/train/hotpotqa_train.parquet}   # data_prep.verl_parquet output
+# Built by `python -m data_prep.build --config-name hotpotqa_train` (its knowledge filter needs a
+# Qwen3.5-9B server: README "Data") and `--config-name hotpotqa_val`.
+TRAIN_FILES=${TRAIN_FILES:-data/train/hotpotqa_train.parquet}
 VAL_FILES=${VAL_FILES:-data/train/hotpotqa_val.parquet}
 
 # ---- GPUs ---------------------------------------------------------------------------------
@@ -75,5 +77,7 @@ overrides=(
 )
 [[ -n "$LEAD_MODEL" ]] && overrides+=(actor_rollout_ref.model.path="$LEAD_MODEL")
 
+# Refuses up front on a machine that cannot run it; ends by printing where the checkpoint is and
+# the next commands (merge -> eval): parser/verl/machine.py.
 CUDA_VISIBLE_DEVICES="$VERL_GPUS" python -m parser.verl.train --config-name "train/parser_${MODEL_SIZE}" \
     "${overrides[@]}" "$@"

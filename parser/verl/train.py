@@ -8,6 +8,10 @@ What it adds to `python -m verl.trainer.main_ppo` (whose steps it then runs, by 
 - the config dir is this repo's `configs/` (verl's own configs join through `hydra.searchpath`);
 - `check_train_config` fails fast with the keys to fix (train_batch_size invariant, gateway URL,
   naive weight sync, removed `grad_offload`, ...), before Ray or any GPU starts;
+- `check_machine` refuses, before the config is printed or Ray starts, on a machine that cannot
+  run it (no CUDA GPU for a GPU engine, `megatron.core` missing, train/val files missing), saying
+  what to do (parser/verl/machine.py); exit 2;
+- a finished run prints where its checkpoint is and the next commands (merge -> eval);
 - wandb runs offline unless you are logged in (`WANDB_API_KEY` or `wandb login`), so a run
   never blocks on a login prompt; `WANDB_MODE=online` forces it;
 - the agent-loop YAML path becomes absolute, so Ray workers on other nodes find it;
@@ -21,6 +25,7 @@ from __future__ import annotations
 import importlib
 import netrc
 import os
+import sys
 from pathlib import Path
 
 import hydra
@@ -28,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from parser.resources import config_dir, config_file
 from parser.verl.config_checks import check_train_config
+from parser.verl.machine import MachineError, check_machine, closing_lines
 
 CONFIG_DIR = config_dir()
 # The verl levels at which verl 0.9.1's separate_async trainer raises while starting (below).
@@ -93,6 +99,11 @@ def prepare(config: DictConfig) -> DictConfig:
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train/parser_4b", version_base=None)
 def main(config: DictConfig) -> None:
     prepare(config)
+    try:
+        check_machine(config, CONFIG_DIR / "data")
+    except MachineError as error:
+        print(f"parser.verl.train: {error}", file=sys.stderr)
+        sys.exit(2)
     os.environ.update({k: str(v) for k, v in config.ray_kwargs.ray_init.runtime_env.env_vars.items()})
     # Hydra already imported `verl` (for its config search path) before prepare() set
     # VERL_USE_EXTERNAL_MODULES, so load the modules here too, before verl resolves its platform.
@@ -106,6 +117,7 @@ def main(config: DictConfig) -> None:
     auto_set_device(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     run_ppo(config, task_runner_class=TaskRunnerV1)
+    print("\n".join(closing_lines(config)), flush=True)
 
 
 if __name__ == "__main__":

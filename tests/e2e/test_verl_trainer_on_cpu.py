@@ -76,7 +76,8 @@ def train(tmp: Path, lead: dict, gateway_url: str, name: str, steps: int, overri
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     steps_logged = [json.loads(line) for line in log.read_text().splitlines()]
     (config,) = set(tmp.glob(HYDRA_CONFIGS)) - earlier
-    return {"steps": {s["step"]: s["data"] for s in steps_logged}, "wall_s": wall, "config": OmegaConf.load(config)}
+    return {"steps": {s["step"]: s["data"] for s in steps_logged}, "wall_s": wall, "config": OmegaConf.load(config),
+            "stdout": proc.stdout}
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +189,15 @@ def test_checkpoint_written_and_resumed(runs):
         assert (ckpt / f"global_step_{step}" / "actor" / "model_world_size_1_rank_0.pt").is_file()
     # the second launch resumed from step 2: it trained step 3 only
     assert sorted(runs["again"]["steps"]) == [3]
+
+
+def test_each_launch_ends_by_saying_where_the_checkpoint_is_and_what_to_run_next(runs):
+    """The last lines a user sees (parser.verl.machine.closing_lines), not verl's config dump."""
+    actor = runs["tmp"] / "checkpoints" / "global_step_3" / "actor"
+    last = runs["again"]["stdout"].rstrip().splitlines()[-3:]
+    assert last[0].startswith(f"parser.verl.train: finished; checkpoint at {actor} (step 3")
+    assert f"python -m verl.model_merger merge --backend fsdp --local_dir {actor}" in last[1]
+    assert "python -m eval.run --config-name tiny_cpu models.lead.model=" in last[2]
 
 
 def _weights(path: Path) -> dict:
