@@ -5,7 +5,14 @@ Reads every `results.jsonl` / `timings.jsonl` under the given paths (run directo
 
 - `accuracy.{md,tex,csv}`: Table 1 / Table 7 layout, rows = backbone x method, columns =
   lengths (paragraphs, ~tokens), then Max δ (max - min over lengths) and Avg. Each cell is the
-  Sub_EM % averaged over samples, then over runs. `--paper` adds the published row under ours.
+  Sub_EM % averaged over samples, then over runs; in Markdown and LaTeX followed by its spread
+  over runs (± std) and, for a row with fewer samples than the fullest one, (n/N); the sample
+  and run counts are listed under each table; bold marks a column's one best row (no tie).
+  `--paper` adds the published row under ours.
+
+Nothing is pooled silently: run directories whose rows share a table row but were computed with
+other method or model settings (their manifests) become separate rows labelled with the keys that
+differ, and the same sample in two run directories is refused, naming both.
 - `latency.{md,csv}`: amortized seconds per sample (subset wall time / subset size, summed over
   runs and resumed sessions) and mean sequential steps, per concurrency (Table 2, Figure 3),
   with baseline/ParSer speedups.
@@ -34,19 +41,24 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import dataclasses
 import io
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from eval import learning, paper_numbers
 from eval.metrics import BY_NAME, PRIMARY, run_averaged
 from eval.metrics import mean as _mean
+from eval.provenance import ManifestDamaged, read_manifest
 from eval.store import RESULTS, read_results, read_timings
 from parser.results import ResultRow, TimingLine
 
+MARKERS = ("o", "s", "^", "D", "v", "x", "P", "*")
+DASHES = ("-", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1)))
 DATASET_TITLES = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2WikiMultiHopQA", "synthetic": "Synthetic world"}
 
 
@@ -65,12 +77,72 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def load(run_dirs: Sequence[Path]) -> tuple[list[ResultRow], list[TimingLine]]:
+    """Every run directory's rows and timings, never silently pooled: run directories whose rows
+    share a table row but were computed with other settings (their manifests' `method` and
+    `models` sections) become separate rows, labelled with the keys that differ; the same sample
+    key in two directories is refused, naming both."""
+    per_dir = [(d, read_results(d), read_timings(d)) for d in run_dirs]
+    labels = _split_labels({d: _settings(d) for d in run_dirs}, {d: rows for d, rows, _ in per_dir})
     rows: list[ResultRow] = []
     timings: list[TimingLine] = []
-    for d in run_dirs:
-        rows += read_results(d)
-        timings += read_timings(d)
+    seen: dict[tuple, Path] = {}
+    for d, dir_rows, dir_timings in per_dir:
+        relabel = labels.get(d, {})
+        for r in dir_rows:
+            r = dataclasses.replace(r, row=relabel.get(r.row, r.row))
+            key = (r.backbone, r.row, r.concurrency, *r.key)  # one sample timed at two concurrencies is two measurements
+            if key in seen:
+                raise ValueError(f"sample {r.sample_id!r} ({r.dataset}, L={r.length}, run {r.run}, row {r.row!r}) is in "
+                                 f"both {seen[key]} and {d}: a table would count it twice; report one of them, or tell "
+                                 "them apart with report.variant")
+            seen[key] = d
+            rows.append(r)
+        timings += [dataclasses.replace(t, row=relabel.get(t.row, t.row)) for t in dir_timings]
     return rows, timings
+
+
+def _settings(run_dir: Path) -> dict[str, str]:
+    """What decides a run's numbers besides its samples: the method and models sections of its
+    manifest's config, flattened to dotted keys (the table label itself left out)."""
+    try:
+        config = (read_manifest(run_dir) or {}).get("config") or {}
+    except ManifestDamaged as error:  # its rows are still reported; only their settings are unknown
+        print(f"[report] warning: {error}")
+        config = {}
+    if not isinstance(config, dict):
+        config = {}
+    flat: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}", inner)
+        else:
+            flat[prefix] = json.dumps(value, sort_keys=True, default=str)
+
+    for section in ("method", "models"):
+        walk(section, config.get(section))
+    flat.pop("method.label", None)
+    return flat
+
+
+def _split_labels(settings: dict[Path, dict[str, str]], rows: dict[Path, list[ResultRow]]) -> dict[Path, dict[str, str]]:
+    """run dir -> {row label: label with the differing settings} for table rows that several run
+    directories with different settings share (`ParSer [method.episode.max_turns=2]`)."""
+    dirs_of: dict[tuple, list[Path]] = collections.defaultdict(list)
+    for d, dir_rows in rows.items():
+        for key in sorted({(r.dataset, r.backbone, r.row) for r in dir_rows}):
+            dirs_of[key].append(d)
+    labels: dict[Path, dict[str, str]] = collections.defaultdict(dict)
+    for (_, _, row), dirs in dirs_of.items():
+        keys = sorted({k for d in dirs for k in settings[d]})
+        differing = [k for k in keys if len({settings[d].get(k) for d in dirs}) > 1]
+        if len(dirs) < 2 or not differing:
+            continue
+        for d in dirs:
+            shown = ", ".join(f"{k}={json.loads(settings[d][k]) if k in settings[d] else '–'}" for k in differing[:3])
+            labels[d][row] = f"{row} [{shown}{', …' if len(differing) > 3 else ''}]"
+    return labels
 
 
 # ----------------------------------------------------------------------------- accuracy
@@ -84,9 +156,11 @@ def accuracy_cells(rows: Sequence[ResultRow], metric: str = PRIMARY) -> dict[tup
             groups[(r.dataset, r.backbone, r.row, r.length)].append(r)
     cells: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = collections.defaultdict(dict)
     for (dataset, backbone, row, length), members in sorted(groups.items()):
-        runs = {m.run for m in members}
+        runs = sorted({m.run for m in members})
+        per_run = [run_averaged([m for m in members if m.run == run], metric) for run in runs]
         cells[(dataset, backbone, row)][length] = {
-            "value": scale * run_averaged(members, metric), "n": len(members) // max(len(runs), 1), "runs": len(runs)}
+            "value": scale * run_averaged(members, metric), "n": len(members) // max(len(runs), 1), "runs": len(runs),
+            "std": scale * statistics.stdev(per_run) if len(per_run) > 1 else None}
     return dict(cells)
 
 
@@ -106,6 +180,7 @@ def accuracy_table(rows: Sequence[ResultRow], with_paper: bool, metric: str = PR
         n = sorted({c["n"] for c in by_length.values()})
         table["lines"].append((backbone, row, values, *max_delta_avg(list(values.values())),
                                f"ours; {'/'.join(map(str, n))} samples x {'/'.join(map(str, runs))} runs"))
+        table.setdefault("cells", {})[(backbone, row)] = by_length
         published = paper_numbers.published(dataset, backbone, row) if with_paper else None
         if published:
             shown = {L: published[L] for L in values if L in published}
@@ -113,6 +188,8 @@ def accuracy_table(rows: Sequence[ResultRow], with_paper: bool, metric: str = PR
                                    "published, same lengths"))
     for table in tables.values():
         table["lengths"] = sorted(table["lengths"])
+        cells = table.get("cells", {})
+        table["complete"] = {L: max((c[L]["n"] for c in cells.values() if L in c), default=0) for L in table["lengths"]}
     return tables
 
 
@@ -125,6 +202,15 @@ def _length_header(L: int, dataset: str = "") -> str:
     if dataset in paper_numbers.SUB_EM and L in paper_numbers.TOKENS:
         return f"{L} ({paper_numbers.TOKENS[L]})"
     return str(L)
+
+
+def _notes(table: dict[str, Any]) -> str:
+    """Under each accuracy table: how many samples and runs stand behind each of our rows."""
+    lines = [f"- {label} · {backbone}: {note.removeprefix('ours; ')}" for backbone, label, _, _, _, note in table["lines"]
+             if note.startswith("ours")]
+    return ("Each value: mean over samples, then over runs, ± the standard deviation over runs; (n/N): this row has n "
+            "samples per run at that length where the fullest row has N. Bold: the one best row of a column (none on "
+            "a tie).\n\n" + "\n".join(lines) + "\n")
 
 
 def table_to_markdown(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -159,22 +245,38 @@ def table_to_csv(header: Sequence[str], body: Sequence[Sequence[str]], extra: Se
 
 
 def best_per_length(table: dict[str, Any], metric: str = PRIMARY) -> dict[int, float]:
-    """The best of our values in each length column (the metric says which direction is better)."""
+    """The best of our values in each length column (the metric says which direction is better),
+    for columns where one row alone holds it: a tie (0.00 everywhere, say) marks no winner."""
     pick = max if BY_NAME[metric].higher_is_better else min
     ours = [values for _, _, values, _, _, note in table["lines"] if note.startswith("ours")]
-    return {L: pick(v[L] for v in ours if L in v) for L in table["lengths"] if any(L in v for v in ours)}
+    best = {}
+    for L in table["lengths"]:
+        column = [v[L] for v in ours if L in v]
+        if len(column) > 1 and column.count(pick(column)) == 1:
+            best[L] = pick(column)
+    return best
 
 
-def accuracy_rows(table: dict[str, Any], dataset: str, bold: dict[int, float] | None = None) -> tuple[list[str], list[list[str]]]:
-    """Header and body; values equal to `bold[length]` are marked `**x**` (Markdown only)."""
+def accuracy_rows(table: dict[str, Any], dataset: str, bold: dict[int, float] | None = None,
+                  detail: bool = False) -> tuple[list[str], list[list[str]]]:
+    """Header and body; values equal to `bold[length]` are marked `**x**` (Markdown only).
+    `detail`: each of our values followed by its spread over runs (`± std`) and, where the row
+    has fewer samples at that length than the fullest row, `(n/N)`: a partial run is never
+    read as a complete one."""
     lengths = table["lengths"]
     header = ["Backbone", "Method", *(_length_header(L, dataset) for L in lengths), "Max δ", "Avg."]
+    cells, complete = table.get("cells", {}), table.get("complete", {})
 
-    def cell(values: dict[int, float], L: int, ours: bool) -> str:
+    def cell(backbone: str, label: str, values: dict[int, float], L: int, ours: bool) -> str:
         text = _fmt(values.get(L))
+        if detail and ours and L in values and (backbone, label) in cells:
+            info = cells[(backbone, label)][L]
+            text += f" ± {info['std']:.2f}" if info.get("std") is not None else ""
+            text += f" ({info['n']}/{complete[L]})" if info["n"] < complete.get(L, 0) else ""
         return f"**{text}**" if bold and ours and L in values and values[L] == bold.get(L) else text
 
-    body = [[backbone, label, *(cell(values, L, note.startswith("ours")) for L in lengths), _fmt(delta), _fmt(avg)]
+    body = [[backbone, label, *(cell(backbone, label, values, L, note.startswith("ours")) for L in lengths),
+             _fmt(delta), _fmt(avg)]
             for backbone, label, values, delta, avg, note in table["lines"]]
     return header, body
 
@@ -346,10 +448,13 @@ def plot_accuracy(tables: dict[str, dict[str, Any]], fig_dir: Path) -> list[Path
     paths = []
     for dataset, table in tables.items():
         fig, ax = plt.subplots(figsize=(6.4, 4))
-        for backbone, label, values, *_ in table["lines"]:
+        for i, (backbone, label, values, *_) in enumerate(table["lines"]):
             xs = sorted(values)
-            style = "--" if label.endswith("(paper)") else "-o"
-            ax.plot(xs, [values[x] for x in xs], style, label=f"{label} · {backbone}", alpha=0.6 if style == "--" else 1)
+            # each line its own marker, dash and (shrinking) size: a line lying exactly on another stays visible
+            marker, dash = MARKERS[i % len(MARKERS)], DASHES[i % len(DASHES)]
+            ax.plot(xs, [values[x] for x in xs], linestyle="--" if label.endswith("(paper)") else dash, marker=marker,
+                    markersize=max(9 - 1.5 * i, 3), markerfacecolor="none" if i % 2 == 0 else None,
+                    label=f"{label} · {backbone}", alpha=0.6 if label.endswith("(paper)") else 0.9)
         ax.set_xscale("log", base=2)
         ax.set_xticks(table["lengths"], [_length_header(L, dataset) for L in table["lengths"]], rotation=30, fontsize=8)
         ax.set_xlabel("document length (paragraphs)")
@@ -470,8 +575,9 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
     for dataset, table in tables.items():
         header, body = accuracy_rows(table, dataset)
         title = f"Accuracy (Sub_EM %) · {DATASET_TITLES.get(dataset, dataset)}"
-        md.append(f"## {title}\n\n" + table_to_markdown(*accuracy_rows(table, dataset, bold=best_per_length(table))))
-        tex.append(table_to_latex(header, body, title))
+        md.append(f"## {title}\n\n" + table_to_markdown(*accuracy_rows(table, dataset, bold=best_per_length(table), detail=True))
+                  + "\n" + _notes(table))
+        tex.append(table_to_latex(*accuracy_rows(table, dataset, detail=True), title))
         csv_parts.append(table_to_csv(header, body, extra=[dataset]))
     (out / "accuracy.md").write_text("\n".join(md))
     (out / "accuracy.tex").write_text("\n".join(tex))

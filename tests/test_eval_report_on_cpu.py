@@ -178,3 +178,72 @@ def test_a_second_process_cannot_take_a_run_dir(tmp_path):
                 pass
     with lock_run_dir(tmp_path / "run"):  # released on exit
         pass
+
+
+# ----------------------------------------------------------------------------- never silently mixed
+
+def _run_dir(path, rows, max_turns=4, runs=(0,)):
+    from eval import provenance
+
+    store = ResultsStore(path)
+    for r in rows:
+        store.append(r)
+    provenance.write_manifest(path, {"method": {"name": "parser", "label": "ParSer", "episode": {"max_turns": max_turns}},
+                                     "models": {"lead": {"model": "tiny"}}}, {"base": 0, "per_run": list(runs)})
+    return path
+
+
+def test_runs_with_other_settings_are_separate_rows_labelled_with_the_difference(tmp_path):
+    """Two runs of one method with max_turns 2 and 4 used to become one row (and one sample id
+    counted twice); now each is its own row, named by the key that differs."""
+    _run_dir(tmp_path / "a", [_row(sid="q0", sub=1.0), _row(sid="q1", sub=1.0)], max_turns=2)
+    _run_dir(tmp_path / "b", [_row(sid="q0", sub=0.0), _row(sid="q1", sub=0.0)], max_turns=4)
+    out = build_report([tmp_path], tmp_path / "report", viewer=False)
+    lines = {label: values for _, label, values, *_ in out["tables"]["synthetic"]["lines"]}
+    assert lines == {"ParSer [method.episode.max_turns=2]": {50: 100.0}, "ParSer [method.episode.max_turns=4]": {50: 0.0}}
+
+
+def test_the_same_sample_in_two_run_directories_is_refused(tmp_path):
+    _run_dir(tmp_path / "a", [_row(sid="q0")])
+    _run_dir(tmp_path / "b", [_row(sid="q0"), _row(sid="q1")])
+    with pytest.raises(ValueError, match=r"sample 'q0' .* is in both .*a and .*b: a table would count it twice"):
+        build_report([tmp_path], tmp_path / "report", viewer=False)
+
+
+def test_partial_rows_spread_and_ties_are_shown_as_they_are(tmp_path):
+    """A row with 2 of 4 samples is marked (2/4); each value carries its spread over runs; a tie
+    (0.00 in every row) is not bolded as best."""
+    full = [_row(sid=f"q{i}", run=run, sub=float(run), row="ParSer") for run in (0, 1) for i in range(4)]
+    half = [_row(sid=f"q{i}", run=run, sub=0.0, row="MemAgent", length=50) for run in (0, 1) for i in range(2)]
+    _run_dir(tmp_path / "p", full, runs=(0, 1))
+    _run_dir(tmp_path / "m", half, runs=(0, 1))
+    build_report([tmp_path], tmp_path / "report", viewer=False)
+    md = (tmp_path / "report" / "accuracy.md").read_text()
+    parser_line = next(line for line in md.splitlines() if line.startswith("| tiny | ParSer"))
+    memagent_line = next(line for line in md.splitlines() if line.startswith("| tiny | MemAgent"))
+    assert "50.00 ± 70.71" in parser_line and "(" not in parser_line.split("|")[3]  # runs 0% and 100%
+    assert "0.00 ± 0.00 (2/4)" in memagent_line and "**" not in memagent_line
+    _run_dir(tmp_path / "t1", [_row(sid="q0", sub=0.0, row="A", dataset="tie")])
+    _run_dir(tmp_path / "t2", [_row(sid="q0", sub=0.0, row="B", dataset="tie")])
+    build_report([tmp_path / "t1", tmp_path / "t2"], tmp_path / "tie", viewer=False)
+    assert "**" not in (tmp_path / "tie" / "accuracy.md").read_text()
+
+
+def test_identical_accuracy_lines_stay_visible_in_the_figure(tmp_path, monkeypatch):
+    """Two methods with the same values used to draw one line exactly over the other: each line
+    now has its own marker, dash and size."""
+    import matplotlib.axes
+
+    drawn = []
+    original = matplotlib.axes.Axes.plot
+
+    def recording(self, *args, **kwargs):
+        drawn.append((kwargs.get("marker"), str(kwargs.get("linestyle")), kwargs.get("markersize")))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", recording)
+    _run_dir(tmp_path / "a", [_row(sid="q0", sub=1.0, row="A")])
+    _run_dir(tmp_path / "b", [_row(sid="q0", sub=1.0, row="B")])
+    build_report([tmp_path], tmp_path / "report", viewer=False)
+    first, second = drawn[:2]
+    assert first[0] != second[0] and first[1] != second[1] and first[2] != second[2]
