@@ -68,10 +68,10 @@ from parser.actions import LeadAction, ToolCall, action_regex, split_thinking
 from parser.backends.base import Backend, BackendError, Completion, SamplingParams
 from parser.chat_format import ChatFormat
 from parser.chunking import Chunk
-from parser.config import EpisodeConfig
+from parser.config import EpisodeConfig, with_turn_rules
 from parser.protocol import Protocol, protocol_for
 from parser.retry import RetryPolicy
-from parser.tools import ChunkReader, QueryAgents, Toolset, not_run
+from parser.tools import ChunkReader, QueryAgents, Toolset, TurnRules, not_run
 from parser.trajectory import Trajectory, Turn
 
 
@@ -384,3 +384,12 @@ class EpisodeEngine:
             turn.action_error = None
             trajectory.answer, trajectory.stop_reason = final, "finalize"
         progress.turn_finished(trajectory.doc_id, turn)
+
+
+def baseline_engine(lead: Backend, tokenizer: Any, episode: Any, where: str, compose: str) -> tuple[EpisodeEngine, TurnRules]:
+    """The engine and turn rules of a tool-using baseline (RAG, the DCI agent, the DCI reader) from
+    its Hydra-composed `episode` section; `compose` says how to get one when it is missing."""
+    if episode is None:
+        raise ValueError(f"{where}: no episode section: compose it ({compose})")
+    config, rules = with_turn_rules(episode, where)
+    return EpisodeEngine(lead, tokenizer, config=config), TurnRules.from_section(rules, f"{where}: episode.turn_rules")

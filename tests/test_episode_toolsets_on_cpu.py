@@ -132,6 +132,19 @@ def test_distinct_queries_stop_a_greedy_lead_from_sending_its_query_again(tiny_q
         EpisodeConfig(distinct_queries=True)
 
 
+def regex_recording(backend):
+    """The real backend, and the list its generate appends each lead constraint (regex) to."""
+    regexes, generate = [], backend.generate
+
+    async def recording(prompt_ids, sampling, *args, **kwargs):
+        if sampling.regex is not None:
+            regexes.append(sampling.regex)
+        return await generate(prompt_ids, sampling, *args, **kwargs)
+
+    backend.generate = recording
+    return backend, regexes
+
+
 def test_query_first_refuses_an_answer_until_the_lead_has_asked(tiny_qwen3_5_model, tiny_tokenizer):
     """Under query_first the real backend decodes the first lead turn under a constraint with no
     <answer> in it (Qwen2.5-Coder-0.5B otherwise guesses at once) and every later turn under one
@@ -145,16 +158,7 @@ def test_query_first_refuses_an_answer_until_the_lead_has_asked(tiny_qwen3_5_mod
     chunks = [Chunk(0, "Zorvan is a film directed by Miro Tal.", (1,), 9), Chunk(1, "Miro Tal was born in 1950.", (2,), 8)]
     cfg = EpisodeConfig(max_turns=3, max_tokens_per_turn=128, lead_temperature=0.0, lead_thinking=False,
                         subagent_max_tokens=8, subagent_temperature=0.0, constrain_lead=True, query_first=True)
-    backend = TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer)
-    lead_regexes = []
-    generate = backend.generate
-
-    async def recording(prompt_ids, sampling, *args, **kwargs):  # the real generate, its constraint noted
-        if sampling.regex is not None:
-            lead_regexes.append(sampling.regex)
-        return await generate(prompt_ids, sampling, *args, **kwargs)
-
-    backend.generate = recording
+    backend, lead_regexes = regex_recording(TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer))
     reader = SubagentReader(backend, tiny_tokenizer, max_new_tokens=8, temperature=0.0)
     trajectory = asyncio.run(EpisodeEngine(backend, tiny_tokenizer, reader, cfg).run("Who directed Zorvan?", chunks))
     assert trajectory.turns[0].queries and trajectory.turns[0].answer is None
@@ -182,16 +186,7 @@ def test_answer_last_turn_makes_the_last_turn_an_answer_and_reports_every_turn(t
     cfg = EpisodeConfig(max_turns=2, max_tokens_per_turn=128, lead_temperature=0.0, lead_thinking=False,
                         subagent_max_tokens=8, subagent_temperature=0.0, constrain_lead=True, query_first=True,
                         answer_last_turn=True)
-    backend = TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer)
-    lead_regexes = []
-    generate = backend.generate
-
-    async def recording(prompt_ids, sampling, *args, **kwargs):  # the real generate, its constraint noted
-        if sampling.regex is not None:
-            lead_regexes.append(sampling.regex)
-        return await generate(prompt_ids, sampling, *args, **kwargs)
-
-    backend.generate = recording
+    backend, lead_regexes = regex_recording(TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer))
     reader = SubagentReader(backend, tiny_tokenizer, max_new_tokens=8, temperature=0.0)
     heard = []
 

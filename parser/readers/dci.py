@@ -21,10 +21,9 @@ from typing import Any, Mapping
 from parser import prompts
 from parser.backends.base import Backend
 from parser.chunking import Chunk
-from parser.config import with_turn_rules
 from parser.dci import ProcessSlots, Sandbox, SandboxLimits, SandboxTools, materialize_corpus
-from parser.episode import EpisodeEngine
-from parser.tools import ReaderReply, TurnRules
+from parser.episode import baseline_engine
+from parser.tools import ReaderReply
 
 class DCIReader:
     """`sandbox` holds the `SandboxLimits` of every chunk's sandbox; `sandbox.max_processes`
@@ -35,12 +34,9 @@ class DCIReader:
         self.limits = SandboxLimits.from_config(sandbox)
         self.slots = ProcessSlots(self.limits.max_processes)
         self.prompt_version = prompt_version
-        if episode is None:
-            raise ValueError("dci reader: no episode section: compose it (configs/method/parser_dci.yaml's "
-                             "reader.episode, or parser.config.episode_section('dci_reader'))")
-        config, rules = with_turn_rules(episode, "dci_reader")
-        self.rules = TurnRules.from_section(rules, "dci reader: episode.turn_rules")
-        self.engine = EpisodeEngine(backend, tokenizer, config=config)
+        self.engine, self.rules = baseline_engine(backend, tokenizer, episode, "dci_reader",
+                                                  "configs/method/parser_dci.yaml's reader.episode, or "
+                                                  "parser.config.episode_section('dci_reader')")
         self.root = Path(tempfile.mkdtemp(prefix="dci-chunks-", dir=workdir))
         self._sandboxes: dict[tuple[str, int], Sandbox] = {}
 

@@ -21,13 +21,11 @@ import tempfile
 import time
 from typing import Any, Mapping
 
-from parser.config import with_turn_rules
 from parser.dci import ProcessSlots, Sandbox, SandboxLimits, SandboxTools, materialize_corpus
-from parser.episode import EpisodeEngine
+from parser.episode import baseline_engine
 from parser.backends.models import Models
 from parser.methods.base import MethodResult, Sample
 from parser.prompts import DEFAULT_VERSION, PromptSet
-from parser.tools import TurnRules
 
 PROMPTS = PromptSet(__package__, {"dci_system": set(), "dci_user": {"question"}}, "prompts")
 
@@ -44,12 +42,8 @@ class DCIAgentMethod:
         self.limits = SandboxLimits.from_config(sandbox)  # every sample's sandbox; max_processes over all of them
         self.slots = ProcessSlots(self.limits.max_processes)
         self.prompt_version = prompt_version
-        if episode is None:
-            raise ValueError("dci: no episode section: build it from its config (configs/method/dci.yaml, "
-                             "parser.config.episode_section('dci'))")
-        config, rules = with_turn_rules(episode, "dci")
-        self.rules = TurnRules.from_section(rules, "dci: episode.turn_rules")
-        self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, config=config)
+        self.engine, self.rules = baseline_engine(models.lead, models.lead_tokenizer, episode, "dci",
+                                                  "configs/method/dci.yaml, parser.config.episode_section('dci')")
 
     async def run(self, sample: Sample) -> MethodResult:
         started = time.perf_counter()

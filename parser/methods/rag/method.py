@@ -20,8 +20,7 @@ import numpy as np
 import orjson
 
 from parser.chunking import chunk_document
-from parser.config import with_turn_rules
-from parser.episode import EpisodeEngine
+from parser.episode import baseline_engine
 from parser.backends.embedder import build_embedder
 from parser.backends.models import Models
 from parser.methods.base import MethodResult, Sample
@@ -82,12 +81,8 @@ class AgenticRAGMethod:
             models.embedder = build_embedder(embedder)
         self.models = models
         self.chunk_size, self.top_k, self.prompt_version = chunk_size, top_k, prompt_version
-        if episode is None:
-            raise ValueError("rag: no episode section: build it from its config (configs/method/rag.yaml, "
-                             "parser.methods.method_config('rag'))")
-        config, rules = with_turn_rules(episode, "rag")
-        self.rules = TurnRules.from_section(rules, "rag: episode.turn_rules")
-        self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, config=config)
+        self.engine, self.rules = baseline_engine(models.lead, models.lead_tokenizer, episode, "rag",
+                                                  "configs/method/rag.yaml, parser.methods.method_config('rag')")
 
     async def run(self, sample: Sample) -> MethodResult:
         started = time.perf_counter()
