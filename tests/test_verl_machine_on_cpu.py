@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -19,8 +20,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from parser.verl.machine import MachineError, check_machine, closing_lines, importable, machine_problems  # noqa: E402
-from parser.verl.train import CONFIG_DIR, REPO, prepare  # noqa: E402  (the launcher itself: tests/e2e/test_entry_points_on_cpu.py)
+from parser.verl.train import CONFIG_DIR, prepare  # noqa: E402  (the launcher itself: tests/e2e/test_entry_points_on_cpu.py)
 
+REPO = Path(__file__).resolve().parent.parent  # the checkout: its recipes/
 GATEWAY = "parser.gateway_url=http://127.0.0.1:30000"
 DATA = CONFIG_DIR / "data"
 
