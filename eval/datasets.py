@@ -88,8 +88,8 @@ def _length_of(records: list[dict[str, Any]], source: str) -> int:
 def _file_subsets(name: str, path: str, lengths: Any, limit: int | None) -> list[Subset]:
     """One subset per length (a `{length}` placeholder in `path`), or the one file as one subset.
     Lengths that cannot apply are refused, never used as labels: `lengths` without a placeholder
-    would evaluate one file under several lengths, and rows whose own `length` disagrees with
-    their file's would be tabled under the wrong one."""
+    would evaluate one file under several lengths. (A row's own `length` may differ from its
+    file's: RULER rows record the exact token count of a document built to about L tokens.)"""
     placeholder = "{length}" in path
     if placeholder and not lengths:
         raise ValueError(f"dataset.path {path!r} has a {{length}} placeholder: set dataset.lengths (e.g. [50, 100])")
@@ -104,9 +104,6 @@ def _file_subsets(name: str, path: str, lengths: Any, limit: int | None) -> list
     for L in lengths:
         file = path.format(length=L)
         records, digest = _read(file)
-        own = {r.get("length") for r in records} - {None}
-        if own and own != {int(L)}:
-            raise ValueError(f"{file}: its rows say length {sorted(own)}, but dataset.lengths puts the file at {L}")
         subsets.append(Subset(name, int(L), None, None, _samples(records, file, limit), file, digest))
     return subsets
 
