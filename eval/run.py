@@ -51,7 +51,7 @@ from eval.inputs import InputsChanged, check_unchanged, fingerprint
 from eval.metrics import PRIMARY, completion_text, score
 from eval.store import ResultsStore, RunDirLocked, lock_run_dir
 from parser import hydra_help, progress
-from parser.config import ConfigError, check_episode_keys
+from parser.config import ConfigError, check_episode_keys, preset_spelling
 from parser.methods import Method, MethodResult, Sample, build_method
 from parser.resources import config_dir
 from parser.results import Key, ResultRow, TimingLine
@@ -331,12 +331,6 @@ def with_search_path(argv: list[str]) -> list[str]:
         return list(argv)
     at = next((i for i, arg in enumerate(argv) if "=" in arg and not arg.startswith("-")), len(argv))
     return [*argv[:at], f"hydra.searchpath=[file://{CONFIGS}]", *argv[at:]]
-
-
-def preset_spelling(argv: list[str]) -> list[str]:
-    """`models=<preset>` (the demo's and parser.ask's spelling) is `backend@models=<preset>` here:
-    `models` is a composed section, which a plain value would replace and break."""
-    return [f"backend@{arg}" if arg.startswith("models=") else arg for arg in argv]
 
 
 def main() -> None:

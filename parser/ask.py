@@ -31,7 +31,7 @@ import orjson
 
 from parser import progress
 from parser.chunking import Chunk, render_paragraphs
-from parser.config import ConfigError, check_episode_keys
+from parser.config import ConfigError, check_episode_keys, preset_spelling
 from parser.resources import config_dir
 from parser.reward import normalize_answer
 
@@ -119,7 +119,7 @@ def compose(overrides: Sequence[str]) -> Any:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    overrides = [f"backend@{o}" if o.startswith("models=") else o for o in overrides]
+    overrides = preset_spelling(overrides)
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             return hydra_compose("ask", overrides=overrides)
@@ -133,7 +133,7 @@ def build(cfg: Any) -> tuple[Any, dict[str, Any]]:
     from omegaconf import OmegaConf
 
     from parser.backends.models import build_models
-    from parser.demo import choose_backend, cpu_episode
+    from parser.demo import choose_backend, cpu_episode, needs_cpu_budgets
     from parser.methods import build_method
 
     method_cfg = OmegaConf.to_container(cfg.method, resolve=True)
@@ -144,12 +144,8 @@ def build(cfg: Any) -> tuple[Any, dict[str, Any]]:
         models_cfg = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "backend" / f"{preset}.yaml"), resolve=True)
     else:
         models_cfg = OmegaConf.to_container(cfg.models, resolve=True)
-    in_process = all(s.get("type") == "transformers" or s.get("same_as") for s in models_cfg.values() if isinstance(s, dict))
-    if in_process and "episode" in method_cfg and cfg.cpu_budgets:
-        import torch
-
-        if not torch.cuda.is_available():
-            method_cfg["episode"] = cpu_episode(method_cfg["episode"])
+    if "episode" in method_cfg and cfg.cpu_budgets and needs_cpu_budgets(models_cfg):
+        method_cfg["episode"] = cpu_episode(method_cfg["episode"])
     return build_method(method_cfg, build_models(models_cfg)), models_cfg
 
 

@@ -126,6 +126,12 @@ class EpisodeConfig:
         return cls(**values)
 
 
+def preset_spelling(overrides: list[str]) -> list[str]:
+    """`models=<preset>` (the demo's spelling) as `backend@models=<preset>` for entry points where
+    `models` is a composed section, which a plain value would replace and break (eval.run, ask)."""
+    return [f"backend@{o}" if o.startswith("models=") else o for o in overrides]
+
+
 class ConfigError(ValueError):
     """A setting that cannot be: entry points print it as one line and exit 2."""
 

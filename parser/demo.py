@@ -58,6 +58,16 @@ def choose_backend(requested: str) -> tuple[str, str]:
     )
 
 
+def needs_cpu_budgets(models_cfg: dict[str, Any]) -> bool:
+    """Every role runs in process (transformers) and there is no CUDA GPU: the paper's budgets
+    would take hours, so the CPU preset's apply (the demo and parser.ask)."""
+    if not all(s.get("type") == "transformers" or s.get("same_as") for s in models_cfg.values() if isinstance(s, dict)):
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 def cpu_episode(episode: dict[str, Any]) -> dict[str, Any]:
     """The CPU preset, keeping what the command line changed from the paper's eval preset."""
     paper = dataclasses.asdict(episode_preset("eval"))
@@ -108,12 +118,9 @@ async def run_demo(cfg: DictConfig, log_dir: Path) -> list[dict[str, Any]]:
     models_cfg = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "backend" / f"{preset}.yaml"))
     episode = OmegaConf.to_container(cfg.episode)
     check_episode_keys(episode)  # a typo fails before any model loads
-    if all(section.get("type") == "transformers" or section.get("same_as") for section in models_cfg.values()):
-        import torch
-
-        if not torch.cuda.is_available():
-            episode = cpu_episode(episode)
-            print(f"CPU budgets instead of the paper's (configs/episode/{CPU_PRESET}.yaml): {episode}")
+    if needs_cpu_budgets(models_cfg):
+        episode = cpu_episode(episode)
+        print(f"CPU budgets instead of the paper's (configs/episode/{CPU_PRESET}.yaml): {episode}")
     rows = build_synthetic_eval(num_questions=cfg.num_samples, lengths=(cfg.length,), seed=cfg.seed)
     samples = [Sample.from_record(row, source=f"synthetic[{i}]") for i, row in enumerate(rows)]
     workers = start_subagent_workers(models_cfg, cfg.workers, log_dir) if cfg.workers else None
