@@ -26,7 +26,12 @@ continuation prompt after a cut turn, compaction, a tool-free finalize turn), it
 `rules` (`parser.tools.TurnRules`) say so, through four hooks the loop calls at fixed points;
 ParSer's `QueryAgents` has none. Compaction and finalize are eval-only: the prompts after them
 are re-rendered from the messages, so `Trajectory.token_view_valid` is set False (and the verl
-agent loop, which runs only `QueryAgents`, never meets them).
+agent loop, which runs only `QueryAgents`, never meets them). So is a prompt from state
+(`TurnRules.state`, a `parser.tools.StatePrompt`: LongHarness): before each turn the rule gives
+the whole prompt, rendered from its state (the lead's messages are replaced, nothing is
+appended), the turn's decoding constraint, the reading of the reply into an action, and after the
+turn whether the episode ends; the turns, budgets, retries, fan-out bounds, progress events and
+the trajectory stay this loop's.
 
 Honest token view: the lead's generated ids are the ids the backend reports. A backend that
 returns only text (an OpenAI server without `return_token_ids`) has its text re-tokenised, which
@@ -71,7 +76,7 @@ from parser.chunking import Chunk
 from parser.config import EpisodeConfig, with_turn_rules
 from parser.protocol import Protocol, protocol_for
 from parser.retry import RetryPolicy
-from parser.tools import ChunkReader, QueryAgents, Toolset, TurnRules, not_run
+from parser.tools import ChunkReader, QueryAgents, StatePrompt, Toolset, TurnRules, not_run
 from parser.trajectory import Trajectory, Turn
 
 
@@ -111,7 +116,8 @@ class LeadContext:
         self.asked: list[str] = []  # the queries sent so far (the lead constraint's exclusions)
         self.last_turn = False  # under `answer_last_turn`, set before the episode's last turn
         self._dialect = "xml" if "<function=" in opening else "json"  # the template's tool-call format
-        self.action_regex = self._action_regex() if config.constrain_lead else None
+        # the lead's action constraint; a prompt from state brings its own (`StatePrompt.sampling`)
+        self.action_regex = self._action_regex() if config.constrain_lead and toolset.rules.state is None else None
 
     def _action_regex(self) -> str:
         """The lead constraint in this chat template's tool-call dialect, given the queries so far:
@@ -141,7 +147,7 @@ class LeadContext:
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, with_tools: bool = True) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools if with_tools else None, tokenize=False,
+            messages, tools=(self.tools or None) if with_tools else None, tokenize=False,
             add_generation_prompt=add_generation_prompt, **self.template_kwargs,
         )
 
@@ -214,6 +220,15 @@ class LeadContext:
         """Earlier messages were changed (compaction): later prompts are rendered from `messages`."""
         self.rerendered = True
 
+    def measure(self, messages: list[dict[str, Any]]) -> int:
+        """The prompt length, in lead tokens, of a turn generated from `messages`."""
+        return len(self._encode(self._render(messages, add_generation_prompt=True)))
+
+    def replace_messages(self, messages: list[dict[str, Any]]) -> None:
+        """The next prompt is `messages` (a prompt from state), not the history so far."""
+        self.messages = list(messages)
+        self.history_rewritten()
+
 
 class EpisodeEngine:
     """Runs episodes for one lead backend (and, for ParSer, one chunk reader); safe to share across tasks.
@@ -252,11 +267,15 @@ class EpisodeEngine:
         is sent with every generation (gateway pinning)."""
         cfg, protocol = self.config, self.protocol
         protocol.check_toolset(toolset.names)
+        state = toolset.rules.state  # a prompt from state (LongHarness), else None
         started = time.perf_counter()
         context = LeadContext(self.tokenizer, toolset, question, cfg, protocol.chat,  # l. 3: H <- [system, user(q)]
                               untrusted=lambda text: protocol.untrusted(text, self.tokenizer))
         trajectory = Trajectory(question=question, doc_id=doc_id, num_chunks=0, prompt_ids=context.prompt_ids,
                                 constraints=cfg.constraints())
+        if state is not None:  # re-rendered from state every turn: no token view, the rule's own constraint
+            trajectory.token_view_valid, trajectory.token_view_note = False, state.token_view_note
+            trajectory.constraints = [c for c in trajectory.constraints if not c.startswith("lead:")] + state.constraints
         ids = {"request_id": request_id or doc_id, **({"routing_key": routing_key} if routing_key is not None else {})}
         for turn_index in range(cfg.max_turns):  # l. 4: for t = 1 to K
             budget = protocol.turn_budget(len(context.response_ids))
@@ -265,7 +284,9 @@ class EpisodeEngine:
                 break
             if turn_index == cfg.max_turns - 1:
                 context.begin_last_turn()
-            step = await self._turn(context, context.prompt(), turn_index, budget, toolset.names, ids)  # l. 5
+            if state is not None:  # the prompt is the rule's state, not the history
+                context.replace_messages(state.messages(turn_index, cfg.max_turns - turn_index, context.measure))
+            step = await self._turn(context, context.prompt(), turn_index, budget, toolset.names, ids, state)  # l. 5
             if step is None:
                 trajectory.stop_reason = "empty_generation"
                 break
@@ -273,13 +294,24 @@ class EpisodeEngine:
             trajectory.turns.append(turn)
             if action.answer is not None:  # ll. 6-8: an answer ends the episode
                 trajectory.answer, trajectory.stop_reason = action.answer, "answer"
+                if state is not None:
+                    trajectory.stop_reason = state.end_turn(answered=True) or "answer"
                 progress.turn_finished(doc_id, turn)
                 break
             if action.calls:  # ll. 9-16: scatter every query to every chunk, gather, append
                 observation = await self._execute(toolset, action.calls, turn)
                 context.note_queries(action.queries)
+            elif state is not None:  # no call: the next prompt renders the state again
+                observation = []
             else:  # ll. 17-18: the invalid-action hint (unless the tool set's rules say otherwise)
                 observation = self._without_call(toolset, context, trajectory, turn, action, content)
+            if state is not None:  # what the calls brought is in the state; nothing is appended
+                stop = state.end_turn(answered=False)
+                progress.turn_finished(doc_id, turn)
+                if stop is not None:
+                    trajectory.stop_reason = stop
+                    break
+                continue
             progress.turn_finished(doc_id, turn)
             if observation is None:
                 break
@@ -330,13 +362,15 @@ class EpisodeEngine:
         return [{"role": "user", "content": toolset.invalid_action(action.error or "no tool call and no <answer> block")}]
 
     async def _turn(self, context: LeadContext, prompt: list[int], index: int, budget: int, tool_names: tuple[str, ...],
-                    ids: dict[str, str]) -> tuple[Turn, LeadAction, str] | None:
-        """Generate, append to the stream, parse. Returns the turn, its action and its reply text;
-        None for a generation of no tokens when the protocol ends the episode on one."""
+                    ids: dict[str, str], state: StatePrompt | None = None) -> tuple[Turn, LeadAction, str] | None:
+        """Generate, append to the stream, parse (or let the `state` rule read the reply). Returns
+        the turn, its action and its reply text; None for a generation of no tokens when the
+        protocol ends the episode on one."""
         cfg = self.config
         sampling = SamplingParams(
             max_new_tokens=budget, temperature=cfg.lead_temperature, top_p=cfg.lead_top_p, top_k=cfg.lead_top_k,
-            return_logprobs=True, regex=context.action_regex if tool_names else None,
+            return_logprobs=True, regex=context.action_regex if tool_names and state is None else None,
+            **(state.sampling() if state is not None else {}),
         )
         lead_started = time.perf_counter()
         completion, attempts = await self._lead_retry.call(lambda: self._generate(prompt, sampling, ids))
@@ -346,7 +380,8 @@ class EpisodeEngine:
         token_ids = context.append_generation(completion)
         text = completion.text if completion.text else self.tokenizer.decode(token_ids, skip_special_tokens=False)
         text = context.chat.strip_end(text)
-        action = self.protocol.parse_turn(text, tool_names, thinking_open=context.thinking_open)
+        action = (state.read(text, context.thinking_open) if state is not None
+                  else self.protocol.parse_turn(text, tool_names, thinking_open=context.thinking_open))
         if action.answer is None or self.protocol.closes_answer_turn:
             context.close_turn(token_ids)
         content = split_thinking(text, opened=context.thinking_open)[1].strip()

@@ -6,13 +6,14 @@ and user prompts, the invalid-action hint, `execute(calls)`, which turns the tur
 into observation messages (one `tool` message per call, in call order) plus records for the
 trajectory, and its `rules` (`TurnRules`): the hooks by which a baseline's reference protocol
 departs from Algorithm 1 (a plain reply as the answer, a continuation prompt after a cut turn,
-compaction of older tool results, a tool-free finalize turn). So ParSer, agentic RAG and the
-DCI agent/subagent share one loop:
+compaction of older tool results, a tool-free finalize turn, a prompt rendered from state instead
+of the appended history). So ParSer, agentic RAG, the DCI agent/subagent and LongHarness share one loop:
 
     engine = EpisodeEngine(lead, tokenizer, reader, config)
     await engine.run(question, chunks, doc_id=...)             # ParSer: QueryAgents over chunks
     await engine.run_tools(question, RetrievalTools(...))      # parser.methods.rag
     await engine.run_tools(question, SandboxTools(...))        # parser.dci
+    await engine.run_tools(question, HarnessTurns(...))        # parser.methods.longharness (a StatePrompt)
 
 `QueryAgents` is ParSer's one tool, the scatter–gather of paper Algorithm 1: each query goes to
 every chunk's reader concurrently (queries of one turn too), with a per-request timeout and
@@ -40,7 +41,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from parser import prompts
 from parser import protocol as protocols
-from parser.actions import TOOL_NAME, ToolCall
+from parser.actions import TOOL_NAME, LeadAction, ToolCall
 from parser.chunking import Chunk
 from parser.config import EpisodeConfig
 from parser.retry import CallFailed, RetryPolicy
@@ -75,6 +76,10 @@ class TurnRules:
     chat server does — so they are not the appended stream and the trajectory has no token view
     (verl 0.9.1's `AgentLoopOutput` takes exactly one prompt/response segment). Training runs only
     `QueryAgents`, which has none of these.
+
+    `state` (eval-only; set in code by a method, never from a config section) is a `StatePrompt`:
+    every turn's prompt is rendered from the tool set's state, never the appended history
+    (LongHarness).
     """
 
     plain_reply_is_answer: bool = False
@@ -82,11 +87,12 @@ class TurnRules:
     finalize_turn: bool = False  # eval-only
     compact_after_chars: int | None = None  # eval-only
     keep_recent_results: int = 12
+    state: "StatePrompt | None" = None  # eval-only
 
     @classmethod
     def from_section(cls, section: dict[str, Any], where: str = "turn_rules") -> "TurnRules":
-        """From a config section; an unknown key is refused by name."""
-        known = {f.name for f in dataclasses.fields(cls)}
+        """From a config section; an unknown key is refused by name (`state` is no config value)."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"state"}
         unknown = sorted(set(section) - known)
         if unknown:
             raise ValueError(f"{where}: unknown turn rule(s) {unknown}; TurnRules has {sorted(known)}")
@@ -116,6 +122,31 @@ class TurnRules:
     def finalize_prompt(self, version: str) -> str | None:
         """After `max_turns` without an answer: the user message of one tool-free answer turn."""
         return prompts.render("finalize", version) if self.finalize_turn else None
+
+
+class StatePrompt(Protocol):
+    """The turn rule of a tool set whose lead sees state, not history (LongHarness). The engine
+    calls it at fixed points of its own loop, which keeps the turns, budgets, retries, fan-out
+    bounds, progress events and the trajectory. Before each turn `messages` gives the whole prompt
+    (`measure(messages)`: its length in lead tokens, rendered as the engine renders it) and
+    `sampling` the turn's decoding constraint (e.g. `{"json_schema": ...}`); `read` turns the reply
+    into the turn's action, whose calls run through the tool set's `execute`; nothing is appended
+    (what the calls bring is in the state the next prompt renders); `end_turn` closes the turn and
+    returns the stop reason when the episode ends there. The prompt is re-rendered each turn, so
+    there is no token view (`token_view_note` says so; `constraints` are recorded in place of the
+    lead's action constraint, which does not apply)."""
+
+    token_view_note: str
+    constraints: list[str]
+
+    def messages(self, turn_index: int, turns_left: int,
+                 measure: Callable[[list[dict[str, Any]]], int]) -> list[dict[str, Any]]: ...
+
+    def sampling(self) -> dict[str, Any]: ...
+
+    def read(self, text: str, thinking_open: bool) -> LeadAction: ...
+
+    def end_turn(self, answered: bool) -> str | None: ...
 
 
 class Toolset(Protocol):

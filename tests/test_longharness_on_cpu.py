@@ -268,6 +268,35 @@ def test_corpus_mode_ledgers_file_lines(tiny_tokenizer):
     assert len(result.record["turns"][0]["tool_calls"]) == 2
 
 
+def test_the_rounds_are_the_engine_loop_turns(tiny_tokenizer, monkeypatch):
+    """No loop of its own: the engine's lead guard and retry, its response budget, its progress
+    events and its trajectory apply to a LongHarness episode, turn by turn."""
+    from parser.episode import EpisodeEngine
+
+    turns = [update(queries=[ask("C1", "bridge")]), update(queries=[ask("C1", "Tarn")]), update(answer="Tarn", cites=["E1"])]
+    spent = sum(len(tiny_tokenizer.encode(t, add_special_tokens=False)) + 1 for t in turns[:2])  # + <|im_end|> each
+    method, lead = harness(tiny_tokenizer, turns, reader=GroundedReader(), episode={
+        "max_turns": 4, "chunk_size": 64, "lead_thinking": False, "retry_backoff_s": 0, "max_response_tokens": spent})
+    lead.ids = [[len(tiny_tokenizer) + 7]]  # a garbled first reply: an id outside the vocabulary
+    episodes, run_tools = [], EpisodeEngine.run_tools
+
+    async def spy(self, question, toolset, **kw):
+        episodes.append(toolset.rules.state)
+        return await run_tools(self, question, toolset, **kw)
+
+    monkeypatch.setattr(EpisodeEngine, "run_tools", spy)
+    seen = []
+    with progress.listening(lambda doc_id, turn: seen.append(turn.index)):
+        result = run(method)
+    assert len(episodes) == 1 and episodes[0] is not None  # one run_tools episode, under a prompt from state
+    assert result.record["turns"][0]["lead_attempts"] == 2  # the engine refused the garbled ids and retried
+    # the engine's response budget ended the episode after two updates; the third was never asked for
+    assert result.record["stop_reason"] == "response_length" and result.steps == 2 and lead.calls == 3
+    assert seen == [0, 1] and len(result.record["longharness"]["rounds"]) == 2
+    assert result.answer is None and not result.record["token_view_valid"]
+    assert result.record["constraints"] == ["lead: the update's json_schema"]
+
+
 # -- the tiny model through eval.run, both modes ---------------------------------------------------
 @pytest.mark.parametrize("method", ["longharness_cpu", "longharness_dci"])
 def test_eval_run_with_the_tiny_model(method, tmp_path):
