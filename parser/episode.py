@@ -23,7 +23,7 @@ cut at its token limit is closed with the end-of-turn token (mask 0) before the 
 
 Where a baseline's reference protocol departs from Algorithm 1 (a plain reply as the answer, a
 continuation prompt after a cut turn, compaction, a tool-free finalize turn), its tool set's
-`rules` (`parser.tools.TurnRules`) say so, through four hooks the loop calls at fixed points;
+`rules` (`parser.tools.TurnRules`) say so, through hooks the loop calls at fixed points;
 ParSer's `QueryAgents` has none. Compaction and finalize are eval-only: the prompts after them
 are re-rendered from the messages, so `Trajectory.token_view_valid` is set False (and the verl
 agent loop, which runs only `QueryAgents`, never meets them). So is a prompt from state
@@ -301,11 +301,9 @@ class EpisodeEngine:
             if action.calls:  # ll. 9-16: scatter every query to every chunk, gather, append
                 observation = await self._execute(toolset, action.calls, turn)
                 context.note_queries(action.queries)
-            elif state is not None:  # no call: the next prompt renders the state again
-                observation = []
-            else:  # ll. 17-18: the invalid-action hint (unless the tool set's rules say otherwise)
+            elif state is None:  # ll. 17-18: the invalid-action hint (unless the tool set's rules say otherwise)
                 observation = self._without_call(toolset, context, trajectory, turn, action, content)
-            if state is not None:  # what the calls brought is in the state; nothing is appended
+            if state is not None:  # what the calls brought is in the state the next prompt renders: nothing is appended
                 stop = state.end_turn(answered=False)
                 progress.turn_finished(doc_id, turn)
                 if stop is not None:
@@ -369,7 +367,7 @@ class EpisodeEngine:
         cfg = self.config
         sampling = SamplingParams(
             max_new_tokens=budget, temperature=cfg.lead_temperature, top_p=cfg.lead_top_p, top_k=cfg.lead_top_k,
-            return_logprobs=True, regex=context.action_regex if tool_names and state is None else None,
+            return_logprobs=True, regex=context.action_regex if tool_names else None,  # None under a state rule
             **(state.sampling() if state is not None else {}),
         )
         lead_started = time.perf_counter()
