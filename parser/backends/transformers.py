@@ -57,7 +57,9 @@ stop string, its max_new_tokens, or cancellation), its state going back to the p
 Sampling, seeds, grammar masks and stop strings stay per row, as if the row ran alone; greedy
 rows match one-at-a-time decoding token for token on the test prompts (the logprobs differ by
 float rounding, ~1e-5). Two requests for the same cache key run one after the other, so the
-second reuses what the first computed (a turn's queries all read the same chunks). Bounds:
+second reuses what the first computed (a turn's queries all read the same chunks); a request
+cancelled at any stage (queued, waiting for its key, prefilling, decoding) releases what it held
+and hands its key straight to the next request waiting for it (tests/test_transformers_cancellation_on_cpu.py). Bounds:
 `max_batch_size` rows and `max_batch_tokens` reserved positions (prompt + max_new_tokens) decode
 at once, `max_queued_requests` wait (beyond that, a retryable BackendError). Models whose cache
 has sliding-window layers decode one row at a time. `run_exclusive(fn)` runs other model work
