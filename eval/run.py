@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -326,11 +327,16 @@ def _main(cfg: DictConfig) -> None:
 def with_search_path(argv: list[str]) -> list[str]:
     """`argv` plus `hydra.searchpath=[configs/]`, placed among the other overrides: Hydra parses
     overrides as one positional run, so an override after a flag (`--cfg job`, `--config-name x`)
-    would be refused."""
-    if any(arg.startswith("hydra.searchpath") for arg in argv):
-        return list(argv)
+    would be refused. A user's own `hydra.searchpath=[file://<dir>]` (a method kept outside the
+    repo) keeps ParSer's configs first in the list, so both are found."""
+    ours = f"file://{CONFIGS}"
+    for i, arg in enumerate(argv):
+        if arg.startswith("hydra.searchpath="):
+            parsed = OverridesParser.create().parse_override(arg).value()
+            paths = [parsed] if isinstance(parsed, str) else list(parsed)
+            return [*argv[:i], f"hydra.searchpath=[{','.join([ours, *(p for p in paths if p != ours)])}]", *argv[i + 1:]]
     at = next((i for i, arg in enumerate(argv) if "=" in arg and not arg.startswith("-")), len(argv))
-    return [*argv[:at], f"hydra.searchpath=[file://{CONFIGS}]", *argv[at:]]
+    return [*argv[:at], f"hydra.searchpath=[{ours}]", *argv[at:]]
 
 
 def main() -> None:

@@ -30,6 +30,15 @@ GPU_DIR = Path(__file__).parent / "gpu"
 
 
 def pytest_collection_modifyitems(config, items):
+    # modules marked `first(minutes=M)` take minutes (trainer launches, eval runs killed and
+    # resumed): they run first, longest first, so that `make test`'s parallel workers (xdist,
+    # whole files per worker, in this order) overlap them with the short tests instead of ending
+    # the suite on one of them
+    def minutes(item):
+        marker = item.get_closest_marker("first")
+        return -marker.kwargs["minutes"] if marker else 0
+
+    items.sort(key=minutes)
     gpu_items = [item for item in items if GPU_DIR in Path(str(item.fspath)).parents]
     if not gpu_items:
         return

@@ -136,3 +136,15 @@ def test_lengths_that_cannot_apply_to_a_file_are_refused_not_used_as_labels(tmp_
         load_subsets({"name": "mine", "source": "files", "path": str(path), "lengths": [50, 100]})
     with pytest.raises(ValueError, match="set dataset.lengths"):
         load_subsets({"name": "x", "source": "files", "path": str(tmp_path / "eval_{length}.jsonl"), "lengths": None})
+
+
+def test_a_users_search_path_keeps_parsers_configs_first():
+    """A method kept outside the repo: `hydra.searchpath=[file://<dir>]` alone finds both its
+    config and ParSer's presets (eval.run puts ParSer's configs first on the path)."""
+    from eval.run import CONFIGS, with_search_path
+
+    ours = f"file://{CONFIGS}"
+    assert with_search_path(["--config-name", "tiny_cpu", "hydra.searchpath=[file:///mine]", "limit=1"]) == [
+        "--config-name", "tiny_cpu", f"hydra.searchpath=[{ours},file:///mine]", "limit=1"]
+    assert with_search_path([f"hydra.searchpath=[file:///mine,{ours}]"]) == [f"hydra.searchpath=[{ours},file:///mine]"]
+    assert with_search_path(["--config-name", "tiny_cpu", "limit=1"]) == ["--config-name", "tiny_cpu", f"hydra.searchpath=[{ours}]", "limit=1"]

@@ -62,8 +62,8 @@ def test_the_parquet_checker_refuses_what_data_prep_refuses(tmp_path, row, messa
 def test_the_parquet_checker_still_reads_both_layouts_and_numeric_golds(tmp_path):
     (mine,) = read_rl_parquet(write(tmp_path, rl_row(GOOD, "hotpotqa"), name="ours.parquet"))
     (theirs,) = read_rl_parquet(write(tmp_path, released(reward_model={"ground_truth": [1999]})))
-    assert (mine.golds, theirs.golds) == (["Miro Tal"], ["1999"])
-    assert theirs.question == "Who directed Zorvan?" and theirs.document == GOOD["context"]
+    assert (list(mine.answers), list(theirs.answers)) == (["Miro Tal"], ["1999"])
+    assert theirs.question == "Who directed Zorvan?" and theirs.context == GOOD["context"]
 
 
 # -- the eval loader --------------------------------------------------------------------------------

@@ -600,13 +600,13 @@ def test_released_training_parquet_loads_unchanged(tmp_path):
     path = tmp_path / "release.parquet"
     pq.write_table(pa.Table.from_pylist([released]), path)
     (inputs,) = read_rl_parquet(path)
-    assert (inputs.question, inputs.document, list(inputs.golds), inputs.doc_id) == (
+    assert (inputs.question, inputs.context, list(inputs.answers), inputs.id) == (
         "Who directed Zorvan?", released["context"], ["Miro Tal"], "3")
     # verl hands `prompt` over as raw_prompt, other columns as they are
     row = {k: v for k, v in released.items() if k != "prompt"} | {"raw_prompt": released["prompt"]}
     assert episode_inputs(row) == inputs
     ours = rl_row({"question": "Q?", "answers": ["Anna"], "context": "Document 1:\nA.", "index": 0, "id": "x", "num_docs": 1}, "hotpotqa")
-    assert episode_inputs(ours).document == "Document 1:\nA."
+    assert episode_inputs(ours).context == "Document 1:\nA."
 
 
 def test_hotpotqa_eval_reads_what_the_memagent_eval_recipe_writes():

@@ -15,13 +15,14 @@ import concurrent.futures
 import threading
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from parser.backends.base import BackendError, SamplingParams
 from parser.backends.transformers import TransformersBackend
 from test_transformers_batching_on_cpu import held, prompt
 
+DEADLINE_S = 60  # a request not ended by then is stranded: the test fails instead of hanging
 KEYS = 4  # few keys, many requests: most requests wait behind another on their key
 QUERIES = ("Who built the bridge?", "When was the mill lost?")
 SAMPLINGS = (SamplingParams(max_new_tokens=2, temperature=0.0), SamplingParams(max_new_tokens=5, temperature=0.0))
@@ -36,7 +37,16 @@ def baseline(backend: TransformersBackend) -> dict:
                     "keys held": set(backend._in_flight), "rows": sum(len(g) for g in backend._groups.values()),
                     "groups": len(backend._groups), "reserved positions": backend._reserved}
 
-    return backend.run_exclusive(read)
+    box: concurrent.futures.Future = concurrent.futures.Future()
+
+    def ask():  # on a thread of its own, so a wedged worker fails the test instead of hanging it
+        try:
+            box.set_result(backend.run_exclusive(read))
+        except Exception as error:  # noqa: BLE001 - the test hears it
+            box.set_exception(error)
+
+    threading.Thread(target=ask, daemon=True).start()
+    return box.result(timeout=DEADLINE_S)
 
 
 EMPTY = {"queued": 0, "waiting": {}, "keys held": set(), "rows": 0, "groups": 0, "reserved positions": 0}
@@ -75,11 +85,13 @@ REQUEST = st.tuples(st.integers(0, KEYS - 1), st.integers(0, 1), st.integers(0, 
                     st.sampled_from([None, None, "future", "event", "task"]), st.integers(0, 40))
 
 
-# A known open bug, not a flake: a late search (2026-12-03) found an interleaving, with batch 64 and
-# 14 requests over 4 keys mixing event- and task-cancellations, that leaves one request (13)
-# stranded. It is recorded here, non-strict, so the property still runs and reports, until the
-# admission step is fixed (issue 33, class 1 reopened in the closing note).
-@pytest.mark.xfail(strict=False, reason="known: one interleaving of event/task cancellations at batch 64 strands a request")
+# The explicit example is the interleaving a search found (issue 33): request 7's task is cancelled
+# just as the request ahead of it on doc:2 ends and hands it the key, so 7 leaves the queue holding
+# doc:2 and, before the fix, request 13 waited for that key for good.
+@example(requests=[(1, 0, 0, None, 26), (0, 0, 1, None, 18), (3, 0, 1, None, 11), (0, 0, 0, None, 4),
+                   (1, 0, 0, "event", 1), (0, 1, 1, "task", 15), (2, 0, 1, "event", 22), (2, 0, 0, "task", 9),
+                   (1, 0, 1, None, 17), (0, 1, 1, "event", 36), (0, 0, 0, "task", 23), (3, 1, 0, None, 30),
+                   (1, 0, 1, None, 33), (2, 1, 0, None, 4)], batch=64)
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(requests=st.lists(REQUEST, min_size=1, max_size=14), batch=st.sampled_from([1, 3, 64]))
 def test_random_cancellations_never_strand_a_request_or_leak_memory(tiny_qwen3_model, tiny_tokenizer, reference,
@@ -115,7 +127,7 @@ def test_random_cancellations_never_strand_a_request_or_leak_memory(tiny_qwen3_m
                 calls.append(future)
                 tasks.append(task)
                 events.append(event)
-        done, pending = await asyncio.to_thread(concurrent.futures.wait, calls, 60)  # the loop runs on: task cancels land
+        done, pending = await asyncio.to_thread(concurrent.futures.wait, calls, DEADLINE_S)  # the loop runs on: task cancels land
         assert not pending, f"requests {[calls.index(p) for p in pending]} never ended (stranded behind a cancelled one?)"
         return await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -145,7 +157,34 @@ def test_a_request_waiting_behind_a_cancelled_one_on_its_key_still_runs(tiny_qwe
         gone = backend.submit(prompt(tiny_tokenizer, 0, QUERIES[1]), s, "doc:0")
         behind = backend.submit(prompt(tiny_tokenizer, 0, QUERIES[1]), s, "doc:0")
         gone.cancel()
-    assert len(behind.result(timeout=60).token_ids) == 4 and len(running.result(timeout=60).token_ids) == 4
+    assert len(behind.result(timeout=DEADLINE_S).token_ids) == 4 and len(running.result(timeout=DEADLINE_S).token_ids) == 4
+    assert baseline(backend) == EMPTY
+
+
+def test_a_request_handed_its_key_then_cancelled_hands_it_on(tiny_qwen3_model, tiny_tokenizer):
+    """doc:0 runs; two more wait for it. The moment the first ends and hands the key to the
+    second, the second's caller gives up (its future is cancelled while it sits at the queue's
+    front): the third still runs. The spy on `_store` (the first's state going back to the cache,
+    right after its hand-off) stands in for a caller whose timeout fires at exactly that point."""
+    backend = TransformersBackend(tiny_qwen3_model, tiny_tokenizer)
+    s = SamplingParams(max_new_tokens=2, temperature=0.0)
+    store = backend._store
+    handed: list[concurrent.futures.Future] = []
+
+    def store_then_give_up(key, entry):
+        store(key, entry)
+        while handed:
+            assert handed.pop().cancel()  # still queued: the cancel lands before the worker takes it
+
+    backend._store = store_then_give_up
+    with held(backend):
+        first = backend.submit(prompt(tiny_tokenizer, 0), s, "doc:0")
+        second = backend.submit(prompt(tiny_tokenizer, 0, QUERIES[1]), s, "doc:0")
+        third = backend.submit(prompt(tiny_tokenizer, 0, QUERIES[1]), s, "doc:0")
+        handed.append(second)
+    done, pending = concurrent.futures.wait([first, second, third], timeout=DEADLINE_S)
+    assert not pending, "the request behind a cancelled hand-off never ran"
+    assert second.cancelled() and len(first.result().token_ids) == 2 and len(third.result().token_ids) == 2
     assert baseline(backend) == EMPTY
 
 
@@ -161,7 +200,7 @@ def test_cancelled_requests_free_their_queue_places(tiny_qwen3_model, tiny_token
         live = [backend.submit(prompt(tiny_tokenizer, i % 2), s, f"doc:{i % 2}") for i in range(4)]
         with pytest.raises(BackendError, match="max_queued_requests"):
             backend.submit(prompt(tiny_tokenizer, 0), s, "doc:0")
-    assert all(len(f.result(timeout=60).token_ids) == 2 for f in live)
+    assert all(len(f.result(timeout=DEADLINE_S).token_ids) == 2 for f in live)
     assert baseline(backend) == EMPTY
 
 

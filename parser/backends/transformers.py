@@ -57,7 +57,9 @@ stop string, its max_new_tokens, or cancellation), its state going back to the p
 Sampling, seeds, grammar masks and stop strings stay per row, as if the row ran alone; greedy
 rows match one-at-a-time decoding token for token on the test prompts (the logprobs differ by
 float rounding, ~1e-5). Two requests for the same cache key run one after the other, so the
-second reuses what the first computed (a turn's queries all read the same chunks). Bounds:
+second reuses what the first computed (a turn's queries all read the same chunks); a request
+cancelled at any stage (queued, waiting for its key, prefilling, decoding) releases what it held
+and hands its key straight to the next request waiting for it (tests/test_transformers_cancellation_on_cpu.py). Bounds:
 `max_batch_size` rows and `max_batch_tokens` reserved positions (prompt + max_new_tokens) decode
 at once, `max_queued_requests` wait (beyond that, a retryable BackendError). Models whose cache
 has sliding-window layers decode one row at a time. `run_exclusive(fn)` runs other model work
@@ -190,7 +192,7 @@ class TransformersBackend:
         self._deferred: dict[str, collections.deque[_Request]] = {}  # key -> requests waiting for it
         self._worker: threading.Thread | None = None
         self._groups: dict[int, SlotBatch | SoloRows] = {}  # capacity -> running rows (worker only)
-        self._in_flight: set[str] = set()  # keys held by a started request (under _wake)
+        self._in_flight: dict[str, _Request] = {}  # key -> the request holding it (under _wake)
         self._reserved = 0  # sum of `need` over running requests (worker only)
 
     @classmethod
@@ -333,10 +335,12 @@ class TransformersBackend:
         """Start queued requests while the batch has room: prefill each alone (or, a short tail
         after a cached prefix, leave it to the batch's next forward), then join.
 
-        A request holds its routing key from the moment it leaves the queue until it ends, by
-        whatever path (answered, aborted, failed, cancelled before it started): every one of
-        those paths goes through `_release`, which hands the key to the next live request
-        waiting for it. A key held by nobody has nobody waiting for it."""
+        A request holds its routing key from the moment it is admitted (or handed the key by
+        `_release` while it waits) until it ends, by whatever path (answered, aborted, failed,
+        cancelled before it started, dropped from the queue by `_drop`): every one of those paths
+        goes through `_release`, which hands the key straight to the next request waiting for it,
+        so a key is never free while anyone waits for it. Whoever takes a request out of a line
+        (the worker, or `_drop` for a cancelled future) is the one that settles it."""
         while True:
             with self._wake:
                 if not self._queue:
@@ -344,37 +348,38 @@ class TransformersBackend:
                 item = self._queue[0]
                 if isinstance(item, _Request):
                     running = sum(len(g) for g in self._groups.values())
-                    if item.key and item.key in self._in_flight:  # after the running one, to reuse its prefix
+                    holder = self._in_flight.get(item.key)
+                    if holder is not None and holder is not item:  # after the running one, to reuse its prefix
                         self._deferred.setdefault(item.key, collections.deque()).append(self._queue.popleft())
                         continue
                     if running and (running >= self.max_batch_size or self._reserved + item.need > self.max_batch_tokens):
                         return
                     if item.key:
-                        self._in_flight.add(item.key)
+                        self._in_flight[item.key] = item
                 self._queue.popleft()
             if not item.future.set_running_or_notify_cancel():
                 if isinstance(item, _Request):
-                    self._release(item.key)
+                    self._release(item)
                 continue  # the caller gave up while it waited
             if isinstance(item, _Job):
                 _settle(item.future, item.fn)
                 continue
             if item.cancelled.is_set():
-                self._release(item.key)
+                self._release(item)
                 item.future.set_result(Completion(text="", finish_reason="abort", prompt_tokens=len(item.ids),
                                                   worker=self.name))
                 continue
             try:
                 entry, item.cached, logits = self._prefill(item.ids, item.key, defer_tail=self._joint_tails)
             except Exception as error:  # noqa: BLE001 - one request's failure is its own
-                self._release(item.key)
+                self._release(item)
                 item.future.set_exception(error)
                 continue
             item.logits, item.snapshots = logits, entry.snapshots
             item.tail = item.ids[len(entry.tokens):]  # [] unless the tail was deferred
             if item.cancelled.is_set():  # given up while it prefilled: keep the state, join nothing
                 self._store(item.key, entry)
-                self._release(item.key)
+                self._release(item)
                 item.future.set_result(Completion(text="", finish_reason="abort", prompt_tokens=len(item.ids),
                                                   cached_tokens=item.cached, worker=self.name))
                 continue
@@ -387,23 +392,28 @@ class TransformersBackend:
             group.add(item, entry.cache, len(entry.tokens))
             self._reserved += item.need
 
-    def _release(self, key: str) -> None:
-        """`key` is free: the next live request waiting for it goes to the queue's front."""
-        if not key:
-            return
+    def _release(self, request: _Request) -> None:
+        """`request` ends: it hands its key to the next request waiting for it, which goes to the
+        queue's front holding the key. A cancelled one is handed the key too (it is not skipped
+        here): whoever takes it out of the queue next, the worker or `_drop`, settles it and
+        releases the key again, so no request leaves a line unsettled and no key is left free
+        with requests waiting for it."""
+        key = request.key
         with self._wake:
-            self._in_flight.discard(key)
+            if not key or self._in_flight.get(key) is not request:
+                return
+            del self._in_flight[key]
             waiting = self._deferred.get(key)
-            while waiting:
+            if waiting:
                 nxt = waiting.popleft()
-                if not nxt.future.done():  # a cancelled one is skipped: it would hold the key for nothing
-                    self._queue.appendleft(nxt)
-                    break
+                self._in_flight[key] = nxt
+                self._queue.appendleft(nxt)
             if waiting is not None and not waiting:
                 del self._deferred[key]
 
     def _drop(self, request: _Request) -> None:
-        """A request whose caller cancelled its future leaves the queue (or its key's waiting line)."""
+        """A request whose caller cancelled its future leaves the queue (or its key's waiting line),
+        and hands on the key if it held it (handed to it by `_release` while it queued)."""
         with self._wake:
             removed = False
             for line in (self._queue, self._deferred.get(request.key)):
@@ -412,6 +422,8 @@ class TransformersBackend:
                     removed = True
             if request.key in self._deferred and not self._deferred[request.key]:
                 del self._deferred[request.key]
+            if removed:
+                self._release(request)
         if removed:  # the worker will never see it: mark it notified, or concurrent.futures.wait never returns
             request.future.set_running_or_notify_cancel()
 
@@ -469,7 +481,7 @@ class TransformersBackend:
     def _finish(self, r: _Request, cache: Any) -> None:
         """Give the key back (and its next waiting request), keep the state, answer the caller."""
         self._reserved -= r.need
-        self._release(r.key)
+        self._release(r)
         if r.error is not None:
             r.future.set_exception(r.error)
             return

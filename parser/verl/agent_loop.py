@@ -57,7 +57,7 @@ from parser.readers import reader_for_episode
 from parser.retry import RetryingBackend, RetryPolicy
 from parser.trajectory import Trajectory
 from parser.verl.metrics import trajectory_metrics
-from parser.verl.rows import EpisodeInputs, episode_inputs  # noqa: F401  (EpisodeInputs: the row's reading)
+from parser.verl.rows import episode_inputs
 from parser.verl.reward import ANSWER_KEY, PROTOCOL_KEY, episode_reward, gold_answers
 from parser.verl.server_manager import ServerManagerBackend
 
@@ -190,22 +190,22 @@ class ParserAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         inputs = episode_inputs(kwargs)
         state = self.state
-        chunks = await self.loop.run_in_executor(None, state.protocol.chunk, inputs.document, state.subagent_tokenizer)
+        chunks = await self.loop.run_in_executor(None, state.protocol.chunk, inputs.context, state.subagent_tokenizer)
         engine = state.engine(self.server_manager, self.tokenizer, sampling_params)
         request_id = uuid4().hex
         try:
-            trajectory = await engine.run(inputs.question, chunks, doc_id=inputs.doc_id, request_id=request_id)
+            trajectory = await engine.run(inputs.question, chunks, doc_id=inputs.id, request_id=request_id)
         finally:
             weight_versions = engine.lead.take_weight_versions(request_id)
         if not trajectory.token_view_valid:
-            raise ValueError(f"trajectory {inputs.doc_id!r} has an approximate token view ({trajectory.token_view_note}); "
+            raise ValueError(f"trajectory {inputs.id!r} has an approximate token view ({trajectory.token_view_note}); "
                              "serve the lead from a backend that returns token ids")
         if len(trajectory.prompt_ids) > self.prompt_length:
             raise ValueError(
                 f"lead prompt has {len(trajectory.prompt_ids)} tokens > actor_rollout_ref.rollout.prompt_length="
                 f"{self.prompt_length} (data.max_prompt_length); raise it — a cut system prompt is not trainable"
             )
-        reward = state.reward(trajectory, inputs.golds, state.protocol)
+        reward = state.reward(trajectory, inputs.answers, state.protocol)
         state.protocol.mask_invalid_turns(trajectory, reward)
         output = to_agent_loop_output(
             trajectory, reward, self.response_length, with_logprobs=bool(sampling_params.get("logprobs")),
@@ -213,7 +213,7 @@ class ParserAgentLoop(AgentLoopBase):
         )
         if state.info_gain.enable:  # InfoMem: only a successful trajectory's evidence is scored
             if reward >= SUCCESS:
-                gold = matched_gold(trajectory.answer, gold_answers(inputs.golds), state.protocol.exact_match)
+                gold = matched_gold(trajectory.answer, gold_answers(inputs.answers), state.protocol.exact_match)
                 record = await state.gain_scorer(self.server_manager, self.tokenizer).gain(
                     inputs.question, evidence_text(trajectory), gold, request_id=request_id)
             else:

@@ -140,14 +140,14 @@ class MemAgentAgentLoop(AgentLoopBase):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         inputs = episode_inputs(kwargs)
-        golds = gold_answers(inputs.golds)
+        golds = gold_answers(inputs.answers)
         server = ServerManagerBackend(self.server_manager, sampling_params, stop_token_ids=CHATML.stop_token_ids(self.tokenizer))
         lead = RecordingLead(server, self.tokenizer)
         method = MEMORY_METHODS[self.method_name](models=Models(lead=lead, lead_tokenizer=self.tokenizer), **self.method_kwargs)
         request_id = uuid4().hex
         started = asyncio.get_running_loop().time()
         try:
-            result = await method.run(Sample(id=request_id, question=inputs.question, answers=golds, context=inputs.document))
+            result = await method.run(Sample(id=request_id, question=inputs.question, answers=golds, context=inputs.context))
         finally:
             versions = server.take_weight_versions(request_id)
         for i, conv in enumerate(lead.conversations):

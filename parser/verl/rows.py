@@ -1,4 +1,5 @@
-"""One verl dataset row -> the episode's inputs (question, document, gold answers, id).
+"""One verl dataset row -> the one record type (`parser.fields.Record`: question, document, gold
+answers, id), the same type data prep writes and eval reads.
 
 Why a module of its own: the agent loop reads rows this way inside verl, and data_prep checks a
 training parquet with the same function (`data_prep.verl_parquet.read_rl_parquet`) without
@@ -13,22 +14,11 @@ verl hands `prompt` over as `raw_prompt`; `reward_model.ground_truth` holds the 
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from parser.fields import DataError, check_text, require_answers
-
-
-@dataclasses.dataclass
-class EpisodeInputs:
-    """What the engine needs from one dataset row."""
-
-    question: str
-    document: str
-    golds: Any
-    doc_id: str
+from parser.fields import DataError, Record, check_text, require_answers
 
 
 def _plain(value: Any) -> Any:
@@ -40,10 +30,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def episode_inputs(row: Mapping[str, Any], source: str | None = None) -> EpisodeInputs:
-    """Read question, document, gold answers and a document id from a verl dataset row, with the
-    field rules data prep and the eval loader apply (`parser.fields`): text where text belongs,
-    golds that can score. Errors name `source` (default: the row's index) and the field."""
+def episode_inputs(row: Mapping[str, Any], source: str | None = None) -> Record:
+    """Read question, document (`context`), gold answers and a document id from a verl dataset
+    row, with the field rules data prep and the eval loader apply (`parser.fields`): text where
+    text belongs, golds that can score, an id (it keys the subagents' prefix caches). Errors name
+    `source` (default: the row's index) and the field."""
     extra = _plain(row.get("extra_info")) or {}
     if not isinstance(extra, dict):
         raise DataError(f"{source or 'dataset row'}: field 'extra_info' must be a mapping, got {type(extra).__name__}")
@@ -72,4 +63,8 @@ def episode_inputs(row: Mapping[str, Any], source: str | None = None) -> Episode
         raise DataError(f"{where}: no gold answers (reward_model.ground_truth / extra_info.answers)")
     golds = require_answers([golds], field, where)[0] if isinstance(golds, str) else require_answers(golds, field, where)
     doc_id = str(extra.get("id") or extra.get("doc_id") or index)
-    return EpisodeInputs(question=question, document=document, golds=golds, doc_id=doc_id)
+    if not doc_id:
+        raise DataError(f"{where}: no document id (extra_info.id, extra_info.doc_id or index): the subagents' "
+                        "prefix caches are keyed by it")
+    return Record(id=doc_id, question=question, answers=tuple(golds), context=document,
+                  index=index if isinstance(index, (int, str)) and index != "" else None, source=where)

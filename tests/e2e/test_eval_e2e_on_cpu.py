@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 QUESTIONS, LENGTHS, RUNS = 2, (50, 100), 2
 EXPECTED = QUESTIONS * len(LENGTHS) * RUNS
+pytestmark = pytest.mark.first(minutes=2)  # eval runs killed and resumed: minutes
 
 
 def _command(out_dir: Path) -> list[str]:

@@ -11,7 +11,8 @@ Checks the gateway contract (scripts/serve_subagents.py, parser/gateway.py):
 - smg reads the chunk's routing key from `X-SMG-Routing-Key`: with chunks so short that the
   shared instructions dominate the text, it holds one sticky key per chunk and spreads them
   evenly; the same traffic with the header renamed holds no key at all;
-- a worker killed in the middle of a scatter round loses no request (either router);
+- a worker killed in the middle of a scatter round, while it holds a request, loses no request
+  (either router);
 - a worker answering HTTP 200 with garbage: smg passes it through (its circuit breaker stays
   closed and the worker keeps its chunks), the engine never takes it for an answer (the calls
   fail with a clear error after their retries, the episode still answers), and the client-side
@@ -28,6 +29,8 @@ import importlib.util
 import json
 import re
 import sys
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -161,12 +164,12 @@ def test_smg_pins_chunks_by_the_routing_key_header(loopback_workers, tmp_path):
     assert keys == {"smg_manual_policy_cache_entries": 0, "smg_routing_key_source_total": 0}, "smg pinned keys it was never sent"
 
 
-def scripted_lead(tokenizer, on_second_scatter=None, delay_s: float = 0.0) -> ScriptedLead:
+def scripted_lead(tokenizer, on_second_scatter=None) -> ScriptedLead:
     """The lead model, scripted: two query turns, then an answer. As the second query turn starts
-    it schedules `on_second_scatter` to fire while that scatter round is in flight."""
+    (before that turn's scatter round is sent) it calls `on_second_scatter()`."""
     def on_call(n):
         if n == 2 and on_second_scatter is not None:
-            asyncio.get_running_loop().call_later(delay_s, on_second_scatter)
+            on_second_scatter()
 
     turns = [f'<think>ask</think>\n<tool_call>{{"name": "query_agents", "arguments": {{"query": "{q}"}}}}</tool_call>'
              for q in ("Where was the treaty signed?", "Who signed the treaty?")]
@@ -184,22 +187,44 @@ def _episode(backend, tokenizer, lead):
     return engine.run("Where and by whom was the treaty signed?", CHUNKS, doc_id="doc-faults")
 
 
+HOLD_S = 5.0  # worker1 holds each round-2 request this long: it is killed holding one (under the client's 10 s)
+SEEN_S = 30.0  # deadline for worker1 to report a round-2 request in flight
+
+
+def _kill_once_busy(gw: Gateway, name: str, killed: list) -> None:
+    """Kill worker `name` as soon as its /get_load counts a request in flight (it has read one
+    and holds it for HOLD_S): the kill lands mid-request by construction, not after a guessed delay."""
+    url = next(w.url for w in gw.workers if w.name == name)
+    urllib.request.urlopen(urllib.request.Request(
+        url + "/fault", data=json.dumps({"delay_s": HOLD_S}).encode(), method="POST"), timeout=5).read()
+
+    def watch():
+        deadline = time.monotonic() + SEEN_S
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(url + "/get_load", timeout=5) as resp:
+                busy = json.loads(resp.read())[0]["num_reqs"] > 0
+            if busy:
+                gw.group.kill(name)
+                killed.append(True)
+                return
+            time.sleep(0.01)  # between two looks (the worker is another process): its state decides, not this pause
+
+    threading.Thread(target=watch, name=f"kill-{name}", daemon=True).start()
+
+
 @pytest.mark.parametrize("kind", ["smg", "sglang_router"])
 def test_worker_killed_mid_round_loses_no_request(kind, tmp_path, tiny_tokenizer):
     with _gateway(kind, tmp_path, delay_s=0.3) as gw:
         killed = []
 
-        def kill_worker1():
-            gw.group.kill("worker1")
-            killed.append(True)
-
         async def go():
+            lead = scripted_lead(tiny_tokenizer, lambda: _kill_once_busy(gw, "worker1", killed))
             async with HttpBackend(gw.url) as backend:
-                return await _episode(backend, tiny_tokenizer, scripted_lead(tiny_tokenizer, kill_worker1, delay_s=0.15))
+                return await _episode(backend, tiny_tokenizer, lead)
 
         trajectory = asyncio.run(go())
         router_retries = sum(_metric(gw.metrics_url, "smg_worker_retries_total").values())
-    assert killed, "the worker was never killed"
+    assert killed, f"worker1 never held a round-2 request within {SEEN_S} s: the worker was never killed"
     assert trajectory.stop_reason == "answer" and trajectory.answer == "Lisbon"
     calls = [c for t in trajectory.turns for q in t.queries for c in q.calls]
     assert len(calls) == 2 * len(CHUNKS)

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 2300  # a few minutes on 2 quiet cores; past 1,500 s at load 30-48
 
 # each module's first test builds the runs (trainer launches): the suite's 600 s default is too short
-pytestmark = pytest.mark.timeout(2400)
+pytestmark = [pytest.mark.timeout(2400), pytest.mark.first(minutes=3.5)]
 
 
 @pytest.fixture(scope="module")

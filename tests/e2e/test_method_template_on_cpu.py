@@ -44,7 +44,7 @@ def test_a_copied_template_runs_through_eval_run(tmp_path):
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(packages), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "eval.run", "--config-name", "tiny_cpu", f"method={NAME}",
-               f"hydra.searchpath=[file://{ROOT / 'configs'},file://{conf}]", f"out_dir={out}",
+               f"hydra.searchpath=[file://{conf}]", f"out_dir={out}",  # ParSer's configs stay on the path
                "limit=1", "runs=1", "dataset.lengths=[50]", "dataset.num_questions=1", "progress=false",
                "method.max_new_tokens=8"]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -16,10 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from eval.store import RESULTS, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = ["ParSer", "MemAgent", "MemAgent (CL-order)", "CoA (document)", "CoA (dense)", "CoA (CL-order)"]
+pytestmark = pytest.mark.first(minutes=1.2)  # the order study's grid: minutes
 
 
 def _run(*args: str, timeout: int) -> subprocess.CompletedProcess:

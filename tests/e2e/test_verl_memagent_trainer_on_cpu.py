@@ -35,7 +35,7 @@ GRAD_NORM_BOUND = 10.0  # see test_steps_complete_with_every_conversation_a_trai
 RUN_TIMEOUT_S = 900  # one launch: a deadline, not a target (the suite's 600 s ran out for test_verl_trainer_on_cpu at load 30-50)
 
 # the module's first test builds the run (a trainer launch): the suite's 600 s default is too short
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.first(minutes=3)]
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ HYDRA_CONFIGS = "outputs/*/*/.hydra/config.yaml"  # one per launch (Hydra's run 
 RUN_TIMEOUT_S = 900  # one launch: 150-330 s at load 10-15; at load 35 it ran past 420 s
 
 # each module's first test builds the runs (trainer launches): the suite's 600 s default is too short
-pytestmark = pytest.mark.timeout(2400)
+pytestmark = [pytest.mark.timeout(2400), pytest.mark.first(minutes=5)]
 
 
 # Both launches run with InfoMem on (parser.info_gain; the policy, i.e. the CPU rollout server,
