@@ -33,16 +33,23 @@ assets: setup
 lint: setup
 	$(PY) -m ruff check .
 
+# The suite runs on PYTEST_WORKERS parallel pytest processes (pytest-xdist), each taking whole
+# test files (module fixtures, such as a trainer launch, run once), the minutes-long files first
+# (`pytest.mark.first`, tests/conftest.py). Three workers on two cores: the trainer launches
+# spend much of their time waiting on their own processes. PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 3
+PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 # CI's command (README): lint, then the whole suite, tests/e2e/ (processes, servers, benchmark
 # smokes) included. PARSER_REQUIRE_EXTRAS=1: a test whose training or gateway extra is missing
 # fails instead of skipping (tests/required_extras.py). --durations=25: the 25 slowest tests are
 # printed at the end, so a test that starts costing minutes shows up in the CI log.
 test: setup assets lint
-	PARSER_REQUIRE_EXTRAS=1 $(PY) -m pytest -q --durations=25
+	PARSER_REQUIRE_EXTRAS=1 $(PY) -m pytest -q $(PARALLEL) --durations=25
 
 # The in-process tests only (skips everything marked slow, i.e. tests/e2e/): for quick iterations.
 test-fast: setup assets
-	PARSER_REQUIRE_EXTRAS=1 $(PY) -m pytest -q -m "not slow" --durations=25
+	PARSER_REQUIRE_EXTRAS=1 $(PY) -m pytest -q $(PARALLEL) -m "not slow" --durations=25
 
 # The declared dependency floors, installed exactly (scripts/dependency_floors.py writes them as
 # pip constraints), then the in-process tests: a floor older than an API the code uses fails here.
