@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
@@ -97,13 +98,27 @@ class RetryPolicy:
                 with retry:
                     attempts += 1
                     if slots is None:
-                        result = await asyncio.wait_for(attempt(), self.timeout_s)
+                        result = await within(attempt(), self.timeout_s)
                     else:
                         async with slots:
-                            result = await asyncio.wait_for(attempt(), self.timeout_s)
+                            result = await within(attempt(), self.timeout_s)
         except (BackendError, asyncio.TimeoutError) as error:
             raise CallFailed(error, attempts) from error
         return result, attempts
+
+
+async def within(call: Awaitable[T], timeout_s: float | None) -> T:
+    """`await call`, or `asyncio.TimeoutError` past `timeout_s` (None: no deadline).
+
+    Why not `asyncio.wait_for` on Python 3.11: when a cancellation lands just as the call
+    completes, 3.11's wait_for returns the result and the cancellation is lost (CPython
+    gh-86296, fixed in 3.12). Ctrl-C reaches an eval as one task cancel (`asyncio.run`), so a
+    lost one let `eval.run` finish every sample instead of stopping. `asyncio.timeout` (3.11+)
+    runs the call in the caller's task, where a cancel is never dropped."""
+    if sys.version_info < (3, 11):
+        return await asyncio.wait_for(call, timeout_s)
+    async with asyncio.timeout(timeout_s):
+        return await call
 
 
 class RetryingBackend:

@@ -179,6 +179,27 @@ def test_baselines_surface_a_bug_and_fail_a_call_that_keeps_failing(tiny_tokeniz
         asyncio.run(method.run(SAMPLE))
 
 
+def test_a_cancel_that_lands_as_the_call_completes_is_not_lost():
+    """Ctrl-C is one task cancel (asyncio.run). Python 3.11's asyncio.wait_for dropped it when it
+    landed in the loop iteration that completed the call (the result was returned instead), and an
+    interrupted eval.run went on to finish every sample. Here both happen in one iteration."""
+
+    async def scenario():
+        reply = asyncio.get_running_loop().create_future()
+
+        async def attempt():
+            return await reply
+
+        call = asyncio.create_task(RetryPolicy(max_attempts=1, backoff_s=0.0, timeout_s=30.0).call(attempt))
+        await asyncio.sleep(0)  # the call is waiting on its reply
+        reply.set_result("done")  # the reply arrives ...
+        call.cancel()  # ... and Ctrl-C lands before the call resumes
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    asyncio.run(scenario())
+
+
 def test_a_retry_section_with_an_unknown_key_is_refused():
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['max_retries'\]"):
         RetryPolicy.from_section({"max_retries": 3})
