@@ -163,12 +163,22 @@ def test_a_replaced_dataset_file_stops_the_resume_with_exit_2(tmp_path):
     assert _count(tmp_path / "run" / RESULTS) == 1
 
 
+def _as_a_shell_starts_it() -> None:
+    """In the child, before exec: SIGINT handled by default and not blocked, as a shell starts a
+    foreground command. A child inherits an ignored or blocked SIGINT from this test process, and
+    something run earlier in the same pytest worker can leave it so (seen under xdist: the
+    interrupted run finished every sample and exited 0); Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_ends_with_one_line_and_the_manifest_counts_the_rows_on_disk(tmp_path):
     """SIGINT (Ctrl-C) mid-run: no traceback, one line saying how many samples are saved and how to
     resume, exit 130; the session is closed in the manifest with the rows on disk counted (it
     once said `written: 4` with 6 rows on disk: the interrupted subset's rows were not counted)."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(_command(out), cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(_command(out), cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_a_shell_starts_it)
     deadline = time.time() + 300
     while _count(out / RESULTS) < 1:
         if proc.poll() is not None or time.time() > deadline:
