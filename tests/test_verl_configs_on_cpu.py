@@ -250,6 +250,11 @@ def test_cpu_runs_are_the_4b_run_on_the_cpu_engine(name):
     assert smoke.actor_rollout_ref.rollout.name == "parser_cpu" and smoke.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
     assert smoke.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
     assert smoke.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
+    # the CPU engine's Ray settings (configs/train/engine/cpu.yaml, once for every CPU run): Ray's
+    # default niceness 15 starved the trainer behind every other process on a shared machine
+    assert smoke.ray_kwargs.ray_init._system_config.worker_niceness == 0
+    assert not smoke.actor_rollout_ref.actor.fsdp_config.use_torch_compile
+    assert not smoke.actor_rollout_ref.ref.fsdp_config.use_torch_compile
     env = smoke.ray_kwargs.ray_init.runtime_env.env_vars
     assert env.VERL_PLATFORM == "cpu" and env.VERL_USE_EXTERNAL_MODULES == "parser.verl.cpu"
     assert "VERL_PLATFORM" not in full.ray_kwargs.ray_init.runtime_env.env_vars
