@@ -165,9 +165,11 @@ def test_a_replaced_dataset_file_stops_the_resume_with_exit_2(tmp_path):
 
 def _as_a_shell_starts_it() -> None:
     """In the child, before exec: SIGINT handled by default and not blocked, as a shell starts a
-    foreground command. A child inherits an ignored or blocked SIGINT from this test process, and
-    something run earlier in the same pytest worker can leave it so (seen under xdist: the
-    interrupted run finished every sample and exited 0); Python then never raises KeyboardInterrupt."""
+    foreground command. A child inherits an ignored SIGINT from this test process, and pytest has
+    one whenever it was started as a background job of a non-interactive shell (`make test &`, a CI
+    step's `( ... ) &`): POSIX shells start such jobs with SIGINT ignored, Python keeps an ignored
+    SIGINT at startup, and xdist's workers inherit it. The interrupted run then never raised
+    KeyboardInterrupt, finished every sample and exited 0."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
