@@ -4,12 +4,18 @@ The packaged Gemma 3 270M is a base model: its GGUF carries no chat template, an
 used to die in transformers' apply_chat_template at the first episode, losing the other models'
 rows. Here a real tiny Qwen3 saved without its template stands in for it (no hub, seconds).
 
+The first test runs the script as a user does, in its own process; the resume, probe and refusal
+tests run the same script in this process (`runpy`, its own argv, stdout and stderr captured,
+SystemExit turned into the exit status Python would give), so ten runs share one import of
+torch and transformers and one load of each tiny model instead of paying ~5 CPU-s each.
+
     .venv/bin/pytest tests/test_compare_small_models_on_cpu.py -q
 """
 from __future__ import annotations
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -59,11 +65,29 @@ def test_the_comparison_reports_the_unusable_model_and_finishes_the_others(base_
     assert (tmp_path / "tiny-qwen3.jsonl").read_text().count("\n") == 2
 
 
-def compare(out: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "scripts" / "compare_small_models.py"), "--questions", "2", "--length", "12",
-           "--out", str(out), *args]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run(cmd, cwd=out.parent, env=env, capture_output=True, text=True, timeout=600)
+@pytest.fixture
+def compare(monkeypatch, capsys):
+    """`scripts/compare_small_models.py --questions 2 --length 12 --out OUT ARGS`, run in this process."""
+    script = ROOT / "scripts" / "compare_small_models.py"
+
+    def run(out: Path, *args: str) -> subprocess.CompletedProcess:
+        argv = [str(script), "--questions", "2", "--length", "12", "--out", str(out), *args]
+        with monkeypatch.context() as scope:
+            scope.setattr(sys, "argv", argv)
+            scope.setenv("HF_HUB_OFFLINE", "1")
+            scope.chdir(out.parent)
+            capsys.readouterr()
+            try:
+                runpy.run_path(str(script), run_name="__main__")
+                code = 0
+            except SystemExit as exit_:  # what the interpreter does with it at the top level
+                code = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
+                if not isinstance(exit_.code, (int, type(None))):
+                    print(exit_.code, file=sys.stderr)
+            captured = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, captured.out, captured.err)
+
+    return run
 
 
 def row_cells(stdout: str, label: str) -> list[str]:
@@ -71,7 +95,7 @@ def row_cells(stdout: str, label: str) -> list[str]:
                 if line.startswith(f"| {label} |"))
 
 
-def test_an_interrupted_comparison_resumes_without_rerunning_or_recounting(tmp_path):
+def test_an_interrupted_comparison_resumes_without_rerunning_or_recounting(tmp_path, compare):
     out = tmp_path / "out"
     first = compare(out, "--models", "tiny-qwen3")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -112,12 +136,12 @@ def test_an_interrupted_comparison_resumes_without_rerunning_or_recounting(tmp_p
 
 
 @pytest.mark.parametrize("flag", ["--concurrency", "--questions"])
-def test_a_count_below_one_is_refused_with_exit_2_naming_the_flag(tmp_path, flag):
+def test_a_count_below_one_is_refused_with_exit_2_naming_the_flag(tmp_path, flag, compare):
     refused = compare(tmp_path / "out", "--models", "tiny-qwen3", flag, "0")
     assert refused.returncode == 2 and f"{flag} 0: expected an integer >= 1" in refused.stderr
 
 
-def test_the_probe_asks_every_chunk_the_question_once_and_readers_can_differ_from_the_lead(tmp_path):
+def test_the_probe_asks_every_chunk_the_question_once_and_readers_can_differ_from_the_lead(tmp_path, compare):
     out = tmp_path / "out"
     probe = compare(out, "--probe", "--models", "tiny-qwen3")
     assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-3000:]
