@@ -35,10 +35,11 @@ lint: setup
 
 # The suite runs on PYTEST_WORKERS parallel pytest processes (pytest-xdist), each taking whole
 # test files (module fixtures, such as a trainer launch, run once), the minutes-long files first
-# (`pytest.mark.first`, tests/conftest.py). Four workers on two cores keep both cores busy (98% of
-# the run): the suite is bound by CPU time (~1,640 CPU-s, about 40% of it the four trainer
-# launches' Ray processes). Measured on a quiet 2-core machine: pytest took 827-880 s with 4
-# workers, 932 s with 3 and 1,689 s in one process. PYTEST_WORKERS=0 runs it in one process.
+# (`pytest.mark.first`, tests/conftest.py). Four workers on two cores keep both cores busy (96-98%
+# of the run): the suite is bound by CPU time, about 40% of it the four trainer launches' Ray
+# processes. Measured on a quiet 2-core machine: pytest took 827-880 s with 4 workers (~1,640
+# CPU-s), 932 s with 3 and 1,689 s in one process; on a day the same imports cost 25-35% less CPU,
+# 636-642 s (~1,200 CPU-s). PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 4
 PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
