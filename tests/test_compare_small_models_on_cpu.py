@@ -6,7 +6,7 @@ rows. Here a real tiny Qwen3 saved without its template stands in for it (no hub
 
 The first test runs the script as a user does, in its own process; the resume, probe and refusal
 tests run the same script in this process (`runpy`, its own argv, stdout and stderr captured,
-SystemExit turned into the exit status Python would give), so ten runs share one import of
+SystemExit turned into the exit status Python would give), so nine runs share one import of
 torch and transformers and one load of each tiny model instead of paying ~5 CPU-s each.
 
     .venv/bin/pytest tests/test_compare_small_models_on_cpu.py -q
@@ -81,9 +81,10 @@ def compare(monkeypatch, capsys):
                 runpy.run_path(str(script), run_name="__main__")
                 code = 0
             except SystemExit as exit_:  # what the interpreter does with it at the top level
-                code = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
-                if not isinstance(exit_.code, (int, type(None))):
-                    print(exit_.code, file=sys.stderr)
+                code = exit_.code or 0
+                if not isinstance(code, int):  # a message: printed to stderr, exit status 1
+                    print(code, file=sys.stderr)
+                    code = 1
             captured = capsys.readouterr()
         return subprocess.CompletedProcess(argv, code, captured.out, captured.err)
 
