@@ -185,18 +185,18 @@ def test_naive_weight_sync_is_rejected():
 @pytest.mark.parametrize("name,engine", [*((n, "megatron") for n in SHIPPED), ("train/memagent_4b", "megatron"),
                                          ("train/cpu_smoke", "dp"), ("train/cpu_learn", "dp")])
 def test_every_key_set_in_our_yaml_exists_in_verls_schema(name, engine):
-    from parser.verl.config_checks import unknown_keys, verl_schema
+    from parser.verl.config_checks import unknown_keys
 
     config = compose_config(name, [GATEWAY])
     assert config.model_engine == engine  # the launch check compares against this engine's schema
-    assert unknown_keys(config, verl_schema(engine)) == []
+    assert unknown_keys(config, engine) == []
 
 
 def test_a_typo_in_a_yaml_file_is_caught(tmp_path):
     """Hydra merges an unknown key from a YAML file silently; the schema check does not."""
     import shutil
 
-    from parser.verl.config_checks import unknown_keys, verl_schema
+    from parser.verl.config_checks import unknown_keys
 
     configs = tmp_path / "configs"
     shutil.copytree(CONFIG_DIR, configs)
@@ -205,7 +205,7 @@ def test_a_typo_in_a_yaml_file_is_caught(tmp_path):
     with initialize_config_dir(config_dir=str(configs), version_base=None):
         config = compose(config_name="train/parser_4b", overrides=[GATEWAY])  # composes without complaint
     assert config.actor_rollout_ref.actor.clip_ration == 0.3
-    assert unknown_keys(config, verl_schema("megatron")) == ["actor_rollout_ref.actor.clip_ration"]
+    assert unknown_keys(config, "megatron") == ["actor_rollout_ref.actor.clip_ration"]
 
 
 def test_the_launch_check_refuses_a_typo_in_a_users_own_config(tmp_path):

@@ -11,6 +11,7 @@ from a YAML file (the user's own config included) and verl then ignores.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def check_train_config(config: Any, require_gateway: bool = True) -> None:
     """Raise `TrainConfigError` listing every problem found in a composed trainer config."""
     problems: list[str] = []
     engine = config.get("model_engine")
-    unknown = unknown_keys(config, verl_schema(engine)) if engine else []
+    unknown = unknown_keys(config, engine) if engine else []
     if unknown:
         problems.append(f"key(s) not in verl's schema (model_engine={engine}): {', '.join(unknown)}; a typo or a "
                         "removed key, which verl would ignore. Free-form sections: " + ", ".join(FREE_FORM))
@@ -154,16 +155,26 @@ def verl_schema(model_engine: str) -> Any:
         GlobalHydra.instance().hydra = outer
 
 
-def unknown_keys(config: Any, reference: Any, free_form: tuple[str, ...] = FREE_FORM) -> list[str]:
-    """Key paths in `config` that verl's own composed config (`reference`, same model engine)
+@functools.lru_cache(maxsize=None)
+def _schema_paths(model_engine: str) -> tuple[frozenset[str], frozenset[str], tuple[str, ...]]:
+    """What `unknown_keys` reads of verl's schema for one engine: its leaf paths, every prefix of
+    them, and the interpolated subtrees. Composed once per process: the schema is the installed
+    verl's, and composing it costs ~0.4 CPU-s (a process checking many configs, the test suite,
+    composed it dozens of times)."""
+    reference = verl_schema(model_engine)
+    known = _leaf_paths(reference)
+    prefixes = {p.rsplit(".", i)[0] for p in known for i in range(p.count(".") + 1)}
+    return frozenset(known), frozenset(prefixes), tuple(sorted(p + "." for p in _interpolated_paths(reference)))
+
+
+def unknown_keys(config: Any, model_engine: str, free_form: tuple[str, ...] = FREE_FORM) -> list[str]:
+    """Key paths in `config` that verl's own composed config for `model_engine` (`verl_schema`)
     does not have: typos and removed keys, which Hydra merges in silently.
 
     `config` may be resolved (the launch check runs after `OmegaConf.resolve`): a subtree that the
     reference defines by interpolation (`ref.megatron: ${actor.megatron}`) is then a copy, whose
     keys are checked where the interpolation points."""
-    known = _leaf_paths(reference)
-    known_prefixes = {p.rsplit(".", i)[0] for p in known for i in range(p.count(".") + 1)}
-    aliases = tuple(p + "." for p in _interpolated_paths(reference))
+    known, known_prefixes, aliases = _schema_paths(model_engine)
     unknown = []
     for path in sorted(_leaf_paths(config)):
         if any(path == f or path.startswith(f + ".") for f in free_form) or path.startswith(aliases):
