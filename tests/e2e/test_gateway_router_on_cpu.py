@@ -86,19 +86,31 @@ def _metric(metrics_url: str, name: str) -> dict[str, float]:
     return {re.sub(r'^worker="([^"]+)"$', r"\1", labels): float(v) for labels, v in found}
 
 
-@pytest.fixture(scope="module")
-def loopback_workers(tmp_path_factory):
-    """Three loopback worker processes shared by the policy runs (they keep no routing state)."""
+def _shared_workers(tmp_path_factory, workers: dict, ready_s: float):
+    """Worker processes started once for a module's tests; yields their URLs."""
     group = ProcessGroup(tmp_path_factory.mktemp("workers"))
-    launches = worker_launches(support.loopback_workers(3, delay_s=0.05))
+    launches = worker_launches(workers)
     try:
         for launch in launches:
             group.start(launch)
         for launch in launches:
-            group.wait_ready(launch, 60)
+            group.wait_ready(launch, ready_s)
         yield [launch.url for launch in launches]
     finally:
         group.stop()
+
+
+@pytest.fixture(scope="module")
+def loopback_workers(tmp_path_factory):
+    """Three loopback worker processes shared by the policy runs (they keep no routing state)."""
+    yield from _shared_workers(tmp_path_factory, support.loopback_workers(3, delay_s=0.05), 60)
+
+
+@pytest.fixture(scope="module")
+def scoring_workers(tmp_path_factory):
+    """Two parser.serve workers (tiny Qwen3, seeded) shared by both routers' scoring runs: a
+    score is a stateless forward pass, and each worker process costs ~9 CPU-s to start."""
+    yield from _shared_workers(tmp_path_factory, {"kind": "parser_serve", "num": 2, "cpu_model": "tiny-qwen3"}, 120)
 
 
 def _run_through_router(cfg: dict, worker_urls: list[str], tmp_path: Path, workload, routing_header=None,
@@ -272,7 +284,7 @@ def test_a_garbage_200_passes_through_smg_and_only_the_client_pool_routes_around
 
 
 @pytest.mark.parametrize("kind", ["smg", "sglang_router"])
-def test_answer_scoring_passes_through_the_gateway(kind, tmp_path, tiny_tokenizer, tiny_qwen3_model):
+def test_answer_scoring_passes_through_the_gateway(kind, scoring_workers, tmp_path, tiny_tokenizer, tiny_qwen3_model):
     """`score` through the router to two parser.serve workers (tiny Qwen3, the same seeded weights
     as in process): SGLang's input-logprob fields reach the worker and its answer comes back
     unchanged, equal to a plain forward pass, whichever worker a key lands on. Either router's
@@ -282,22 +294,27 @@ def test_answer_scoring_passes_through_the_gateway(kind, tmp_path, tiny_tokenize
 
     from parser.backends.base import BackendError
 
-    cfg = {"workers": {"kind": "parser_serve", "num": 2, "cpu_model": "tiny-qwen3"},
-           "router": _router_cfg(kind), "log_dir": str(tmp_path / f"logs-score-{kind}"), "ready_timeout_s": 120}
     prompt = tiny_tokenizer.encode("Question: who built the bridge? Findings: Ada Okafor built it. Answer:",
                                    add_special_tokens=False)
     answer = tiny_tokenizer.encode(" Ada Okafor", add_special_tokens=False)
     with torch.inference_mode():
         logits = tiny_qwen3_model(input_ids=torch.tensor([prompt + answer])).logits[0].float()
     want = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).gather(-1, torch.tensor(answer)[:, None])[:, 0].tolist()
-    with Gateway.from_config(cfg) as gw:
+    group = ProcessGroup(tmp_path / f"logs-score-{kind}")
+    router = router_launch(_router_cfg(kind), scoring_workers)
+    try:
+        group.start(router)
+        group.wait_ready(router, 60)
+
         async def go(api, server):
-            async with HttpBackend(gw.url, api=api, server=server, model="tiny-qwen3") as backend:
+            async with HttpBackend(router.url, api=api, server=server, model="tiny-qwen3") as backend:
                 return [await backend.score(prompt, answer, routing_key=f"doc:{i}") for i in range(4)]
 
         scores = asyncio.run(go("sglang", "sglang"))
         with pytest.raises(BackendError) as refused:
             asyncio.run(go("completions", "vllm"))
+    finally:
+        group.stop()
     for got in scores:
         assert got == pytest.approx(want, abs=1e-4)
     # measured: smg 1.13.0 answers 400 (its prompt field takes a string or strings), sglang-router 0.3.2 a 422
