@@ -15,7 +15,7 @@ SGLang. The lead is a real tiny Qwen3 (support.verl_smoke) that samples right an
 answers, so rewards are exact match on what it wrote.
 
 Cost (2 shared cores, load 10-15 from other jobs): 6-9 min for the module, of which the tiny
-lead's fitting ~75 s on a fresh asset cache (then cached), each launch 150-330 s — mostly Ray
+lead's fitting ~15-25 s on a fresh asset cache (then cached), each launch 150-330 s — mostly Ray
 and ~10 processes each importing verl; the steps themselves 6-35 s.
 """
 from __future__ import annotations

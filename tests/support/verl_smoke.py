@@ -31,6 +31,9 @@ WRONG = "Anna Berg"
 CALL = "<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
 QUERY_TURN = "I need the director.\n</think>\n\n" + CALL.format(QUESTION)
 ANSWER_TURN = "The agents found it.\n</think>\n\n<answer>{}</answer>"
+# Supervised steps for the smoke lead: the loss reaches its plateau by step ~90 (0.024 at 90, 0.0233
+# at 100, 0.0223 at 200, with an Adam spike to 0.45 at 140 between); each step is ~0.12 CPU-s.
+FIT_STEPS = 100
 
 
 def document(n_filler: int = 8) -> str:
@@ -98,7 +101,7 @@ async def record_episodes(settings: dict[str, Any], tokenizer: Any, response_len
     return sequences
 
 
-def teach_lead(tokenizer: Any, sequences: list[tuple[list[int], list[int]]], steps: int = 200, seed: int = 0):
+def teach_lead(tokenizer: Any, sequences: list[tuple[list[int], list[int]]], steps: int, seed: int = 0):
     """A tiny Qwen3 fitted to the episodes' lead tokens (observations and prompt masked out).
 
     The loss is the causal LM loss on the lead tokens (each sequence's mean, averaged), with the
@@ -143,10 +146,10 @@ def cached_lead(name: str, tokenizer: Any, sequences: list[tuple[list[int], list
     return cached_directory(name, key, target, fit, cache=cache)
 
 
-def build(out: str | Path, gateway_url: str, steps: int = 200, cache: bool = True) -> dict[str, str]:
+def build(out: str | Path, gateway_url: str, steps: int = FIT_STEPS, cache: bool = True) -> dict[str, str]:
     """Write the smoke lead (weights + tokenizer) and the parquet files under `out`. The lead is
     cached under the asset cache, keyed by the recorded episodes (they change whenever the
-    prompts, tokenizer or episode settings do), so reruns skip the ~1 minute of fitting."""
+    prompts, tokenizer or episode settings do), so reruns skip the fitting (~12 CPU-s)."""
 
     import torch
     from hydra import compose, initialize_config_dir
@@ -173,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="directory for lead/ and data/")
     ap.add_argument("--gateway-url", required=True, help="loopback subagents started with --needle")
-    ap.add_argument("--steps", type=int, default=200, help="supervised steps for the tiny lead")
+    ap.add_argument("--steps", type=int, default=FIT_STEPS, help="supervised steps for the tiny lead")
     args = ap.parse_args(argv)
     for key, value in build(args.out, args.gateway_url, args.steps).items():
         print(f"{key}={value}")
