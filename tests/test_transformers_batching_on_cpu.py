@@ -286,7 +286,9 @@ def test_the_queue_is_bounded_and_work_runs_between_decode_steps(tiny_qwen3_mode
 def test_smollm2_greedy_subagent_replies_are_the_same_batched():
     """SmolLM2-135M (float32) on real subagent prompts, JSON-constrained as the CPU preset reads:
     batched and one-at-a-time replies are the same tokens; the logprobs differ only by float
-    rounding of the batched matmuls (measured ~1e-5)."""
+    rounding of the batched matmuls (measured ~1e-5). The chunks are 256 tokens, not the CPU
+    preset's 512: the rows still differ in length (padding), and at 512 prefilling the four
+    prompts twice made this the suite's costliest in-process test (32 s alone; 21 s at 256)."""
     from data_prep.synthetic_world import build_synthetic_eval
     from parser import prompts
     from parser.chunking import chunk_document
@@ -294,7 +296,7 @@ def test_smollm2_greedy_subagent_replies_are_the_same_batched():
 
     model, tok = load_smollm2(torch.float32)
     row = build_synthetic_eval(num_questions=1, lengths=(30,), seed=3)[0]
-    chunks = chunk_document(row["context"], tok, 512)[:4]  # four rows decode as one batch
+    chunks = chunk_document(row["context"], tok, 256)[:4]  # four rows decode as one batch
     schema = prompts.LEAD.path(prompts.DEFAULT_VERSION, "subagent_schema.json").read_text(encoding="utf-8")
     sampling = SamplingParams(max_new_tokens=24, temperature=0.0, return_logprobs=True, json_schema=schema)
     requests = [(tok.apply_chat_template([{"role": "user", "content": prompts.render(
