@@ -25,6 +25,7 @@ episode engine are the real ones. Figures are printed (run with -s to see them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import re
@@ -113,15 +114,24 @@ def scoring_workers(tmp_path_factory):
     yield from _shared_workers(tmp_path_factory, {"kind": "parser_serve", "num": 2, "cpu_model": "tiny-qwen3"}, 120)
 
 
-def _run_through_router(cfg: dict, worker_urls: list[str], tmp_path: Path, workload, routing_header=None,
-                        direct: bool = False):
-    """(per-round stats, smg's sticky-key counters at the end); `direct`: every round also straight
-    to the workers (gateway_report's --direct)."""
-    group = ProcessGroup(tmp_path)
+@contextlib.contextmanager
+def _router(cfg: dict, worker_urls: list[str], log_dir: Path):
+    """One router process (the `router:` block `cfg`) over workers that are already running."""
+    group = ProcessGroup(log_dir)
     router = router_launch(cfg, worker_urls)
     try:
         group.start(router)
         group.wait_ready(router, 60)
+        yield router
+    finally:
+        group.stop()
+
+
+def _run_through_router(cfg: dict, worker_urls: list[str], tmp_path: Path, workload, routing_header=None,
+                        direct: bool = False):
+    """(per-round stats, smg's sticky-key counters at the end); `direct`: every round also straight
+    to the workers (gateway_report's --direct)."""
+    with _router(cfg, worker_urls, tmp_path) as router:
 
         async def go():
             extra = {"routing_header": routing_header} if routing_header else {}
@@ -136,8 +146,6 @@ def _run_through_router(cfg: dict, worker_urls: list[str], tmp_path: Path, workl
         stats = asyncio.run(go())
         keys = {name: sum(_metric(router.metrics_url, name).values())
                 for name in ("smg_manual_policy_cache_entries", "smg_routing_key_source_total")} if cfg["kind"] == "smg" else {}
-    finally:
-        group.stop()
     return stats, keys
 
 
@@ -300,12 +308,7 @@ def test_answer_scoring_passes_through_the_gateway(kind, scoring_workers, tmp_pa
     with torch.inference_mode():
         logits = tiny_qwen3_model(input_ids=torch.tensor([prompt + answer])).logits[0].float()
     want = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).gather(-1, torch.tensor(answer)[:, None])[:, 0].tolist()
-    group = ProcessGroup(tmp_path / f"logs-score-{kind}")
-    router = router_launch(_router_cfg(kind), scoring_workers)
-    try:
-        group.start(router)
-        group.wait_ready(router, 60)
-
+    with _router(_router_cfg(kind), scoring_workers, tmp_path / f"logs-score-{kind}") as router:
         async def go(api, server):
             async with HttpBackend(router.url, api=api, server=server, model="tiny-qwen3") as backend:
                 return [await backend.score(prompt, answer, routing_key=f"doc:{i}") for i in range(4)]
@@ -313,8 +316,6 @@ def test_answer_scoring_passes_through_the_gateway(kind, scoring_workers, tmp_pa
         scores = asyncio.run(go("sglang", "sglang"))
         with pytest.raises(BackendError) as refused:
             asyncio.run(go("completions", "vllm"))
-    finally:
-        group.stop()
     for got in scores:
         assert got == pytest.approx(want, abs=1e-4)
     # measured: smg 1.13.0 answers 400 (its prompt field takes a string or strings), sglang-router 0.3.2 a 422
