@@ -27,15 +27,16 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 QUESTIONS, LENGTHS, RUNS = 2, (50, 100), 2
 EXPECTED = QUESTIONS * len(LENGTHS) * RUNS
+# 16-token findings (the preset's 48 are one short JSON object): a random-weight subagent fills
+# every budget, and its decoding was most of each sample's CPU (8 samples: 44 -> 31 CPU-s)
+SHORT_FINDINGS = "method.episode.subagent_max_tokens=16"
 pytestmark = pytest.mark.first(minutes=2)  # eval runs killed and resumed: minutes
 
 
 def _command(out_dir: Path) -> list[str]:
-    # 16-token findings (the preset's 48 are one short JSON object): a random-weight subagent fills
-    # every budget, and its decoding was most of each sample's CPU (8 samples: 44 -> 31 CPU-s)
     return [sys.executable, "-m", "eval.run", "--config-name", "tiny_cpu", f"out_dir={out_dir}", f"runs={RUNS}",
             f"dataset.num_questions={QUESTIONS}", f"dataset.lengths=[{','.join(map(str, LENGTHS))}]", "concurrency=1",
-            "progress=false", "method.episode.subagent_max_tokens=16"]
+            "progress=false", SHORT_FINDINGS]
 
 
 def _env() -> dict[str, str]:
@@ -134,7 +135,7 @@ def test_controlled_analysis_end_to_end(tmp_path):
     with initialize_config_dir(config_dir=str(CONFIGS / "eval"), version_base="1.3"):
         cfg = compose("tiny_cpu", overrides=[f"hydra.searchpath=[file://{CONFIGS}]", "dataset=synthetic_position",
                                              "dataset.num_questions=1", "runs=1", "progress=false", f"out_dir={out}",
-                                             "method.episode.subagent_max_tokens=16"])
+                                             SHORT_FINDINGS])
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     assert asyncio.run(evaluate(cfg)) == 0
     rows = list(read_jsonl(out / RESULTS))
