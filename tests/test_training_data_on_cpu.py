@@ -12,6 +12,7 @@ really write, on the offline synthetic world). Nothing is downloaded.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -76,6 +77,7 @@ def data_config(name: str, overrides: list[str] = ()) -> dict:  # type: ignore[a
         return OmegaConf.to_container(compose(config_name=name, overrides=list(overrides)), resolve=True)
 
 
+@functools.cache  # two tests read it; each build composes a data config
 def produced() -> dict[Path, str]:
     """Every file a documented data command writes -> the command's place."""
     out: dict[Path, str] = {}
