@@ -89,13 +89,17 @@ def _run(target: str, args: list[str]) -> None:
         sys.argv = old_argv
 
 
+def distinct(commands: list[tuple[str, str, list[str]]]) -> list[tuple[str, str, list[str]]]:
+    """One entry per distinct command (what a command composes depends on the command only), its
+    `where` naming every doc line that shows it: many docs repeat a command shown elsewhere."""
+    wheres: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for where, target, args in commands:
+        wheres.setdefault((target, tuple(args)), []).append(where)
+    return [(", ".join(places), target, list(args)) for (target, args), places in wheres.items()]
+
+
 COMMANDS = documented_commands()
-# one run per distinct command (a composition is a pure function of the command); `where` names
-# every doc line that shows it (52 of the 187 Hydra commands repeat one shown elsewhere)
-_WHERES: dict[tuple[str, tuple[str, ...]], list[str]] = {}
-for _where, _target, _args in COMMANDS:
-    _WHERES.setdefault((_target, tuple(_args)), []).append(_where)
-DISTINCT = [(", ".join(wheres), target, list(args)) for (target, args), wheres in _WHERES.items()]
+DISTINCT = distinct(COMMANDS)
 
 
 def test_the_docs_document_commands():
