@@ -45,7 +45,8 @@ lint: setup
 # CPU-s), 932 s with 3 and 1,689 s in one process; on a day the same imports cost 25-35% less CPU,
 # 636-642 s (~1,200 CPU-s); on a slow evening with an empty asset cache (a new machine: the two
 # smoke leads are fitted in the suite, 12-20 CPU-s each), 860 s (~1,640 CPU-s); one night, empty
-# cache, runs alternating with the commit before (4853daf): 717 / 620 s, against its 767 / 719 s.
+# cache, runs alternating with the commit before (4853daf): 717 / 620 s, against its 767 / 719 s;
+# on a slower 2-core machine (2.0 GHz EPYC, every fixture ~1.6x longer), 968 and 1,132 s.
 # PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 4
 PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
