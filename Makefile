@@ -49,7 +49,7 @@ lint: setup
 # 636-642 s (~1,200 CPU-s); on a slow evening with an empty asset cache (a new machine: the two
 # smoke leads are fitted in the suite, 12-20 CPU-s each), 860 s (~1,640 CPU-s); one night, empty
 # cache, runs alternating with the commit before (4853daf): 717 / 620 s, against its 767 / 719 s;
-# on a slower 2-core machine (2.0 GHz EPYC, every fixture ~1.6x longer), 968 and 1,132 s.
+# on a slower 2-core machine (2.0 GHz EPYC, every fixture ~1.6x longer), 968-1,143 s in three runs.
 # PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 4
 PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
