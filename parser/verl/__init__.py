@@ -12,6 +12,7 @@ into one documented verl extension point, so no verl file is copied or patched:
 | `info_gain` | (pure functions) | InfoMem in verl: compose a GRPO group's rewards from EM and gains, its step metrics |
 | `metrics` | (pure functions) | trajectory stats -> logged step metrics |
 | `config_checks` / `train` | `verl.trainer.main_ppo.run_ppo` | fail fast on bad configs, then launch |
+| `ray_start` | (around `run_ppo`) | start the local Ray cluster again after Ray's start-up deadline ran out |
 | `cpu/` | platform, engine, rollout and checkpoint-engine registries | the same trainer on a CPU (CI, laptops) |
 
     python -m parser.verl.train --config-name train/parser_4b parser.gateway_url=http://127.0.0.1:30000

@@ -12,6 +12,8 @@ What it adds to `python -m verl.trainer.main_ppo` (whose steps it then runs, by 
   run it (no CUDA GPU for a GPU engine, `megatron.core` missing, train/val files missing), saying
   what to do (parser/verl/machine.py); exit 2;
 - a finished run prints where its checkpoint is and the next commands (merge -> eval);
+- a local Ray start that ran past Ray's fixed start-up deadline on a busy machine is cleaned up
+  and started again, up to 3 times (parser/verl/ray_start.py);
 - wandb runs offline unless you are logged in (`WANDB_API_KEY` or `wandb login`), so a run
   never blocks on a login prompt; `WANDB_MODE=online` forces it;
 - the agent-loop YAML path becomes absolute, so Ray workers on other nodes find it;
@@ -34,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from parser.resources import config_dir, config_file
 from parser.verl.config_checks import check_train_config
 from parser.verl.machine import MachineError, check_machine, closing_lines
+from parser.verl.ray_start import retry_ray_start
 
 CONFIG_DIR = config_dir()
 # The verl levels at which verl 0.9.1's separate_async trainer raises while starting (below).
@@ -116,7 +119,7 @@ def main(config: DictConfig) -> None:
 
     auto_set_device(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    run_ppo(config, task_runner_class=TaskRunnerV1)
+    retry_ray_start(lambda: run_ppo(config, task_runner_class=TaskRunnerV1))
     print("\n".join(closing_lines(config)), flush=True)
 
 
