@@ -10,7 +10,9 @@ Checks the gateway contract (scripts/serve_subagents.py, parser/gateway.py):
   same rounds straight to the workers give the router's added latency (printed);
 - smg reads the chunk's routing key from `X-SMG-Routing-Key`: with chunks so short that the
   shared instructions dominate the text, it holds one sticky key per chunk and spreads them
-  evenly; the same traffic with the header renamed holds no key at all;
+  evenly when a whole round is in flight at once (the workers hold round 1 until all of it has
+  arrived: smg balances the keys in flight, so on a busy machine early answers used to skew it to
+  1.19); the same traffic with the header renamed holds no key at all;
 - a worker killed in the middle of a scatter round, while it holds a request, loses no request
   (either router);
 - a worker answering HTTP 200 with garbage: smg passes it through (its circuit breaker stays
@@ -128,9 +130,9 @@ def _router(cfg: dict, worker_urls: list[str], log_dir: Path):
 
 
 def _run_through_router(cfg: dict, worker_urls: list[str], tmp_path: Path, workload, routing_header=None,
-                        direct: bool = False):
+                        direct: bool = False, during_round=None):
     """(per-round stats, smg's sticky-key counters at the end); `direct`: every round also straight
-    to the workers (gateway_report's --direct)."""
+    to the workers (gateway_report's --direct); `during_round(r)` runs alongside round r."""
     with _router(cfg, worker_urls, tmp_path) as router:
 
         async def go():
@@ -138,7 +140,8 @@ def _run_through_router(cfg: dict, worker_urls: list[str], tmp_path: Path, workl
             pool = WorkerPool([HttpBackend(u) for u in worker_urls]) if direct else None
             try:
                 async with HttpBackend(router.url, **extra) as backend:
-                    return await report.run_workload(backend, workload, num_workers=len(worker_urls), direct=pool)
+                    return await report.run_workload(backend, workload, num_workers=len(worker_urls), direct=pool,
+                                                     during_round=during_round)
             finally:
                 if pool is not None:
                     await pool.aclose()
@@ -168,12 +171,49 @@ def test_chunks_stay_on_their_worker_across_rounds(kind, policy, loopback_worker
     assert sum(s.requests for s in stats if s.path == "direct") == 48 * 4
 
 
+ALL_IN_FLIGHT_S = 60.0  # deadline for round 1's requests to all reach the workers
+
+
+def _post(url: str, path: str) -> dict:
+    with urllib.request.urlopen(urllib.request.Request(url + path, data=b"{}", method="POST"), timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def _in_flight(url: str) -> int:
+    with urllib.request.urlopen(url + "/get_load", timeout=5) as resp:
+        return json.loads(resp.read())[0]["num_reqs"]
+
+
+def _round_one_all_in_flight(worker_urls: list[str], expected: int):
+    """`during_round` for a run whose workers hold every request (POST /hold): once round 1's
+    `expected` requests are all in flight, release them. smg's min_group counts the keys a worker
+    has *in flight*, so round 1 is placed as if every key stayed busy, however fast this machine
+    answers; later rounds follow the pins."""
+    async def during(r: int) -> None:
+        if r > 0:
+            return
+        deadline = time.monotonic() + ALL_IN_FLIGHT_S
+        while (held := sum(await asyncio.gather(*(asyncio.to_thread(_in_flight, u) for u in worker_urls)))) < expected:
+            assert time.monotonic() < deadline, f"{held} of round 1's {expected} requests reached the workers"
+            await asyncio.sleep(0.02)  # between two looks at other processes' counts
+        for url in worker_urls:
+            _post(url, "/release")
+    return during
+
+
 def test_smg_pins_chunks_by_the_routing_key_header(loopback_workers, tmp_path):
     """25-word chunks: the shared instructions are most of every prompt's text, so text routing
     cannot tell chunks apart; smg's routing-key override (the shipped default) can."""
     workload = report.Workload(chunks=48, rounds=3, chunk_words=25)
     assert report.instruction_share(workload) > 0.3
-    keyed, keys = _run_through_router(_router_cfg("smg"), loopback_workers, tmp_path / "keyed", workload)
+    try:
+        for url in loopback_workers:
+            _post(url, "/hold")
+        keyed, keys = _run_through_router(_router_cfg("smg"), loopback_workers, tmp_path / "keyed", workload,
+                                          during_round=_round_one_all_in_flight(loopback_workers, workload.chunks))
+    finally:
+        for url in loopback_workers:  # the module's other tests share these workers
+            _post(url, "/release")
     total = report.summary(keyed)
     print(f"[smg, X-SMG-Routing-Key] summary {total}; {keys}")
     assert keys == {"smg_manual_policy_cache_entries": 48, "smg_routing_key_source_total": 48 * 3}

@@ -28,7 +28,8 @@ mid-run); a frozen or killed process is the harness's business (SIGSTOP / SIGKIL
 In-process: `with start_loopback("w1") as h: h.url; h.worker.records`.
 Endpoints: POST /generate, /v1/completions, /v1/chat/completions; GET /health,
 /health_generate, /server_info, /model_info (and their older /get_ names), /get_load,
-/v1/models, /records; POST /reset, /fault.
+/v1/models, /records; POST /reset, /fault, /hold, /release (hold every request in flight until
+released: a test counts them on /get_load instead of guessing a delay).
 """
 from __future__ import annotations
 
@@ -161,6 +162,8 @@ class LoopbackWorker:
         app.router.add_get("/records", self.dump_records)
         app.router.add_post("/reset", self.reset)
         app.router.add_post("/fault", self.set_fault)
+        app.router.add_post("/hold", self.start_holding)
+        app.router.add_post("/release", self.release)
         return app
 
     @web.middleware
@@ -236,6 +239,20 @@ class LoopbackWorker:
         self.records.clear()
         self.count = 0
         return json_response({"status": "ok"})
+
+    async def start_holding(self, request: web.Request) -> web.Response:
+        """POST /hold: every request from now on is held in flight (counted by /get_load) until
+        POST /release; another process's test synchronises on the count, not on a delay."""
+        if self.hold is None:
+            self.hold = threading.Event()
+        return json_response({"status": "holding"})
+
+    async def release(self, request: web.Request) -> web.Response:
+        """POST /release: answer the held requests, and hold no more."""
+        hold, self.hold = self.hold, None
+        if hold is not None:
+            hold.set()
+        return json_response({"status": "released", "in_flight": self.inflight})
 
     async def set_fault(self, request: web.Request) -> web.Response:
         """POST /fault {"fail_every": 1, "fail_mode": "garbage"}: new fault knobs, from now on."""
