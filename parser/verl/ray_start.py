@@ -5,7 +5,8 @@ changes it) and aborts when the agent is late; `ray.init` then raises "The curre
 during startup" ~30 s later. The agent needs ~2.5 CPU-s of imports, so on a machine whose cores
 are busy (the test suite's four workers plus another run's ten verl processes starting; a laptop
 compiling) it can be late: two of five clean CI runs on a 2-core 2.0 GHz machine lost a launch
-this way, and in the runs that passed the agent took up to 15.0 s.
+this way, in the runs that passed the agent took up to 15.0 s, and with this retry one launch
+needed its third start.
 
 Nothing of the run exists yet when that happens (verl starts its actors only after `ray.init`),
 so `retry_ray_start` stops what the failed start left behind (Ray's GCS, monitor and log monitor:
@@ -13,7 +14,7 @@ children of this process) and lets verl start the cluster again, up to `RAY_STAR
 times, saying so on stderr. Any other error, and any error once Ray is up, is raised unchanged.
 
     python -m parser.verl.train --config-name train/cpu_smoke ...
-    # on a busy machine: "parser.verl.train: Ray's local cluster did not start (attempt 1 of 3: ...)"
+    # on a busy machine: "parser.verl.train: Ray's local cluster did not start (attempt 1 of 5: ...)"
 """
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ import ray
 
 T = TypeVar("T")
 
-RAY_START_ATTEMPTS = 3  # each failed start costs ~33 s (the raylet's 15 s, then ray.init's 30 s poll)
+# each failed start costs ~35-70 s (the raylet's 15 s, then ray.init's 30 s poll); on a 2-core machine
+# at half speed, a launch starting while another launch's ten processes imported verl needed 3 tries
+RAY_START_ATTEMPTS = 5
 START_TIMEOUT = "The current node timed out during startup"  # ray/_private/node.py, Node.__init__
 STOP_GRACE_S = 10.0
 RAY_BINARIES = ("raylet", "gcs_server")  # how a dead one is known: a zombie has no command line left  # SIGTERM, then SIGKILL after this long

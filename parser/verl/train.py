@@ -13,7 +13,7 @@ What it adds to `python -m verl.trainer.main_ppo` (whose steps it then runs, by 
   what to do (parser/verl/machine.py); exit 2;
 - a finished run prints where its checkpoint is and the next commands (merge -> eval);
 - a local Ray start that ran past Ray's fixed start-up deadline on a busy machine is cleaned up
-  and started again, up to 3 times (parser/verl/ray_start.py);
+  and started again, up to 5 times (parser/verl/ray_start.py);
 - wandb runs offline unless you are logged in (`WANDB_API_KEY` or `wandb login`), so a run
   never blocks on a login prompt; `WANDB_MODE=online` forces it;
 - the agent-loop YAML path becomes absolute, so Ray workers on other nodes find it;
