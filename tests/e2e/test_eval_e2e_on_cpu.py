@@ -31,6 +31,9 @@ EXPECTED = QUESTIONS * len(LENGTHS) * RUNS
 # every budget, and its decoding was most of each sample's CPU (8 samples: 44 -> 31 CPU-s)
 SHORT_FINDINGS = "method.episode.subagent_max_tokens=16"
 pytestmark = pytest.mark.first(minutes=2)  # eval runs killed and resumed: minutes
+# one eval run's deadline, not a target: the resumed run's fixture took 548 s on a 2-core machine at
+# half speed
+RUN_DEADLINE_S = 1800
 
 
 def _command(out_dir: Path) -> list[str]:
@@ -51,19 +54,19 @@ def _count(path: Path) -> int:
 def resumed_run(tmp_path_factory) -> tuple[Path, int]:
     out = tmp_path_factory.mktemp("eval") / "run"
     proc = subprocess.Popen(_command(out), cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.time() + 300
+    deadline = time.time() + RUN_DEADLINE_S
     while _count(out / RESULTS) < 1:
         if proc.poll() is not None:
             pytest.fail(f"eval exited ({proc.returncode}) before it could be killed:\n{proc.stdout.read().decode()[-3000:]}")
         if time.time() > deadline:
             proc.kill()
-            pytest.fail("no result rows after 300 s")
+            pytest.fail(f"no result rows after {RUN_DEADLINE_S} s")
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     before = _count(out / RESULTS)
     assert 1 <= before < EXPECTED, "the kill must land mid-run"
-    done = subprocess.run(_command(out), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(_command(out), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=RUN_DEADLINE_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out, before
 
@@ -116,7 +119,7 @@ def test_a_second_eval_on_a_busy_out_dir_refuses(tmp_path):
                               cwd=ROOT, env=_env(), stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        second = subprocess.run(_command(out), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+        second = subprocess.run(_command(out), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=RUN_DEADLINE_S)
         assert second.returncode == 2, second.stderr[-2000:]
         assert f"is in use by another eval.run (pid {holder.pid}" in second.stderr
         assert not (out / RESULTS).exists() and not (out / "manifest.json").exists()
@@ -158,10 +161,10 @@ def test_a_replaced_dataset_file_stops_the_resume_with_exit_2(tmp_path):
                "dataset=hotpotqa", "dataset.name=files", f"dataset.path='{tmp_path}/eval_{{length}}.jsonl'",
                "dataset.lengths=[50]", "progress=false"]
     write(["a"])
-    first = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    first = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=RUN_DEADLINE_S)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     write(["b"])
-    second = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    second = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=RUN_DEADLINE_S)
     assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
     assert f"{data} changed since its 1 rows were written" in second.stderr
     assert _count(tmp_path / "run" / RESULTS) == 1
@@ -185,14 +188,14 @@ def test_ctrl_c_ends_with_one_line_and_the_manifest_counts_the_rows_on_disk(tmp_
     out = tmp_path / "run"
     proc = subprocess.Popen(_command(out), cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_as_a_shell_starts_it)
-    deadline = time.time() + 300
+    deadline = time.time() + RUN_DEADLINE_S
     while _count(out / RESULTS) < 1:
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
             pytest.fail(f"eval ended ({proc.returncode}) or stalled before it could be interrupted")
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=300)
+    stdout, stderr = proc.communicate(timeout=RUN_DEADLINE_S)
     assert proc.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr and "terminate called" not in stderr, stderr[-3000:]
     on_disk = _count(out / RESULTS)

@@ -47,7 +47,7 @@ def test_eval_run_coa_in_cl_order(tmp_path):
 
 def test_order_study_writes_every_cell_the_spread_table_and_the_figure(tmp_path):
     root = tmp_path / "study"
-    done = _run("eval.order_study", "--config-name", "order_study_tiny_cpu", f"study.root={root}", timeout=1200)
+    done = _run("eval.order_study", "--config-name", "order_study_tiny_cpu", f"study.root={root}", timeout=2400)
     cells = sorted(p.parent.relative_to(root).as_posix() for p in root.rglob(RESULTS))
     assert len(cells) == 6 * 3, cells  # 6 methods x 3 controlled sets
     for cell in cells:
