@@ -31,8 +31,8 @@ T = TypeVar("T")
 # at half speed, a launch starting while another launch's ten processes imported verl needed 3 tries
 RAY_START_ATTEMPTS = 5
 START_TIMEOUT = "The current node timed out during startup"  # ray/_private/node.py, Node.__init__
-STOP_GRACE_S = 10.0
-RAY_BINARIES = ("raylet", "gcs_server")  # how a dead one is known: a zombie has no command line left  # SIGTERM, then SIGKILL after this long
+STOP_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this long
+RAY_BINARIES = ("raylet", "gcs_server")  # how a dead one is known: a zombie has no command line left
 
 
 def is_start_timeout(error: BaseException) -> bool:
