@@ -89,6 +89,19 @@ def _metric(metrics_url: str, name: str) -> dict[str, float]:
     return {re.sub(r'^worker="([^"]+)"$', r"\1", labels): float(v) for labels, v in found}
 
 
+def _post(url: str, path: str, body: dict | None = None) -> dict:
+    """POST a control request to a loopback worker (/fault, /hold, /release)."""
+    data = json.dumps(body or {}).encode()
+    with urllib.request.urlopen(urllib.request.Request(url + path, data=data, method="POST"), timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def _in_flight(url: str) -> int:
+    """Requests a worker holds right now (its /get_load)."""
+    with urllib.request.urlopen(url + "/get_load", timeout=5) as resp:
+        return json.loads(resp.read())[0]["num_reqs"]
+
+
 def _shared_workers(tmp_path_factory, workers: dict, ready_s: float):
     """Worker processes started once for a module's tests; yields their URLs."""
     group = ProcessGroup(tmp_path_factory.mktemp("workers"))
@@ -174,16 +187,6 @@ def test_chunks_stay_on_their_worker_across_rounds(kind, policy, loopback_worker
 ALL_IN_FLIGHT_S = 60.0  # deadline for round 1's requests to all reach the workers
 
 
-def _post(url: str, path: str) -> dict:
-    with urllib.request.urlopen(urllib.request.Request(url + path, data=b"{}", method="POST"), timeout=5) as resp:
-        return json.loads(resp.read())
-
-
-def _in_flight(url: str) -> int:
-    with urllib.request.urlopen(url + "/get_load", timeout=5) as resp:
-        return json.loads(resp.read())[0]["num_reqs"]
-
-
 def _round_one_all_in_flight(worker_urls: list[str], expected: int):
     """`during_round` for a run whose workers hold every request (POST /hold): once round 1's
     `expected` requests are all in flight, release them. smg's min_group counts the keys a worker
@@ -255,15 +258,12 @@ def _kill_once_busy(gw: Gateway, name: str, killed: list) -> None:
     """Kill worker `name` as soon as its /get_load counts a request in flight (it has read one
     and holds it for HOLD_S): the kill lands mid-request by construction, not after a guessed delay."""
     url = next(w.url for w in gw.workers if w.name == name)
-    urllib.request.urlopen(urllib.request.Request(
-        url + "/fault", data=json.dumps({"delay_s": HOLD_S}).encode(), method="POST"), timeout=5).read()
+    _post(url, "/fault", {"delay_s": HOLD_S})
 
     def watch():
         deadline = time.monotonic() + SEEN_S
         while time.monotonic() < deadline:
-            with urllib.request.urlopen(url + "/get_load", timeout=5) as resp:
-                busy = json.loads(resp.read())[0]["num_reqs"] > 0
-            if busy:
+            if _in_flight(url) > 0:
                 gw.group.kill(name)
                 killed.append(True)
                 return
@@ -298,8 +298,7 @@ def test_worker_killed_mid_round_loses_no_request(kind, tmp_path, tiny_tokenizer
 def test_a_garbage_200_passes_through_smg_and_only_the_client_pool_routes_around_it(tmp_path, tiny_tokenizer):
     with _gateway("smg", tmp_path, delay_s=0.0) as gw:
         bad = gw.workers[1].url
-        urllib.request.urlopen(urllib.request.Request(
-            bad + "/fault", data=b'{"fail_every": 1, "fail_mode": "garbage"}', method="POST"), timeout=5).read()
+        _post(bad, "/fault", {"fail_every": 1, "fail_mode": "garbage"})
 
         async def through(backend):
             try:
