@@ -57,7 +57,9 @@ PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist load
 # CI's command (README): lint, then the whole suite, tests/e2e/ (processes, servers, benchmark
 # smokes) included. PARSER_REQUIRE_EXTRAS=1: a test whose training or gateway extra is missing
 # fails instead of skipping (tests/required_extras.py). --durations=25: the 25 slowest tests are
-# printed at the end, so a test that starts costing minutes shows up in the CI log.
+# printed at the end, so a test that starts costing minutes shows up in the CI log, and one line
+# after them says what the whole machine spent meanwhile (CPU-s, hypervisor steal, idle:
+# tests/machine_load.py), so a slow run shows whether the suite grew or the machine slowed down.
 test: setup assets lint
 	PARSER_REQUIRE_EXTRAS=1 $(PY) -m pytest -q $(PARALLEL) --durations=25
 
