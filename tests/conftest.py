@@ -24,8 +24,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 
 # required_extras: PARSER_REQUIRE_EXTRAS=1 (`make test`) turns importorskip of a missing training or
-# gateway extra into a failure; machine_load: the last line says what the machine spent during the
-# run (tests/machine_load.py); pytester: tests of a plugin run pytest on their own files.
+# gateway extra into a failure; machine_load: a line after the durations says what the machine spent
+# during the run (tests/machine_load.py); pytester: tests of a plugin run pytest on their own files.
 pytest_plugins = ("required_extras", "machine_load", "pytester")
 GPU_DIR = Path(__file__).parent / "gpu"
 

@@ -4,19 +4,18 @@
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from machine_load import read_cpu_seconds, summary
+from machine_load import FIELDS, read_cpu_seconds, summary
 
 TESTS = Path(__file__).resolve().parent
 HZ_LINE = "cpu  {} 0 {} {} {} 0 {} {} 0 0\n"
 
 
 def test_the_cpu_line_is_read_in_seconds_and_anything_else_is_none(tmp_path):
-    import os
-
     hz = os.sysconf("SC_CLK_TCK")
     stat = tmp_path / "stat"
     stat.write_text(HZ_LINE.format(3 * hz, hz, 10 * hz, 0, 0, 2 * hz) + "cpu0  1 2 3 4 5 6 7 8 9 10\n")
@@ -28,7 +27,7 @@ def test_the_cpu_line_is_read_in_seconds_and_anything_else_is_none(tmp_path):
 
 
 def test_the_line_counts_busy_steal_and_idle_against_the_cores():
-    zero = dict.fromkeys(("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"), 0.0)
+    zero = dict.fromkeys(FIELDS, 0.0)
     end = {**zero, "user": 1500.0, "system": 150.0, "softirq": 10.0, "steal": 130.0, "idle": 70.0, "iowait": 7.0}
     assert summary(zero, end, wall_s=1000.0, cores=2) == (
         "machine during the run (2 cores, 1000 s): 1660 CPU-s busy (83% of the cores), "
