@@ -63,7 +63,8 @@ PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist load
 test: setup assets lint
 	PARSER_REQUIRE_EXTRAS=1 $(PY) -m pytest -q $(PARALLEL) --durations=25
 
-# The in-process tests only (skips everything marked slow, i.e. tests/e2e/): for quick iterations.
+# The in-process tests only (skips everything marked slow: tests/e2e/ and the few other tests that
+# start a process): for quick iterations.
 test-fast: setup assets
 	PARSER_REQUIRE_EXTRAS=1 $(PY) -m pytest -q $(PARALLEL) -m "not slow" --durations=25
 

@@ -53,6 +53,7 @@ def test_a_role_without_a_chat_template_is_refused_at_build_naming_role_and_mode
     assert build_models({"lead": tiny}).lead_tokenizer.chat_template
 
 
+@pytest.mark.slow  # the script in its own process: torch, transformers and two models loaded again
 def test_the_comparison_reports_the_unusable_model_and_finishes_the_others(base_model_dir, tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts" / "compare_small_models.py"), "--models", str(base_model_dir),
            "tiny-qwen3", "--questions", "2", "--length", "12", "--out", str(tmp_path)]

@@ -35,6 +35,7 @@ def test_the_line_counts_busy_steal_and_idle_against_the_cores():
 
 
 @pytest.mark.skipif(read_cpu_seconds() is None, reason="needs Linux's /proc/stat")
+@pytest.mark.slow  # a pytest run with two xdist workers: three fresh processes, ~10 CPU-s
 def test_a_parallel_run_prints_the_line_once(pytester, monkeypatch):
     pytester.makeconftest('pytest_plugins = ["machine_load"]\n')
     monkeypatch.setenv("PYTHONPATH", str(TESTS))

@@ -43,12 +43,14 @@ def inner(pytester, monkeypatch):
     return pytester
 
 
+@pytest.mark.slow  # pytest in a subprocess: ~3.5 CPU-s of start-up
 def test_without_the_flag_a_missing_extra_is_skipped(inner, monkeypatch):
     monkeypatch.delenv("PARSER_REQUIRE_EXTRAS", raising=False)
     inner.makepyfile(test_module_level=MODULE_LEVEL, test_in_a_test=IN_A_TEST)
     inner.runpytest_subprocess().assert_outcomes(skipped=3)
 
 
+@pytest.mark.slow  # pytest in a subprocess: ~3.5 CPU-s of start-up
 def test_with_the_flag_a_missing_training_extra_fails_the_collection(inner, monkeypatch):
     monkeypatch.setenv("PARSER_REQUIRE_EXTRAS", "1")
     inner.makepyfile(test_module_level=MODULE_LEVEL)
@@ -58,6 +60,7 @@ def test_with_the_flag_a_missing_training_extra_fails_the_collection(inner, monk
     result.stdout.fnmatch_lines(["*verl cannot be imported*PARSER_REQUIRE_EXTRAS=1*pip install -e '.[[]train[]]'*"])
 
 
+@pytest.mark.slow  # pytest in a subprocess: ~3.5 CPU-s of start-up
 def test_with_the_flag_a_missing_gateway_extra_fails_its_test_and_other_skips_stay(inner, monkeypatch):
     monkeypatch.setenv("PARSER_REQUIRE_EXTRAS", "1")
     inner.makepyfile(test_in_a_test=IN_A_TEST)

@@ -52,6 +52,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.slow  # a real Ray cluster, started twice, after a 20 s hold: about a minute
 def test_a_timed_out_start_is_stopped_and_started_again(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(SLOW_AGENT))
     marker = tmp_path / "hold-the-first-agent"
