@@ -42,16 +42,14 @@ lint: setup
 
 # The suite runs on PYTEST_WORKERS parallel pytest processes (pytest-xdist), each taking whole
 # test files (module fixtures, such as a trainer launch, run once), the minutes-long files first
-# (`pytest.mark.first`, tests/conftest.py). Four workers on two cores keep both cores busy (96-98%
-# of the run): the suite is bound by CPU time, about 40% of it the four trainer launches' Ray
-# processes. Measured on a quiet 2-core machine: pytest took 827-880 s with 4 workers (~1,640
-# CPU-s), 932 s with 3 and 1,689 s in one process; on a day the same imports cost 25-35% less CPU,
-# 636-642 s (~1,200 CPU-s); on a slow evening with an empty asset cache (a new machine: the two
-# smoke leads are fitted in the suite, 12-20 CPU-s each), 860 s (~1,640 CPU-s); one night, empty
-# cache, runs alternating with the commit before (4853daf): 717 / 620 s, against its 767 / 719 s;
-# on a slower 2-core machine (2.0 GHz EPYC, every fixture ~1.6x longer), 968-1,143 s in three runs.
-# PYTEST_WORKERS=0 runs it in one process.
-PYTEST_WORKERS ?= 4
+# (`pytest.mark.first`, tests/conftest.py). The suite is bound by CPU time, and workers beyond the
+# two cores add to it: each runs its own trainer launch or eval subprocesses (a launch is ~10 Ray
+# processes), so with 4 workers up to four of them share the cores, the launches stretch 2-3x
+# (the trainer module's fixture: 720 s against 315 s) and the whole machine spends more CPU-s.
+# Same 2-core machine, same tree, back to back (2026-12-04, `.venv/bin/pytest -n N`, machine line
+# of tests/machine_load.py): 2 workers 1,032 s (1,820 CPU-s busy, 189 s idle); 3 workers 1,183 s
+# (2,127 CPU-s); 4 workers 1,187 s (2,200 CPU-s). PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # CI's command (README): lint, then the whole suite, tests/e2e/ (processes, servers, benchmark

@@ -3,7 +3,7 @@
 Why: Ray 2.60's raylet gives its dashboard agent a fixed 15 s to report its ports (no setting
 changes it) and aborts when the agent is late; `ray.init` then raises "The current node timed out
 during startup" ~30 s later. The agent needs ~2.5 CPU-s of imports, so on a machine whose cores
-are busy (the test suite's four workers plus another run's ten verl processes starting; a laptop
+are busy (the test suite's parallel workers plus another run's ten verl processes starting; a laptop
 compiling) it can be late: two of five clean CI runs on a 2-core 2.0 GHz machine lost a launch
 this way, in the runs that passed the agent took up to 15.0 s, and with this retry one launch
 needed its third start.
