@@ -30,6 +30,11 @@ from parser.verl.ray_start import RAY_START_ATTEMPTS, START_TIMEOUT, retry_ray_s
 REPO = Path(__file__).resolve().parent.parent
 AGENT_HELD_S = 20  # beyond the raylet's fixed 15 s wait for the agent's ports (Ray 2.60)
 
+# under a minute, most of it waiting on the held agent: scheduled with the long modules, where the
+# other worker's tests use the core it leaves idle. Collected among the last, it was the whole
+# suite's tail: 42 s with the other worker already done, 74 of the run's 186 idle core-seconds.
+pytestmark = pytest.mark.first(minutes=0.8)
+
 SLOW_AGENT = f"""
 import os, sys, time
 if sys.argv and sys.argv[0].endswith(os.path.join("dashboard", "agent.py")):
