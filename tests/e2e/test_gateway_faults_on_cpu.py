@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_fault_table_smoke(tmp_path):
     out = tmp_path / "faults.json"
+    # a 1 s shutdown grace: smg 1.13 pauses min(grace / 2, 5 s) on SIGTERM even when idle, once per smg row
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gateway_faults.py"), "--smoke", "--json", str(out),
-                           "--log-dir", str(tmp_path)],
+                           "--log-dir", str(tmp_path), "--set", "shutdown_grace_period_secs=1"],
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
                           timeout=300)
     print(done.stdout[-3000:])
