@@ -19,6 +19,12 @@ logprobs are SGLang's (after temperature, before top-p/top-k, unless the server 
 SGLANG_RETURN_ORIGINAL_LOGPROB). The engine binds to the first event loop that awaits it:
 use one loop for the backend's lifetime.
 
+The request and its reading are `parser.wire.sglang`'s, the same code as HTTP `/generate`
+(`GenerateRequest.build(...).engine_kwargs()`, `GenerateResponse.completion`): a constraint in
+`SamplingParams` reaches the engine as `sampling_params.json_schema` / `.regex`, and an abort
+follows the one policy of `MetaInfo.finish_kind`. A request the engine refuses up front
+(ValueError, TypeError: what SGLang's HTTP server answers with a 400) is not retried.
+
 Must never: be imported on CPU installs at module import time (sglang is GPU-only).
 """
 from __future__ import annotations
@@ -28,6 +34,9 @@ from typing import Any, Sequence
 
 from parser.backends.base import BackendError, Completion, Prompt, SamplingParams
 from parser.backends.scoring import SCORE_TEMPERATURE, check_request, sglang_input_logprobs
+from parser.wire.sglang import GenerateRequest, GenerateResponse
+
+WHERE = "sglang.Engine"  # how errors name this backend
 
 
 class SGLangEngineBackend:
@@ -59,21 +68,18 @@ class SGLangEngineBackend:
         routing_key: str | None = None,
         request_id: str | None = None,
     ) -> Completion:
-        kwargs = self._prompt_kwargs(prompt)
-        # rid must be unique per in-flight request; keep the trajectory id in it for tracing.
-        rid = f"{request_id or 'req'}-{uuid.uuid4().hex[:12]}"
+        request = GenerateRequest.build(self._prompt(prompt), sampling)
+        # the token ids come back with the logprobs (older engines return no output_ids)
+        request.return_logprob = True
+        out = await self._call(request, request_id or "req")
+        if isinstance(out, list):  # a one-element batch
+            out = out[0] if out else {}
         try:
-            out = await self.engine.async_generate(
-                sampling_params=sampling_params(sampling),
-                return_logprob=True,  # the token ids come back with the logprobs
-                rid=rid,
-                **kwargs,
-            )
-        except (ValueError, TypeError) as e:  # bad request: not worth a retry
-            raise BackendError(f"sglang.Engine rejected the request: {e}", retryable=False) from e
-        except Exception as e:  # the engine's subprocesses died or timed out
-            raise BackendError(f"sglang.Engine failed: {type(e).__name__}: {e}", retryable=True) from e
-        return parse_output(out, sampling, worker=self.name)
+            completion = GenerateResponse.model_validate(out).completion(sampling.return_logprobs, WHERE)
+        except ValueError as error:  # pydantic's ValidationError: not a /generate result
+            raise BackendError(f"{WHERE}: unexpected output {str(out)[:200]!r} ({error})", retryable=True) from error
+        completion.worker = self.name
+        return completion
 
     async def score(
         self,
@@ -85,25 +91,27 @@ class SGLangEngineBackend:
     ) -> list[float]:
         """Input logprobs of `continuation_ids` (parser.backends.scoring): one prefill, zero new tokens."""
         prompt, continuation = check_request(prompt_ids, continuation_ids, "SGLangEngineBackend")
-        rid = f"{request_id or 'score'}-{uuid.uuid4().hex[:12]}"
-        try:
-            out = await self.engine.async_generate(
-                input_ids=prompt + continuation,
-                sampling_params={"max_new_tokens": 0, "temperature": SCORE_TEMPERATURE, "top_p": 1.0, "top_k": -1},
-                return_logprob=True,
-                logprob_start_len=len(prompt) - 1,
-                rid=rid,
-            )
-        except (ValueError, TypeError) as e:
-            raise BackendError(f"sglang.Engine rejected the scoring request: {e}", retryable=False) from e
-        except Exception as e:  # the engine's subprocesses died or timed out
-            raise BackendError(f"sglang.Engine failed: {type(e).__name__}: {e}", retryable=True) from e
+        request = GenerateRequest.scoring(prompt + continuation, len(prompt) - 1, SCORE_TEMPERATURE)
+        out = await self._call(request, request_id or "score")
         if isinstance(out, list):
             out = out[0] if out else {}
-        meta = out.get("meta_info") if isinstance(out, dict) else None
-        if not isinstance(meta, dict):
-            raise BackendError(f"sglang.Engine: unexpected scoring output {str(out)[:200]!r}", retryable=True)
-        return sglang_input_logprobs(meta, continuation, "sglang.Engine")
+        try:
+            meta = GenerateResponse.model_validate(out).meta_info
+        except ValueError as error:
+            raise BackendError(f"{WHERE}: unexpected scoring output {str(out)[:200]!r}", retryable=True) from error
+        meta.finish_kind(WHERE)
+        return sglang_input_logprobs(meta.model_dump(), continuation, WHERE)
+
+    async def _call(self, request: GenerateRequest, rid_prefix: str) -> Any:
+        """`async_generate` with the request's fields; the engine's own failures as `BackendError`."""
+        # rid must be unique per in-flight request; keep the trajectory id in it for tracing.
+        rid = f"{rid_prefix}-{uuid.uuid4().hex[:12]}"
+        try:
+            return await self.engine.async_generate(**request.engine_kwargs(), rid=rid)
+        except (ValueError, TypeError) as e:  # the engine validated the request and refused it
+            raise BackendError(f"{WHERE} rejected the request: {e}", retryable=False) from e
+        except Exception as e:  # the engine's subprocesses died or timed out
+            raise BackendError(f"{WHERE} failed: {type(e).__name__}: {e}", retryable=True) from e
 
     async def aclose(self) -> None:
         shutdown = getattr(self.engine, "shutdown", None)
@@ -111,16 +119,16 @@ class SGLangEngineBackend:
             shutdown()
 
     # ------------------------------------------------------------------ helpers
-    def _prompt_kwargs(self, prompt: Prompt) -> dict[str, Any]:
+    def _prompt(self, prompt: Prompt) -> str | list[int]:
+        """Text or token ids as `/generate` takes them; chat messages rendered with the tokenizer."""
         if isinstance(prompt, str):
-            return {"prompt": prompt}
+            return prompt
         items = list(prompt)
         if items and isinstance(items[0], dict):
-            text = self.tokenizer.apply_chat_template(items, tokenize=False, add_generation_prompt=True)
-            return {"prompt": text}
+            return self.tokenizer.apply_chat_template(items, tokenize=False, add_generation_prompt=True)
         if not items:
             raise BackendError("SGLangEngineBackend: empty prompt", retryable=False)
-        return {"input_ids": [int(t) for t in items]}
+        return [int(t) for t in items]
 
     @property
     def tokenizer(self) -> Any:
@@ -130,45 +138,3 @@ class SGLangEngineBackend:
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         return self._tokenizer
 
-
-def sampling_params(s: SamplingParams) -> dict[str, Any]:
-    """Our SamplingParams as SGLang's sampling_params dict."""
-    params: dict[str, Any] = {
-        "max_new_tokens": s.max_new_tokens,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "top_k": s.top_k if s.top_k and s.top_k > 0 else -1,
-    }
-    if s.stop:
-        params["stop"] = list(s.stop)
-    if s.seed is not None:
-        params["sampling_seed"] = s.seed
-    return params
-
-
-def parse_output(out: Any, s: SamplingParams, *, worker: str | None = None) -> Completion:
-    """One `async_generate` result (a dict, or a one-element batch) as a Completion."""
-    if isinstance(out, list):
-        out = out[0] if out else {}
-    if not isinstance(out, dict) or "meta_info" not in out:
-        raise BackendError(f"sglang.Engine: unexpected output {str(out)[:200]!r}", retryable=True)
-    meta = out["meta_info"]
-    reason = meta.get("finish_reason")
-    kind = reason.get("type") if isinstance(reason, dict) else reason
-    if kind == "abort":
-        message = reason.get("message") if isinstance(reason, dict) else reason
-        code = reason.get("status_code") if isinstance(reason, dict) else None
-        raise BackendError(f"sglang.Engine aborted the request: {message}",
-                           retryable=not (isinstance(code, int) and 400 <= code < 500), status=code)
-    triples = meta.get("output_token_logprobs") or []
-    token_ids = out.get("output_ids") or [int(t[1]) for t in triples]
-    logprobs = [float(t[0]) for t in triples] if s.return_logprobs and triples else None
-    return Completion(
-        text=out.get("text", ""),
-        token_ids=[int(t) for t in token_ids],
-        logprobs=logprobs,
-        finish_reason="length" if kind == "length" else "stop",
-        prompt_tokens=int(meta.get("prompt_tokens") or 0),
-        cached_tokens=int(meta.get("cached_tokens") or 0),
-        worker=worker,
-    )

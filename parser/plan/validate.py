@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from parser.backends.base import Completion
+from parser.backends.base import BackendError, Completion
 from parser.backends.http import HttpBackend
 from parser.backends.pool import WorkerPool
 from parser.chat_format import CHATML
@@ -65,6 +65,8 @@ class ScriptedLead:
         self.end = CHATML.end_of_turn_id(tokenizer)
 
     async def generate(self, prompt, sampling, *, routing_key=None, request_id=None) -> Completion:
+        if sampling.constraint is not None:  # its text is fixed: it cannot honour a mask
+            raise BackendError("ScriptedLead: a scripted lead cannot honour a constraint", retryable=False)
         turn = self.turns.get(request_id, 0)
         self.turns[request_id] = turn + 1
         text = CALL.format(QUERIES[turn % len(QUERIES)]) if turn < self.rounds else "</think><answer>done</answer>"

@@ -32,6 +32,9 @@ Who decides what:
   `prompt_logprobs` request (what its distillation teacher sends; SGLang and vLLM rollout servers
   both answer it, and so does the CPU rollout server), one token generated and ignored.
 
+- constraints: verl's rollout dict carries no json_schema/regex, so a constrained
+  `SamplingParams` is refused (`BackendError(retryable=False)`), never sent without its mask.
+
 It never raises on model output. An `aborted` stop reason (a weight sync interrupted the
 request and partial rollout is off) is a transport failure: `BackendError(retryable=True)`.
 """
@@ -107,6 +110,10 @@ class ServerManagerBackend:
             )
         if not request_id:
             raise BackendError("ServerManagerBackend needs the trajectory's request_id (sticky session)", retryable=False)
+        if sampling.constraint is not None:  # verl's rollout dict has no field for it: refuse, never drop
+            raise BackendError(f"ServerManagerBackend: verl's rollout takes no {sampling.constraint[0]} constraint; "
+                               "constrained decoding is for eval/demo backends (parser.episode.constrain_lead is "
+                               "refused for training)", retryable=False)
         prompt_ids = [int(t) for t in prompt]
         params = self.sampling_dict(sampling)
         output = await self.server_manager.generate(request_id, prompt_ids=prompt_ids, sampling_params=params)

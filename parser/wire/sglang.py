@@ -80,7 +80,7 @@ class GenerateRequest(WireModel):
     def build(cls, prompt: str | list[int], s: SamplingParams) -> "GenerateRequest":
         """The client's request (no validation: the server judges it)."""
         params: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
-                                  "top_p": s.top_p, "top_k": s.top_k}
+                                  "top_p": s.top_p, "top_k": s.top_k if s.top_k and s.top_k > 0 else -1}
         if s.stop:
             params["stop"] = tuple(s.stop)
         if s.seed is not None:
@@ -99,6 +99,18 @@ class GenerateRequest(WireModel):
         params = SglangSampling.model_construct(temperature=temperature, top_p=1.0, top_k=-1, max_new_tokens=0)
         return cls.model_construct(input_ids=ids, return_logprob=True, logprob_start_len=start, sampling_params=params)
 
+    def engine_kwargs(self) -> dict[str, Any]:
+        """This request as `sglang.Engine.async_generate` keywords: the engine takes the body of
+        `POST /generate` with `text` named `prompt`, so the in-process engine gets every field the
+        HTTP client sends (a constraint included) from this one builder."""
+        body = self.body()
+        if "text" in body:
+            body["prompt"] = body.pop("text")
+        params = body.get("sampling_params")
+        if params and "stop" in params:
+            params["stop"] = list(params["stop"])
+        return body
+
 
 class MetaInfo(WireModel):
     id: str | None = None
@@ -112,9 +124,11 @@ class MetaInfo(WireModel):
 
     def finish_kind(self, url: str) -> str | None:
         """SGLang's finish-reason type; an abort raises, retryable whatever its status_code: SGLang
-        validates a request (a prompt over the context: HTTP 400) before it accepts it, so an abort
-        inside a 200 is this worker giving up on a request it took (memory, a restart, a fault),
-        which another worker may serve (`parser.backends.pool` moves the chunk)."""
+        validates a request (a prompt over the context: HTTP 400, or ValueError from the in-process
+        `sglang.Engine`) before it accepts it, so an abort in a result is this worker giving up on a
+        request it took (memory, a restart, a fault), which another worker may serve
+        (`parser.backends.pool` moves the chunk). The HTTP client and the engine adapter both read
+        aborts here: one policy."""
         reason = self.finish_reason
         kind = reason.get("type") if isinstance(reason, dict) else reason
         if kind == "abort":

@@ -97,3 +97,20 @@ def test_score_matches_a_forward_pass_of_the_same_model(engine, tiny_tokenizer):
     want = [float(ref[len(prompt) - 1 + i, t]) for i, t in enumerate(answer)]
     assert len(scores) == len(answer)
     assert scores == pytest.approx(want, abs=2e-2)
+
+
+@pytest.mark.parametrize("constraint", [{"regex": "(yes|no)"},
+                                        {"json_schema": '{"type": "object", "properties": {"answer": {"type": "string"}},'
+                                                        ' "required": ["answer"], "additionalProperties": false}'}])
+def test_constrained_decoding_reaches_the_engine(engine, tiny_tokenizer, constraint):
+    """json_schema / regex arrive in the engine's sampling_params: a random model's output obeys them."""
+    import json
+    import re
+
+    backend, _ = engine
+    ids = prompt_ids(tiny_tokenizer, "Is the bridge older than the mill?")
+    c = run(backend, backend.generate(ids, SamplingParams(max_new_tokens=32, temperature=0.0, **constraint)))
+    if "regex" in constraint:
+        assert re.fullmatch(constraint["regex"], c.text), c.text
+    else:
+        assert isinstance(json.loads(c.text)["answer"], str), c.text
