@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep import recipes
 from data_prep.records import DataError
-from parser.resources import config_dir
+from parser.base.resources import config_dir
 
 
 def run(cfg: dict[str, Any]) -> Any:

@@ -1,8 +1,8 @@
 """Dataset cards: what a built file came from, written last beside it.
 
-Every output is written atomically (`parser.jsonl.atomic_path`: temp file, fsync, rename), and
+Every output is written atomically (`parser.records.jsonl.atomic_path`: temp file, fsync, rename), and
 the card is written after the file, so a card next to a file means the file is whole. The
-readers and writers of records and the append-only store live in `parser.jsonl`, below both
+readers and writers of records and the append-only store live in `parser.records.jsonl`, below both
 data prep and eval.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from parser.jsonl import write_json
+from parser.records.jsonl import write_json
 
 
 def token_stats(counts: list[int]) -> dict[str, float]:

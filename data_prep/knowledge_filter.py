@@ -4,11 +4,11 @@ A training question the policy can answer from memory teaches it nothing about r
 MemAgent (``taskutils/memory_data/filter.py``) and the paper (Appendix C.1: Qwen3.5-9B,
 non-thinking, Best-of-3), each question is asked with no context, k samples are drawn, and the
 question is dropped if *any* sample is correct under the rule verifier: the last
-``\\boxed{...}`` matches a gold answer (`parser.reward.exact_match`), or a normalized gold
+``\\boxed{...}`` matches a gold answer (`parser.text.reward.exact_match`), or a normalized gold
 answer appears in the response (MemAgent's "contains" check).
 
-Runs through any `parser.backends` Backend (SGLang over HTTP, sglang.Engine, transformers),
-with asyncio concurrency; every request follows `parser.retry` (timeouts and retryable server
+Runs through any `parser.serving.backends` Backend (SGLang over HTTP, sglang.Engine, transformers),
+with asyncio concurrency; every request follows `parser.serving.retry` (timeouts and retryable server
 errors retried; a question whose request still fails is not logged, so a re-run asks it again). Resumable: every finished question is appended to a JSONL log and
 skipped on the next run, so an interrupted 41K-question job picks up where it stopped.
 
@@ -25,12 +25,12 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from parser.jsonl import JsonlStore
+from parser.records.jsonl import JsonlStore
 from data_prep.packing import derived_seed
-from parser.backends.base import Backend, SamplingParams
-from parser.chat_format import CHATML
-from parser.retry import RetryPolicy
-from parser.reward import exact_match, normalize_answer
+from parser.serving.types import Backend, SamplingParams
+from parser.text.chat_format import CHATML
+from parser.serving.retry import RetryPolicy
+from parser.text.reward import exact_match, normalize_answer
 
 # MemAgent's filter prompt: the bare question plus a boxed-answer instruction.
 PROMPT_TEMPLATE = "{question}\nYour final answer in \\boxed{{}}.\n"  # its final newline too

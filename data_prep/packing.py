@@ -4,7 +4,7 @@ The recipe (read from MemAgent's ``taskutils/memory_data/processing.py`` and ReM
 ``taskutils/data_synthesis/process_test.py``): keep *all* of the question's own paragraphs,
 pad with distractors sampled without replacement from the split's corpus (excluding the
 question's own paragraphs) up to L, shuffle, render ``Document {i}:\\n{paragraph}`` joined by
-blank lines (`parser.chunking.render_paragraphs`).
+blank lines (`parser.text.chunking.render_paragraphs`).
 
 Shuffling. The references call ``random.Random(4).shuffle`` on every sample, which applies the
 *same* permutation to every sample of a given L: gold paragraphs (listed first before the
@@ -31,8 +31,8 @@ from typing import Any, Callable, Sequence
 from tqdm.auto import tqdm
 
 from data_prep.records import Corpus, DataError, Question
-from parser.chunking import render_paragraphs
-from parser.fields import Record
+from parser.text.chunking import render_paragraphs
+from parser.records.sample import Record
 
 COMPAT_SHUFFLE_SEED = 4  # the fixed seed of MemAgent's and ReMemR1's `random.Random(4).shuffle`
 
@@ -128,7 +128,7 @@ def evidence_meta(gold_positions: Sequence[int], logical_positions: Sequence[int
 def record_from_layout(question: Question, corpus: Corpus, order: Sequence[int], gold_positions: Sequence[int],
                        logical_positions: Sequence[int], *, record_id: str | None = None,
                        meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The eval row (`parser.fields.Record.to_dict`): MemAgent's fields (`index`, `input`, `answers`,
+    """The eval row (`parser.records.sample.Record.to_dict`): MemAgent's fields (`index`, `input`, `answers`,
     `context`, `num_docs`) + ours; the record type checks it as it is written."""
     length = len(order)
     return Record(

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from data_prep import controlled as ctl
 from data_prep.files import write_card
-from parser.jsonl import atomic_path, read_records, write_records
+from parser.records.jsonl import atomic_path, read_records, write_records
 from data_prep.packing import build_grid
 from data_prep.records import Corpus, DataError, Question
 from data_prep.sources import load_2wiki, load_hotpotqa, read_2wiki, read_hotpotqa
@@ -80,7 +80,7 @@ def select(questions: Sequence[Question], n: int | None, seed: int, mode: str = 
 def _token_counts(rows: list[dict[str, Any]], tokenizer: Any) -> list[int] | None:
     if tokenizer is None:
         return None
-    from parser.chunking import count_tokens
+    from parser.text.chunking import count_tokens
 
     return [count_tokens(tokenizer, r["context"]) for r in rows]
 
@@ -164,9 +164,9 @@ FILTER_SERVER_HINT = (
 
 
 def _filter_backend(cfg: dict[str, Any]) -> tuple[Any, Any]:
-    """The knowledge filter's model client, its server probed (parser.backends.preflight)."""
-    from parser.backends import build_backend
-    from parser.backends.preflight import ServerUnavailable
+    """The knowledge filter's model client, its server probed (parser.serving.backends.preflight)."""
+    from parser.serving.backends import build_backend
+    from parser.serving.backends.preflight import ServerUnavailable
 
     try:
         return build_backend(dict(cfg["backend"]), where="knowledge_filter.backend")
@@ -176,7 +176,7 @@ def _filter_backend(cfg: dict[str, Any]) -> tuple[Any, Any]:
 
 def _apply_filter(questions: list[Question], log_path: Path, cfg: dict[str, Any], counts: dict[str, Any],
                   backend: Any, tokenizer: Any) -> list[Question]:
-    from parser.backends.base import SamplingParams
+    from parser.serving.types import SamplingParams
 
     from data_prep.knowledge_filter import DEFAULT_SAMPLING, parametric_filter
 

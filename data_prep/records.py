@@ -6,7 +6,7 @@ they are all a list of `Question`s plus the sorted set of every paragraph of the
 so a new source needs a reader and nothing else.
 
 A paragraph is ``title + "\\n" + "".join(sentences)`` (MemAgent's and ReMemR1's definition).
-The field rules (`require_text`, `require_answers`, `DataError`) live in `parser.fields`, shared
+The field rules (`require_text`, `require_answers`, `DataError`) live in `parser.records.sample`, shared
 with the eval loader and the verl parquet checker.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, Sequence
 
-from parser.fields import DataError, require, require_answers, require_text, scorable
+from parser.records.sample import DataError, require, require_answers, require_text, scorable
 
 __all__ = ["Corpus", "DataError", "Question", "logical_order", "paragraph_text", "require", "require_answers",
            "require_record", "require_text", "unique_ids"]

@@ -40,8 +40,8 @@ from data_prep.packing import derived_seed, draw_distractors, own_indices
 from data_prep.records import Corpus, DataError, Question
 from data_prep.ruler_tasks import (NIAH_ANSWER_PREFIX, NIAH_NEEDLE, NIAH_TEMPLATE, NIAH_TEMPLATE_SINGLE, NOISE,
                                    RulerTask, get_task, ruler_file)
-from parser.chunking import render_paragraphs
-from parser.resources import config_dir
+from parser.text.chunking import render_paragraphs
+from parser.base.resources import config_dir
 
 TOLERANCE = 0.02  # rows are at most 2% (or one haystack unit) below their target length
 DEPTHS = [round(100 * i / 39) for i in range(40)]  # RULER's 40 needle depths, 0..100 %
@@ -415,7 +415,7 @@ def build_files(cfg: dict[str, Any]) -> list[Path]:
     from tqdm.auto import tqdm
 
     from data_prep.files import write_card
-    from parser.jsonl import write_records
+    from parser.records.jsonl import write_records
 
     tasks, lengths = [str(t) for t in cfg["tasks"]], sorted(int(x) for x in cfg["lengths"])
     num_samples, seed = int(cfg["num_samples"]), int(cfg["seed"])

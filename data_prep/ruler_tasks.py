@@ -126,7 +126,7 @@ def load_ruler_file(path: str | Path) -> list[dict[str, Any]]:
 
     The task is taken from the file name when it follows ``eval_{task}_{length}.json``.
     """
-    from parser.jsonl import read_records
+    from parser.records.jsonl import read_records
 
     path = Path(path)
     if not path.exists():

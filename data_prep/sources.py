@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from parser.jsonl import read_records
+from parser.records.jsonl import read_records
 from data_prep.records import (Corpus, DataError, Question, logical_order, paragraph_text, require, require_answers,
                                require_record, require_text, unique_ids)
 

@@ -3,8 +3,8 @@
 verl's `RLHFDataset` reads ``prompt`` (chat messages) and passes every other column to the
 agent loop named by ``agent_name``. The prompt holds the *question only*: the lead agent must
 never see document text, and the system prompt is added by the agent loop from
-`parser.prompts`. The document travels in ``extra_info["context"]`` (``extra_info`` holds the
-record's fields, read through `parser.fields.Record`), where the agent loop chunks it for the subagents; ``reward_model.ground_truth`` holds the gold answers.
+`parser.engine.prompts`. The document travels in ``extra_info["context"]`` (``extra_info`` holds the
+record's fields, read through `parser.records.sample.Record`), where the agent loop chunks it for the subagents; ``reward_model.ground_truth`` holds the gold answers.
 
     write_rl_parquet("data/train/hotpotqa_train.parquet", rows, data_source="hotpotqa")
 """
@@ -16,8 +16,8 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from parser.fields import DataError, Record
-from parser.jsonl import atomic_path
+from parser.records.sample import DataError, Record
+from parser.records.jsonl import atomic_path
 
 AGENT_NAME = "parser_agent"
 ABILITY = "long_context_qa"
@@ -63,10 +63,10 @@ def write_rl_parquet(path: str | Path, rows: Iterable[dict[str, Any]], data_sour
 
 
 def read_rl_parquet(path: str | Path) -> list[Any]:
-    """A training parquet read row by row as the agent loop reads it (`parser.verl.rows`), in this
+    """A training parquet read row by row as the agent loop reads it (`parser.records.rl_rows`), in this
     project's layout or the authors' released one; errors name the row. For checking a file
     before a run: `read_rl_parquet("data/train/hotpotqa_train_process_emb-select_llm-unable.parquet")`."""
-    from parser.verl.rows import episode_inputs
+    from parser.records.rl_rows import episode_inputs
 
     rows = pq.read_table(path).to_pylist()
     if not rows:

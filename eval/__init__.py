@@ -5,7 +5,7 @@ The eval configs' own resolvers are registered here, so every way of composing t
 points, `hydra.compose` in scripts and tests) resolves them alike:
 
 - `${order_label:MemAgent,${.order}}` -> `MemAgent` / `MemAgent (CL-order)`; a third argument
-  `true` names document order too (`CoA (document)`); `parser.ordering.order_label`.
+  `true` names document order too (`CoA (document)`); `parser.engine.ordering.order_label`.
 - `${order_suffix:${oc.select:method.order,document}}` -> `""` / `_chow_liu`: each reading
   order of a sequential method evaluates into its own run folder.
 - `${file_stem:${.path}}` -> `mine` for `data/mine.jsonl`: `dataset=files` names its rows (and its
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from parser.ordering import order_label, order_suffix
+from parser.engine.ordering import order_label, order_suffix
 
 OmegaConf.register_new_resolver("order_label", lambda method, order, show_document=False: order_label(
     str(method), str(order), str(show_document).lower() == "true"), replace=True)

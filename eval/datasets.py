@@ -3,8 +3,8 @@
 The paper's tables are indexed by document length (paragraphs L: 50 ... 6400) and its controlled
 analyses by a condition (evidence position bin, forward/reverse order, middle distance). Both
 become a `Subset`: a named list of `Sample`s that is timed as a whole, because latency is
-reported as subset wall time / subset size. Files are read with `parser.jsonl.read_records` and
-each row through the one record type (`parser.fields.Record`, via `Sample.from_record`); the
+reported as subset wall time / subset size. Files are read with `parser.records.jsonl.read_records` and
+each row through the one record type (`parser.records.sample.Record`, via `Sample.from_record`); the
 synthetic world is generated in-process by `data_prep`, so eval never re-implements a loader. `source` picks how:
 
 - `synthetic`: `data_prep.build_synthetic_eval(num_questions, lengths, seed)`
@@ -46,7 +46,7 @@ class Subset:
 
 def _read(path: str | Path) -> tuple[list[dict[str, Any]], str]:
     """The file's records and the sha256 of its bytes."""
-    from parser.jsonl import read_records
+    from parser.records.jsonl import read_records
 
     path = Path(path)
     if not path.exists():

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from eval.datasets import Subset
-from parser.results import ResultRow
+from parser.records.result import ResultRow
 
 # Method-config keys (at any depth: the episode, the reader's episode) that do not change results.
 OPERATIONAL = frozenset({"max_concurrency", "request_timeout_s", "max_attempts", "retry_backoff_s", "retry"})

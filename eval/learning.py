@@ -25,10 +25,10 @@ from typing import Any, Sequence
 from eval.metrics import PRIMARY
 from eval.metrics import mean as _mean
 from eval.metrics import run_averaged as _run_averaged
-from parser.results import ResultRow
+from parser.records.result import ResultRow
 
 WITHOUT, WITH = "w/o RL", "w/ RL"
-# The curve's panels: (verl metric logged by parser.verl.sampler, title).
+# The curve's panels: (verl metric logged by parser.train.sampler, title).
 CURVE = (("parser/reward/mean", "reward (exact match)"), ("parser/turns/mean", "lead turns per trajectory"),
          ("parser/queries_per_turn", "queries per turn"), ("parser/invalid_action_rate", "invalid-action rate"))
 # What "it learned" means for the CPU run (the bar): held-out Sub_EM up by 15 points, and

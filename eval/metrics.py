@@ -1,6 +1,6 @@
 """Which metrics an eval row carries, how they aggregate, and which direction is better.
 
-The definitions live in `parser.reward` (one for training and eval); this file only declares
+The definitions live in `parser.text.reward` (one for training and eval); this file only declares
 what eval reports. `sub_em` is the paper's table metric. The `_compat` variants reproduce the
 MemAgent/ReMemR1 reference scorer (an empty normalized prediction is a Sub_EM hit) so our
 numbers can be set beside published ones; see `tests/test_eval_metrics_on_cpu.py`. One known
@@ -20,8 +20,8 @@ import dataclasses
 import math
 from typing import Any, Callable, Mapping, Sequence
 
-from parser.release import strip_trailing_markers
-from parser.reward import exact_match, release_sub_em, sub_em
+from parser.text.release import strip_trailing_markers
+from parser.text.reward import exact_match, release_sub_em, sub_em
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +70,7 @@ def mean(xs: Sequence[float]) -> float:
 
 def run_averaged(rows: Sequence[Any], field: str) -> float:
     """Mean over samples within each run, then over runs (the paper's "average of 3 runs"), of
-    the attribute `field` of each row (`parser.results.ResultRow`, or any row with `run`)."""
+    the attribute `field` of each row (`parser.records.result.ResultRow`, or any row with `run`)."""
     by_run: dict[int, list[float]] = collections.defaultdict(list)
     for r in rows:
         by_run[r.run].append(float(getattr(r, field)))

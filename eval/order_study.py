@@ -55,7 +55,7 @@ async def run_study(cfg: DictConfig, compose_cell: Any) -> int:
     from eval.report import build_report
     from eval.run import build_eval_method, check_settings, evaluate
     from eval.store import RunDirLocked
-    from parser.backends.models import build_models
+    from parser.serving.backends.models import build_models
 
     methods, datasets = _entries(cfg.study.methods, "methods"), _entries(cfg.study.datasets, "datasets")
     cells = [(i, compose_cell(cell_overrides(m, d))) for i, m in enumerate(methods) for d in datasets]
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from eval.run import CONFIGS, BadSetting, with_search_path
-    from parser import hydra_help
+    from parser.base import hydra_help
 
     @hydra.main(config_path=str(CONFIGS / "eval"), config_name="order_study", version_base="1.3")
     def run(cfg: DictConfig) -> None:

@@ -3,7 +3,7 @@
 A score without its code version, config, package versions, seeds and hardware cannot be
 compared with anything. `write_manifest` stores them next to the results; each resumed session
 adds one entry to `sessions` (start, end, samples written) instead of overwriting the first.
-The manifest is written atomically and fsync'd (`parser.jsonl.write_json`); a damaged one is
+The manifest is written atomically and fsync'd (`parser.records.jsonl.write_json`); a damaged one is
 refused with `ManifestDamaged`, naming the file and the fix, never a bare parse error.
 `inputs` is the fingerprint of what the rows are computed from (`eval.inputs`).
 
@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from parser.jsonl import BadJson, parse_json, write_json
+from parser.records.jsonl import BadJson, parse_json, write_json
 
 MANIFEST = "manifest.json"
 PACKAGES = ("parser-agents", "torch", "transformers", "tokenizers", "sglang", "sglang-router", "verl",

@@ -55,7 +55,7 @@ from eval.metrics import BY_NAME, PRIMARY, run_averaged
 from eval.metrics import mean as _mean
 from eval.provenance import ManifestDamaged, read_manifest
 from eval.store import RESULTS, read_results, read_timings
-from parser.results import ResultRow, TimingLine
+from parser.records.result import ResultRow, TimingLine
 
 MARKERS = ("o", "s", "^", "D", "v", "x", "P", "*")
 DASHES = ("-", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1)))

@@ -8,7 +8,7 @@ methods, store and resume logic) once per task into ``{out_dir}/{task}/``, then 
 result rows and draws the task x length heat map.
 
 Scoring, as MemAgent's ``taskutils/memory_eval/ruler_general.py``: non-QA tasks get
-`string_match_all`; `qa_*` tasks get Sub_EM (`parser.reward.sub_em`) against all golds, or
+`string_match_all`; `qa_*` tasks get Sub_EM (`parser.text.reward.sub_em`) against all golds, or
 against the first gold only with ``ruler.qa_golds=first`` (what that script does). A missing
 prediction scores 0. The eval rows keep their ordinary `sub_em` too; the heat map uses this score.
 
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from data_prep.ruler_tasks import TASKS, get_task, load_ruler_file, ruler_file
-from parser.results import ResultRow
-from parser.reward import sub_em
+from parser.records.result import ResultRow
+from parser.text.reward import sub_em
 
 DATASET_PREFIX = "ruler_"  # eval rows carry dataset = "ruler_{task}"
 TITLES = {"niah_single_1": "S-NIAH-1", "niah_single_2": "S-NIAH-2", "niah_single_3": "S-NIAH-3",
@@ -248,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     import hydra
 
-    from parser.resources import config_dir
+    from parser.base.resources import config_dir
 
     @hydra.main(config_path=str(config_dir("eval")), config_name="ruler", version_base="1.3")
     def run(cfg: Any) -> None:
@@ -261,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from eval.inputs import InputsChanged
     from eval.provenance import ManifestDamaged
     from eval.run import with_search_path
-    from parser import hydra_help
+    from parser.base import hydra_help
     from eval.store import RunDirLocked  # shared presets: configs/backend, configs/episode, configs/method
 
     hydra_help.register()

@@ -3,7 +3,7 @@
 Features
 - Any method (ParSer, full-context, MemAgent, ReMemR1, agentic RAG, DCI, or one you add): the
   class the method config's `_target_` names (`parser.methods.build_method`; rows are filed under
-  `method.name`); models come from the `models` section (`parser.backends.build_models`).
+  `method.name`); models come from the `models` section (`parser.serving.backends.build_models`).
 - One JSONL row per finished sample, fsync'd, keyed by (dataset, length, condition, run, sample
   id): kill it and re-run the same command; it runs every expected key not in the store, never
   writes a key twice, and counts only this run's keys as done.
@@ -19,7 +19,7 @@ Features
 - `warmup` untimed, unrecorded samples first (copies of the first ones under new ids), so
   one-off costs (lazy init, first-call kernels) do not land in the first subset's latency.
 - A sample whose method raises, or that got no fair run (`MethodResult.failed`: ParSer with
-  every subagent call failed, `parser.retry`), is logged to `errors.jsonl` (with its trace) and
+  every subagent call failed, `parser.serving.retry`), is logged to `errors.jsonl` (with its trace) and
   not written, so a re-run retries it; the command then exits 1.
 - One process per `out_dir`: a second `eval.run` on a directory in use exits 2 with a message
   naming the holder (`eval.store.lock_run_dir`).
@@ -51,11 +51,12 @@ from eval.datasets import Subset, load_subsets
 from eval.inputs import InputsChanged, check_unchanged, fingerprint
 from eval.metrics import PRIMARY, completion_text, score
 from eval.store import ResultsStore, RunDirLocked, lock_run_dir
-from parser import hydra_help, progress
-from parser.config import ConfigError, check_episode_keys, preset_spelling
+from parser.base import hydra_help
+from parser.engine import progress
+from parser.base.config import ConfigError, check_episode_keys, preset_spelling
 from parser.methods import Method, MethodResult, Sample, build_method
-from parser.resources import config_dir
-from parser.results import Key, ResultRow, TimingLine
+from parser.base.resources import config_dir
+from parser.records.result import Key, ResultRow, TimingLine
 
 
 def seed_everything(seed: int) -> None:
@@ -218,7 +219,7 @@ async def warm_up(method: Method, subsets: list[Subset], n: int) -> None:
 def build_eval_method(cfg: DictConfig, models: Any = None) -> Method:
     """The method a config names, on `models` (several methods may share them: the order study)
     or on models built from `cfg.models`. The method closes its models on `aclose`."""
-    from parser.backends.models import build_models
+    from parser.serving.backends.models import build_models
 
     method_cfg = OmegaConf.to_container(cfg.method, resolve=True)
     check_episode_keys(method_cfg.get("episode"), "method.episode")  # a typo fails before any model loads

@@ -5,7 +5,7 @@ interrupted. Every finished sample is appended as one line and fsync'd before th
 counted, so a crash loses at most the samples in flight. A row is keyed by
 (dataset, length, condition, run, sample id); re-running the same command reads the keys back
 and skips them, so samples are never duplicated or lost (`eval.inputs` checks that the rows
-were computed on the same inputs). Each file follows `parser.jsonl.JsonlStore`'s rules: a
+were computed on the same inputs). Each file follows `parser.records.jsonl.JsonlStore`'s rules: a
 line torn by a kill mid-write is cut on load, a failed append leaves no fragment, and a bad
 line is skipped and named by file and line, so the directory always reopens.
 
@@ -21,7 +21,7 @@ One process owns a run directory at a time: `lock_run_dir` holds an exclusive `f
     with lock_run_dir(run_dir):
         store = ResultsStore(run_dir)
         done = store.done_keys()
-        store.append(row)        # a parser.results.ResultRow, keyed by row.key
+        store.append(row)        # a parser.records.result.ResultRow, keyed by row.key
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from parser.jsonl import JsonlStore
-from parser.results import Key, ResultRow, TimingLine
+from parser.records.jsonl import JsonlStore
+from parser.records.result import Key, ResultRow, TimingLine
 
 RESULTS = "results.jsonl"
 TIMINGS = "timings.jsonl"
@@ -71,7 +71,7 @@ def lock_run_dir(run_dir: str | Path) -> Iterator[None]:
 
 def read_jsonl(path: Path, repair: bool = False) -> Iterator[dict[str, Any]]:
     """The complete rows of one of a run's JSONL files as JSON objects, by the store's rules
-    (`parser.jsonl.JsonlStore`); `repair=False` leaves the file as it is."""
+    (`parser.records.jsonl.JsonlStore`); `repair=False` leaves the file as it is."""
     yield from JsonlStore(path, readonly=not repair).rows
 
 
@@ -89,7 +89,7 @@ def _key(row: ResultRow) -> Key:
 
 
 class ResultsStore:
-    """A run directory's JSONL files, each a `parser.jsonl.JsonlStore` (one set of rules: a
+    """A run directory's JSONL files, each a `parser.records.jsonl.JsonlStore` (one set of rules: a
     failed append loses no acknowledged row and leaves no fragment, the store always reopens,
     and what it skips it names by file and line); safe for concurrent coroutines/threads."""
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from eval.store import read_results
-from parser.results import ResultRow
+from parser.records.result import ResultRow
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#1d1d1f;background:#fafafa}

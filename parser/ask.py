@@ -29,11 +29,11 @@ from typing import Any, Iterable, Sequence
 
 import orjson
 
-from parser import progress
-from parser.chunking import Chunk, render_paragraphs
-from parser.config import ConfigError, check_episode_keys, preset_spelling
-from parser.resources import config_dir
-from parser.reward import normalize_answer
+from parser.engine import progress
+from parser.text.chunking import Chunk, render_paragraphs
+from parser.base.config import ConfigError, check_episode_keys, preset_spelling
+from parser.base.resources import config_dir
+from parser.text.reward import normalize_answer
 
 CONFIG_DIR = config_dir()
 PASSAGE_FIELDS = ("text", "content", "context")  # what a JSONL line's passage may be called
@@ -132,7 +132,7 @@ def build(cfg: Any) -> tuple[Any, dict[str, Any]]:
     machine can run, as the demo does), CPU budgets for in-process models on a CPU."""
     from omegaconf import OmegaConf
 
-    from parser.backends.models import build_models
+    from parser.serving.backends.models import build_models
     from parser.demo import choose_backend, cpu_episode, needs_cpu_budgets
     from parser.methods import build_method
 

@@ -28,14 +28,15 @@ import orjson
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.synthetic_world import build_synthetic_eval
-from parser.backends.models import build_models
-from parser.config import check_episode_keys, episode_preset
-from parser import hydra_help, progress
-from parser.gateway import ProcessGroup, worker_launches
+from parser.serving.backends.models import build_models
+from parser.base.config import check_episode_keys, episode_preset
+from parser.base import hydra_help
+from parser.engine import progress
+from parser.serving.gateway import ProcessGroup, worker_launches
 from parser.methods import MethodResult, Sample
 from parser.methods.parser import ParSerMethod
-from parser.resources import config_dir
-from parser.reward import sub_em
+from parser.base.resources import config_dir
+from parser.text.reward import sub_em
 
 CONFIG_DIR = str(config_dir())
 CPU_PRESET = "cpu"  # configs/episode/cpu.yaml: in-process models on a CPU cannot afford the paper's budgets
@@ -145,7 +146,7 @@ async def run_demo(cfg: DictConfig, log_dir: Path) -> list[dict[str, Any]]:
 
 
 def start_subagent_workers(models_cfg: dict[str, Any], num: int, log_dir: Path) -> ProcessGroup:
-    """Multi-worker mode: serve the subagent model from `num` local `python -m parser.serve`
+    """Multi-worker mode: serve the subagent model from `num` local `python -m parser.serving.server`
     processes (real HTTP on 127.0.0.1) and point the subagent role at them; each chunk is pinned
     to one worker, with failover. Rewrites `models_cfg["subagent"]` in place."""
     sub = models_cfg["lead"] if models_cfg["subagent"].get("same_as") == "lead" else models_cfg["subagent"]
@@ -162,7 +163,7 @@ def start_subagent_workers(models_cfg: dict[str, Any], num: int, log_dir: Path) 
         group.stop()
         raise
     urls = [launch.url for launch in launches]
-    print(f"subagents: {num} parser.serve workers at {', '.join(urls)} (logs in {log_dir})")
+    print(f"subagents: {num} parser.serving.server workers at {', '.join(urls)} (logs in {log_dir})")
     models_cfg["subagent"] = {"type": "http", "api": "sglang", "base_urls": urls, "tokenizer": sub["model"]}
     return group
 

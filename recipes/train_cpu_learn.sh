@@ -27,7 +27,7 @@ SUBAGENT_PORT=${SUBAGENT_PORT:-$("$PYTHON" -c 'import socket; s = socket.socket(
 export HYDRA_FULL_ERROR=1
 # one thread per process: the trainer, the rollout server, the readers and eval share the cores
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-export WANDB_DIR=${WANDB_DIR:-$LEARN_DIR}   # wandb runs offline unless you are logged in (parser.verl.train)
+export WANDB_DIR=${WANDB_DIR:-$LEARN_DIR}   # wandb runs offline unless you are logged in (parser.train)
 
 # ---- sizes ------------------------------------------------------------------------------------
 DATA=() WARM=() TRAIN=() EVAL=() JUDGE=(--require-learning)
@@ -75,7 +75,7 @@ stage eval_before_sampled "$PYTHON" -m eval.run "${SAMPLED[@]}" "${EVAL_ARGS[@]}
 
 # ---- GRPO -------------------------------------------------------------------------------------
 stage train env VERL_FILE_LOGGER_PATH="$LEARN_DIR/train_metrics.jsonl" \
-    "$PYTHON" -m parser.verl.train --config-name train/cpu_learn \
+    "$PYTHON" -m parser.train --config-name train/cpu_learn \
     actor_rollout_ref.model.path="$LEARN_DIR/lead" \
     data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/val.parquet" \
     trainer.default_local_dir="$LEARN_DIR/checkpoints" "${TRAIN[@]}" "$@"

@@ -8,7 +8,7 @@
 #
 # Steps: start a loopback subagent worker (tests/support/loopback.py, answers with a finding
 # where the needle is), build the tiny lead and the verl parquet once (tests/support/verl_smoke.py),
-# then `python -m parser.verl.train --config-name train/cpu_smoke`. Stops the worker on exit.
+# then `python -m parser.train --config-name train/cpu_smoke`. Stops the worker on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # the loopback worker and the tiny lead are test code (tests/support/, never shipped): run from a checkout
@@ -38,8 +38,8 @@ if [[ ! -f "$SMOKE_DIR/data/train.parquet" || ! -d "$SMOKE_DIR/lead" ]]; then
 fi
 
 # Refuses up front on a machine that cannot run it; ends by printing where the checkpoint is and
-# the next commands (merge -> eval): parser/verl/machine.py.
-"$PYTHON" -m parser.verl.train --config-name train/cpu_smoke \
+# the next commands (merge -> eval): parser/train/machine.py.
+"$PYTHON" -m parser.train --config-name train/cpu_smoke \
     actor_rollout_ref.model.path="$SMOKE_DIR/lead" \
     data.train_files="$SMOKE_DIR/data/train.parquet" data.val_files="$SMOKE_DIR/data/val.parquet" \
     trainer.default_local_dir="$SMOKE_DIR/checkpoints" \

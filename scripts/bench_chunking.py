@@ -14,7 +14,7 @@ import argparse
 import statistics
 import time
 
-from parser.chunking import chunk_document, render_paragraphs
+from parser.text.chunking import chunk_document, render_paragraphs
 from parser.offline import qwen3_tokenizer
 
 

@@ -6,7 +6,7 @@ subagent's tokenizer before an episode starts. This script times our pipeline on
 synthetic world with the real Qwen3 tokenizer:
 
 * fast path: `data_prep.packing.build_grid` (O(L) distractor draws, `--workers` processes),
-  then `parser.chunking.chunk_document` on every document with a tokenizer that encodes each
+  then `parser.text.chunking.chunk_document` on every document with a tokenizer that encodes each
   unique corpus paragraph and each ``Document {i}:`` prefix once and composes them (checked
   token-for-token against the plain tokenizer on a sample of documents, `--verify`);
 * baseline: a straightforward per-sample implementation, as the reference scripts do it
@@ -18,7 +18,7 @@ Prints paragraphs/s and tokens/s for both and their ratio, then the sizes writte
 Measured (2 shared CPU cores, load average ~10, default flags, ~4 min in all): 1,632,000
 paragraphs / 192.6M tokens / 48,154 chunks; fast path 11.3K paragraphs/s, 1.33M tokens/s;
 baseline 886 paragraphs/s; 12.7x; 575 MiB of JSONL written. About 80% of the fast path is
-`parser.chunking.split_paragraphs`' delimiter regex (~0.45 s per 6,400-paragraph document).
+`parser.text.chunking.split_paragraphs`' delimiter regex (~0.45 s per 6,400-paragraph document).
 
     .venv/bin/python scripts/bench_data.py                          # full grid, 128 questions
     .venv/bin/python scripts/bench_data.py --questions 16 --lengths 50,100,200 --no-write
@@ -38,10 +38,10 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-from parser.jsonl import write_records  # noqa: E402
+from parser.records.jsonl import write_records  # noqa: E402
 from data_prep.packing import build_grid  # noqa: E402
 from data_prep.synthetic_world import synthetic_source  # noqa: E402
-from parser.chunking import chunk_document, render_paragraphs  # noqa: E402
+from parser.text.chunking import chunk_document, render_paragraphs  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # A tokenizer that never re-encodes a paragraph it has seen

@@ -5,7 +5,7 @@ Both methods run through `eval.run` on the same synthetic-world samples at a few
 real small instruct model (SmolLM2-135M, shipped offline by a PyPI package), one run,
 concurrency 1. ParSer's lead and subagents decode under constraints (`method/parser_cpu.yaml`),
 so the lead really scatters and its time includes the subagents' reading. In process, the backend
-decodes a round's subagent requests as one batch (`parser.backends.transformers`); `--vllm URL`
+decodes a round's subagent requests as one batch (`parser.serving.backends.transformers`); `--vllm URL`
 runs both methods against a vLLM server instead, same model. Printed per length: amortized seconds per sample (subset wall time / subset
 size, as in the paper), mean sequential steps (ParSer: lead turns; MemAgent: chunks + 1), and
 the MemAgent/ParSer ratios — all from this one invocation. Each method writes a normal eval run
@@ -30,7 +30,7 @@ from hydra import compose, initialize_config_dir
 
 from eval.report import latency_table, load, speedups, table_to_markdown
 from eval.run import evaluate
-from parser.resources import config_dir
+from parser.base.resources import config_dir
 
 CONFIGS = config_dir()
 # --smoke: the same bench on tiny random-weight models, one short length, no warm-up

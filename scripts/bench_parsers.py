@@ -20,8 +20,8 @@ import multiprocessing
 import time
 from typing import Callable
 
-from parser.actions import parse_lead_output
-from parser.gather import parse_reply
+from parser.text.actions import parse_lead_output
+from parser.engine.gather import parse_reply
 
 CALL_HEAD = "plan</think><tool_call>\n<function=query_agents>\n"
 

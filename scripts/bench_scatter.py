@@ -31,10 +31,10 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from parser import prompts
-from parser.backends.base import ROUTING_HEADER, SamplingParams
-from parser.backends.http import HttpBackend
-from parser.chat_format import CHATML
+from parser.engine import prompts
+from parser.serving.types import ROUTING_HEADER, SamplingParams
+from parser.serving.backends.http import HttpBackend
+from parser.text.chat_format import CHATML
 
 CHARS_PER_TOKEN = 4
 # the loopback worker is test code (tests/support/loopback.py): this checkout's tests/ on its path

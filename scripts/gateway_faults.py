@@ -4,7 +4,7 @@ For every fault and every setup it starts three loopback workers (one process ea
 `tests/support/loopback.py`) and, for a router setup, the real router binary with the shipped
 settings (`configs/serve/router/<kind>.yaml`; its request timeout scaled with the client's
 deadline, keeping the shipped 240 s : 300 s ratio), then sends back-to-back scatter rounds through
-the episode engine's own request path (`parser.tools.QueryAgents`: per-attempt deadline
+the episode engine's own request path (`parser.engine.tools.QueryAgents`: per-attempt deadline
 `--request-timeout-s`, `--max-attempts` with backoff, a failed call recorded, never raised),
 T chunks per round, each request carrying its routing key `doc_id:chunk`. At `--fault-at-s`
 worker1 fails:
@@ -63,15 +63,15 @@ from typing import Any, Sequence
 
 import yaml
 
-from parser import prompts
-from parser.backends.base import Completion, SamplingParams
-from parser.backends.http import HttpBackend
-from parser.backends.pool import WorkerPool
-from parser.chunking import Chunk
-from parser.config import EpisodeConfig
-from parser.gateway import ProcessGroup, router_launch, router_preset, worker_launches
-from parser.protocol import protocol_for
-from parser.tools import QueryAgents, ReaderReply
+from parser.engine import prompts
+from parser.serving.types import Completion, SamplingParams
+from parser.serving.backends.http import HttpBackend
+from parser.serving.backends.pool import WorkerPool
+from parser.text.chunking import Chunk
+from parser.base.config import EpisodeConfig
+from parser.serving.gateway import ProcessGroup, router_launch, router_preset, worker_launches
+from parser.engine.protocol import protocol_for
+from parser.engine.tools import QueryAgents, ReaderReply
 
 FAULTS = ("kill", "freeze", "hang", "garbage", "flap")
 SETUPS = ("smg", "sglang_router", "pool")

@@ -6,7 +6,7 @@ query), with the routing key `doc_id:chunk_index`. Per round it prints:
 
 - req/s           requests per second of the round's wall time (client + gateway + workers)
 - locality        share of round-2+ requests answered by the worker that served their chunk in
-                  round 1 (needs `X-Worker-Id` answers: parser.serve and the loopback worker send
+                  round 1 (needs `X-Worker-Id` answers: parser.serving.server and the loopback worker send
                   it; for SGLang workers it is estimated from cached tokens, marked "~")
 - spread          max/mean requests per worker in the round (1.0 = perfectly even); from worker
                   ids, or from each worker's Prometheus `sglang:num_requests_total` counter
@@ -59,9 +59,9 @@ from typing import Any, Awaitable, Callable, Sequence
 
 
 
-from parser import prompts
-from parser.backends.base import ROUTING_HEADER, Backend, SamplingParams
-from parser.retry import retrying
+from parser.engine import prompts
+from parser.serving.types import ROUTING_HEADER, Backend, SamplingParams
+from parser.serving.retry import retrying
 
 _WORDS = ("river castle amber signal harbor lantern meadow copper orbit violet canyon ledger "
           "summit willow ember quartz falcon thistle marble cobalt tundra saffron beacon "
@@ -338,7 +338,7 @@ def _load_render(tokenizer_path: str | None) -> Callable[[str], str] | None:
         return None
     from transformers import AutoTokenizer
 
-    from parser.readers.subagent import render_chat
+    from parser.engine.readers.subagent import render_chat
 
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
     return lambda text: render_chat(tok, [{"role": "user", "content": text}], enable_thinking=False)
@@ -373,8 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.router_file and not args.direct:
         ap.error("--router-file needs --direct (the added latency is gateway minus direct)")
 
-    from parser.backends.http import HttpBackend
-    from parser.backends.pool import WorkerPool
+    from parser.serving.backends.http import HttpBackend
+    from parser.serving.backends.pool import WorkerPool
 
     workload = Workload(chunks=args.chunks, rounds=args.rounds, chunk_words=args.chunk_words,
                         max_new_tokens=args.max_new_tokens)

@@ -34,8 +34,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 
-from parser.gateway import Gateway
-from parser.resources import config_dir
+from parser.serving.gateway import Gateway
+from parser.base.resources import config_dir
 
 
 def _stop_on_sigterm(signum: int, frame: Any) -> None:

@@ -105,7 +105,7 @@ def qwen3_5_tokenizer():
 @pytest.fixture
 def tiny_backend(tiny_qwen3_5_model, tiny_tokenizer):
     """A fresh TransformersBackend (empty prefix cache) on the shared tiny Qwen3.5 model."""
-    from parser.backends.transformers import TransformersBackend
+    from parser.serving.backends.transformers import TransformersBackend
 
     return TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer)
 

@@ -1,6 +1,6 @@
 """The model edge, scripted: the one test double for a lead or subagent model (helpers, not tests).
 
-Each stands in for a real model server behind `parser.backends` (SGLang, vLLM, the in-process
+Each stands in for a real model server behind `parser.serving.backends` (SGLang, vLLM, the in-process
 transformers backend); everything between (prompts, parsing, tools, gather, the token view) is
 the real engine.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from parser.backends.base import Completion
+from parser.serving.types import Completion
 
 CALL = "<tool_call>\n<function={}>\n<parameter={}>\n{}\n</parameter>\n</function>\n</tool_call>"
 ANSWER = "Done.\n</think>\n\n<answer>x</answer>"

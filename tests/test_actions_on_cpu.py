@@ -1,5 +1,5 @@
 """Lead action parsing over both tool-call dialects. Run: .venv/bin/pytest tests/test_actions_on_cpu.py -q"""
-from parser.actions import ToolCall, parse_lead_output, parse_tool_calls
+from parser.text.actions import ToolCall, parse_lead_output, parse_tool_calls
 
 XML_CALL = "<tool_call>\n<function=query_agents>\n<parameter=query>\n{q}\n</parameter>\n</function>\n</tool_call>"
 JSON_CALL = '<tool_call>\n{{"name": "query_agents", "arguments": {{"query": "{q}"}}}}\n</tool_call>'
@@ -83,7 +83,7 @@ def test_lead_output_keeps_only_the_offered_tools():
 def test_string_except_refuses_exactly_the_forbidden_strings():
     import re
 
-    from parser.actions import string_except
+    from parser.text.actions import string_except
 
     forbidden = ["Who built it?", "Who", "a.b (c)"]
     pattern = string_except(forbidden, '"\\\n<', 16)
@@ -100,7 +100,7 @@ def test_string_except_agrees_with_its_definition_on_random_strings():
     import random
     import re
 
-    from parser.actions import string_except
+    from parser.text.actions import string_except
 
     forbidden, excluded, max_len = ["ab c", "x", "a b", "b\tb", "abc ab"], '"<\n', 6  # one of max_len
     pattern = re.compile(string_except(forbidden, excluded, max_len))
@@ -114,9 +114,9 @@ def test_string_except_agrees_with_its_definition_on_random_strings():
 def test_action_regex_refuses_a_repeated_query_in_both_dialects_and_xgrammar_compiles_it(tiny_tokenizer):
     import re
 
-    from parser import prompts
-    from parser.actions import action_regex
-    from parser.backends.grammar import Grammars
+    from parser.engine import prompts
+    from parser.text.actions import action_regex
+    from parser.serving.backends.grammar import Grammars
 
     tools = prompts.lead_tools("v1")
     grammars = Grammars(tiny_tokenizer, len(tiny_tokenizer), {tiny_tokenizer.eos_token_id})
@@ -133,9 +133,9 @@ def test_action_regex_without_answer_allows_only_a_call_and_xgrammar_compiles_it
 
     import pytest
 
-    from parser import prompts
-    from parser.actions import action_regex
-    from parser.backends.grammar import Grammars
+    from parser.engine import prompts
+    from parser.text.actions import action_regex
+    from parser.serving.backends.grammar import Grammars
 
     tools = prompts.lead_tools("v1")
     grammars = Grammars(tiny_tokenizer, len(tiny_tokenizer), {tiny_tokenizer.eos_token_id})
@@ -155,9 +155,9 @@ def test_compiled_lead_grammars_stay_within_their_byte_bound(tiny_tokenizer):
     grammars stand in for that vocabulary and `GRAMMAR_CACHE_BYTES`."""
     import torch
 
-    from parser import prompts
-    from parser.actions import action_regex
-    from parser.backends.grammar import Grammars
+    from parser.engine import prompts
+    from parser.text.actions import action_regex
+    from parser.serving.backends.grammar import Grammars
 
     tools = prompts.lead_tools("v1")
     stops = {tiny_tokenizer.eos_token_id}
@@ -182,8 +182,8 @@ def test_a_constrained_query_holds_no_tool_call_debris(tiny_tokenizer):
 
     import xgrammar
 
-    from parser import prompts
-    from parser.actions import action_regex
+    from parser.engine import prompts
+    from parser.text.actions import action_regex
 
     tools = prompts.lead_tools(prompts.DEFAULT_VERSION)
     for dialect, wrap in (("json", '<tool_call>{{"name": "query_agents", "arguments": {{"query": "{}"}}}}</tool_call>'),

@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from parser.ask import evidence_for, main, read_document
-from parser.chunking import Chunk
-from parser.config import ConfigError
+from parser.text.chunking import Chunk
+from parser.base.config import ConfigError
 
 DOCUMENT = """# The Zorvan expedition
 
@@ -89,11 +89,11 @@ def test_unknown_presets_and_keys_are_refused_with_the_valid_names(tmp_path, cap
 
 def test_ask_against_a_local_openai_server_with_one_url_setting(tiny_qwen3_5_model, tiny_tokenizer, tmp_path, capsys):
     """`backend@models=openai` plus the server's URL is enough: the preflight reads GET /v1/models
-    once (parser.serve says owned_by=parser: vLLM's dialect, so token ids and the CPU preset's
+    once (parser.serving.server says owned_by=parser: vLLM's dialect, so token ids and the CPU preset's
     constraints work), the served name `tiny-qwen3.5` is the model and, being an offline name,
-    the tokenizer. The real parser.serve app, in process, over real HTTP on 127.0.0.1."""
-    from parser.backends.transformers import TransformersBackend
-    from parser.serve import start_server
+    the tokenizer. The real parser.serving.server app, in process, over real HTTP on 127.0.0.1."""
+    from parser.serving.backends.transformers import TransformersBackend
+    from parser.serving.server import start_server
 
     path = tmp_path / "notes.md"
     path.write_text(DOCUMENT)

@@ -16,7 +16,7 @@ import tempfile
 
 import pytest
 
-from parser.dci import SandboxTools
+from parser.engine.sandbox.tools import SandboxTools
 from parser.methods.coa import ChainOfAgentsMethod
 from parser.methods.dci import DCIAgentMethod
 from parser.methods.full_context import ContextOverflow, FullContextMethod
@@ -24,12 +24,12 @@ from parser.methods.memagent import MemAgentMethod
 from parser.methods.rag import AgenticRAGMethod
 from parser.methods.rememr1 import ReMemR1Method, TfidfRecall
 from parser.methods.sequential import extract_answer, last_boxed
-from parser.dci import Sandbox
-from parser.config import EpisodeConfig, episode_section
-from parser.episode import EpisodeEngine
-from parser.backends.models import Models
+from parser.engine.sandbox.tools import Sandbox
+from parser.base.config import EpisodeConfig, episode_section
+from parser.engine.episode import EpisodeEngine
+from parser.serving.backends.models import Models
 from parser.methods import Sample, method_config
-from parser.tools import FunctionTools, TurnRules
+from parser.engine.tools import FunctionTools, TurnRules
 from scripted_lead import ScriptedModel
 
 
@@ -118,8 +118,8 @@ def test_rememr1_recalls_the_most_similar_past_memory(samples, tiny_tokenizer):
 
 def test_coa_hands_each_unit_to_the_next_worker_in_the_chosen_order(samples, tiny_tokenizer):
     from parser.methods.coa import NO_UNIT
-    from parser.ordering import order_by_scores
-    from parser.scorers import BM25Scorer
+    from parser.engine.ordering import order_by_scores
+    from parser.engine.scorers import BM25Scorer
 
     sample = samples[(36, 0)]
     model = ScriptedModel(lambda p, i: f"unit {i}" if "<part>" in p else "from the notes: \\boxed{Criamorburg}")
@@ -141,8 +141,8 @@ def test_coa_hands_each_unit_to_the_next_worker_in_the_chosen_order(samples, tin
 
 
 def test_memagent_reads_in_the_configured_order_and_document_order_needs_no_scorer(samples, tiny_tokenizer):
-    from parser.ordering import order_by_scores
-    from parser.scorers import BM25Scorer
+    from parser.engine.ordering import order_by_scores
+    from parser.engine.scorers import BM25Scorer
 
     sample = samples[(36, 1)]
     model = ScriptedModel(lambda p, i: f"memory {i}" if "<section>" in p else "\\boxed{x}")
@@ -173,7 +173,7 @@ def test_answer_extraction_and_tfidf(tiny_tokenizer):
 # -- agentic RAG ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def minilm():
-    from parser.backends.embedder import build_embedder
+    from parser.serving.backends.embedder import build_embedder
 
     return build_embedder({"model": "minilm"})
 

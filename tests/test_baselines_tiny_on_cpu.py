@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from parser.backends.models import Models
-from parser.config import episode_section
+from parser.serving.backends.models import Models
+from parser.base.config import episode_section
 from parser.methods import MethodResult, Sample, method_config
 from parser.methods.coa import ChainOfAgentsMethod
 from parser.methods.dci import DCIAgentMethod

@@ -2,7 +2,7 @@
 
     .venv/bin/pytest tests/test_chat_format_on_cpu.py -q
 
-`parser.chat_format.CHATML` is the one place the project names `<|im_end|>` and friends; these
+`parser.text.chat_format.CHATML` is the one place the project names `<|im_end|>` and friends; these
 tests pin what each real tokenizer makes of them, and the set a guard against control tokens in
 untrusted text needs: every string in `control_tokens` is, in raw text, one reserved token.
 """
@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from parser.chat_format import CHATML
+from parser.text.chat_format import CHATML
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3", "smollm2", "tiny"])

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parser.chunking import chunk_document, count_tokens, render_paragraphs, split_paragraphs
+from parser.text.chunking import chunk_document, count_tokens, render_paragraphs, split_paragraphs
 
 
 def _paragraphs(chunks):

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from parser.backends import load_model_and_tokenizer
-from parser.backends.models import build_models
+from parser.serving.backends import load_model_and_tokenizer
+from parser.serving.backends.models import build_models
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.first(minutes=2.5)  # a few minutes of small-model runs

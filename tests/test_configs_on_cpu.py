@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from parser.config import EpisodeConfig
+from parser.base.config import EpisodeConfig
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -28,7 +28,7 @@ def test_train_episode_yaml_is_the_dataclass_defaults():
 
 def test_sandbox_yaml_is_the_dataclass_defaults():
     """The DCI sandbox's bounds live in configs/sandbox/default.yaml and in SandboxLimits."""
-    from parser.dci import SandboxLimits
+    from parser.engine.sandbox.tools import SandboxLimits
 
     yaml = OmegaConf.to_container(OmegaConf.load(CONFIGS / "sandbox" / "default.yaml"))
     assert yaml == dataclasses.asdict(SandboxLimits())

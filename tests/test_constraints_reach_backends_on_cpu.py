@@ -1,6 +1,6 @@
 """A constraint in `SamplingParams` reaches every backend, or the backend refuses it.
 
-The contract (`parser.backends.base.SamplingParams`): a backend honours `json_schema` / `regex`
+The contract (`parser.serving.types.SamplingParams`): a backend honours `json_schema` / `regex`
 or raises a non-retryable `BackendError`; none ignores it silently. This file has one row per
 class that implements `Backend.generate` in the package and its scripts, found by reading the
 source: a new backend class without a row fails `test_every_backend_class_has_a_row`.
@@ -26,8 +26,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from parser.backends.base import BackendError, Completion, SamplingParams
-from parser.serve import ServerHandle, json_response
+from parser.serving.types import BackendError, Completion, SamplingParams
+from parser.serving.server import ServerHandle, json_response
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = '{"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}'
@@ -131,7 +131,7 @@ def capture():
 def honours_http(capture, **_):
     """SGLang `/generate`: sampling_params.json_schema/regex; vLLM: structured_outputs; a generic
     OpenAI server has no known field: refused."""
-    from parser.backends.http import HttpBackend
+    from parser.serving.backends.http import HttpBackend
 
     async def one(backend, prompt, s):
         try:
@@ -160,7 +160,7 @@ def honours_http(capture, **_):
 
 def honours_transformers(tiny_qwen3_model, tiny_tokenizer, **_):
     """A real (tiny, random) model under xgrammar's token masks: the output matches the constraint."""
-    from parser.backends.transformers import TransformersBackend
+    from parser.serving.backends.transformers import TransformersBackend
 
     backend = TransformersBackend(tiny_qwen3_model, tiny_tokenizer)
     prompt = tiny_tokenizer.encode("Is the bridge older than the mill?", add_special_tokens=False)
@@ -174,7 +174,7 @@ def honours_transformers(tiny_qwen3_model, tiny_tokenizer, **_):
 
 def honours_sglang_engine(**_):
     """The engine gets POST /generate's fields (text named prompt): the constraint included."""
-    from parser.backends.sglang_engine import SGLangEngineBackend
+    from parser.serving.backends.sglang_engine import SGLangEngineBackend
 
     for constraint in CONSTRAINTS:
         (key, value), = constraint.items()
@@ -187,7 +187,7 @@ def honours_sglang_engine(**_):
 
 
 def refuses_verl_rollout(**_):
-    from parser.verl.server_manager import ServerManagerBackend
+    from parser.train.server_manager import ServerManagerBackend
 
     manager = FakeServerManager()
     backend = ServerManagerBackend(manager, {"temperature": 1.0})
@@ -217,19 +217,19 @@ def delegates(build: Callable[[Recorder], Any]) -> Callable[..., None]:
 
 
 def _pool(inner):
-    from parser.backends.pool import WorkerPool
+    from parser.serving.backends.pool import WorkerPool
 
     return WorkerPool([inner])
 
 
 def _retrying(inner):
-    from parser.retry import RetryingBackend, RetryPolicy
+    from parser.serving.retry import RetryingBackend, RetryPolicy
 
     return RetryingBackend(inner, RetryPolicy(max_attempts=2, backoff_s=0.0, timeout_s=5.0))
 
 
 def _recording_lead(inner):
-    from parser.verl.memagent_loop import RecordingLead
+    from parser.train.memagent_loop import RecordingLead
     from parser.offline import byte_bpe_tokenizer
 
     return RecordingLead(inner, byte_bpe_tokenizer())
@@ -250,14 +250,14 @@ def refused(call: Callable[[SamplingParams], Any], constraint: dict[str, str]) -
 
 
 ROWS: dict[str, Callable[..., None]] = {
-    "parser/backends/http.py:HttpBackend": honours_http,
-    "parser/backends/transformers.py:TransformersBackend": honours_transformers,
-    "parser/backends/sglang_engine.py:SGLangEngineBackend": honours_sglang_engine,
-    "parser/verl/server_manager.py:ServerManagerBackend": refuses_verl_rollout,
+    "parser/serving/backends/http.py:HttpBackend": honours_http,
+    "parser/serving/backends/transformers.py:TransformersBackend": honours_transformers,
+    "parser/serving/backends/sglang_engine.py:SGLangEngineBackend": honours_sglang_engine,
+    "parser/train/server_manager.py:ServerManagerBackend": refuses_verl_rollout,
     "parser/plan/validate.py:ScriptedLead": refuses_scripted_lead,
-    "parser/backends/pool.py:WorkerPool": delegates(_pool),
-    "parser/retry.py:RetryingBackend": delegates(_retrying),
-    "parser/verl/memagent_loop.py:RecordingLead": delegates(_recording_lead),
+    "parser/serving/backends/pool.py:WorkerPool": delegates(_pool),
+    "parser/serving/retry.py:RetryingBackend": delegates(_retrying),
+    "parser/train/memagent_loop.py:RecordingLead": delegates(_recording_lead),
     "scripts/gateway_faults.py:RecordingBackend": delegates(_gateway_faults_recorder),
 }
 
@@ -279,8 +279,8 @@ def test_constraint_is_honoured_or_refused(name, request):
 def test_engine_and_http_share_one_abort_policy(capture):
     """An abort inside a result is retryable on both paths; a request the engine refuses up
     front (ValueError, SGLang's HTTP 400) is not."""
-    from parser.backends.sglang_engine import SGLangEngineBackend
-    from parser.wire.sglang import GenerateResponse
+    from parser.serving.backends.sglang_engine import SGLangEngineBackend
+    from parser.serving.wire.sglang import GenerateResponse
 
     abort = {"text": "", "meta_info": {"finish_reason": {"type": "abort", "message": "oom", "status_code": 400}}}
     with pytest.raises(BackendError) as via_wire:

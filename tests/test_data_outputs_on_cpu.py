@@ -17,10 +17,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from data_prep import build_synthetic_eval, recipes
 from data_prep.build import run
-from parser.jsonl import JsonlStore, write_json
+from parser.records.jsonl import JsonlStore, write_json
 from data_prep.knowledge_filter import is_correct, last_boxed, parametric_filter
 from data_prep.verl_parquet import AGENT_NAME, write_rl_parquet
-from parser.backends.base import SamplingParams
+from parser.serving.types import SamplingParams
 from scripted_lead import ScriptedModel
 
 CONFIGS = Path(__file__).parents[1] / "configs" / "data"
@@ -95,7 +95,7 @@ def test_knowledge_filter_drops_known_and_resumes(tmp_path, rows, tiny_tokenizer
 
 
 def test_knowledge_filter_runs_on_the_in_process_backend(tmp_path, rows, request):
-    pytest.importorskip("parser.backends.transformers")
+    pytest.importorskip("parser.serving.backends.transformers")
     backend, tokenizer = request.getfixturevalue("tiny_backend"), request.getfixturevalue("tiny_tokenizer")
     questions = [{"id": r["id"], "question": r["question"], "answers": r["answers"]} for r in rows[:2]]
     result = asyncio.run(parametric_filter(questions, backend, tokenizer, log_path=tmp_path / "f.jsonl", samples=2,
@@ -134,7 +134,7 @@ def test_synthetic_config_runs_end_to_end(tmp_path):
 
 
 def test_train_set_recipe_with_filter_on_the_tiny_model(tmp_path):
-    pytest.importorskip("parser.backends.transformers")
+    pytest.importorskip("parser.serving.backends.transformers")
     import pyarrow.parquet as pq
 
     path = recipes.train_set(

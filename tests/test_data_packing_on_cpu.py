@@ -13,11 +13,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from parser.jsonl import read_records
+from parser.records.jsonl import read_records
 from data_prep.packing import build_grid, eval_record, pack
 from data_prep.records import DataError
 from data_prep.sources import read_hotpotqa
-from parser.chunking import split_paragraphs
+from parser.text.chunking import split_paragraphs
 from parser.methods.base import Sample
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"

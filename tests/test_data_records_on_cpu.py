@@ -1,4 +1,4 @@
-"""One dataset record type (`parser.fields.Record`): data prep writes through it, eval reads
+"""One dataset record type (`parser.records.sample.Record`): data prep writes through it, eval reads
 through it, and the rows on disk are what they were.
 
     .venv/bin/pytest tests/test_data_records_on_cpu.py -q
@@ -9,7 +9,7 @@ import pytest
 
 from data_prep import build_synthetic_eval
 from data_prep.verl_parquet import rl_row
-from parser.fields import DataError, Record
+from parser.records.sample import DataError, Record
 from parser.methods import Sample
 
 # An eval row exactly as data prep wrote it before the type (keys and their order).

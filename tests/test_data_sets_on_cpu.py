@@ -14,12 +14,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from data_prep import build_synthetic_eval
 from data_prep.controlled import distance_sets, order_sets, position_sets
-from parser.jsonl import read_records
+from parser.records.jsonl import read_records
 from data_prep.recipes import controlled, eval_grid
 from data_prep.records import DataError
 from data_prep.sources import read_2wiki, read_eval_file
 from data_prep.synthetic_world import QUESTION_TYPES, synthetic_rows, synthetic_source
-from parser.chunking import split_paragraphs
+from parser.text.chunking import split_paragraphs
 from parser.methods.base import Sample
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parser.jsonl import write_json
+from parser.records.jsonl import write_json
 from data_prep.records import DataError
 from data_prep.sources import check_eval_rows, read_2wiki, read_hotpotqa
 

@@ -15,12 +15,12 @@ import re
 
 import pytest
 
-from parser.chunking import chunk_document
-from parser.backends.models import Models
-from parser.config import episode_section
+from parser.text.chunking import chunk_document
+from parser.serving.backends.models import Models
+from parser.base.config import episode_section
 from parser.methods import Sample
 from parser.methods.parser import ParSerMethod
-from parser.readers import DCIReader, ThinkingReader
+from parser.engine.readers import DCIReader, ThinkingReader
 from scripted_lead import ScriptedModel
 
 
@@ -80,8 +80,8 @@ def test_dci_reader_reuses_one_corpus_per_chunk(sample, tiny_tokenizer):
 
 
 def test_thinking_reader_hands_gather_only_the_reply(tiny_tokenizer):
-    from parser.chunking import Chunk
-    from parser.gather import parse_reply
+    from parser.text.chunking import Chunk
+    from parser.engine.gather import parse_reply
 
     chunk = Chunk(0, "Document 1:\nLake Y\nLake Y lies north.", (1,), 10)
     replies = iter([

@@ -26,11 +26,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parser import dci, dci_process
-from parser.config import EpisodeConfig
-from parser.episode import EpisodeEngine
-from parser.chunking import chunk_document, render_paragraphs, split_paragraphs
-from parser.dci import Refused, Sandbox, SandboxTools, _locate, materialize_corpus
+from parser.engine.sandbox import tools as dci, process as dci_process
+from parser.base.config import EpisodeConfig
+from parser.engine.episode import EpisodeEngine
+from parser.text.chunking import chunk_document, render_paragraphs, split_paragraphs
+from parser.engine.sandbox.tools import Refused, Sandbox, SandboxTools, _locate, materialize_corpus
 from parser.methods.dci import PROMPTS as DCI_PROMPTS
 from scripted_lead import CALL, ScriptedLead
 
@@ -208,7 +208,7 @@ def test_a_killed_parent_takes_its_commands_with_it(corpus, marker, tmp_path):
     os.mkfifo(fifo)
     script = textwrap.dedent(f"""
         import asyncio
-        from parser.dci import Sandbox
+        from parser.engine.sandbox.tools import Sandbox
         asyncio.run(Sandbox({str(corpus)!r}, timeout_s=120).call("bash", {{"command": "head -n 1 {fifo.name}"}}))
     """)
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[1])

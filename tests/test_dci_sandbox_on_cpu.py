@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parser.dci import Refused, Sandbox, _locate, materialize_corpus
-from parser.dci_options import GRAMMARS, OptionRefused, check_options
-from parser.chunking import render_paragraphs
+from parser.engine.sandbox.tools import Refused, Sandbox, _locate, materialize_corpus
+from parser.engine.sandbox.options import GRAMMARS, OptionRefused, check_options
+from parser.text.chunking import render_paragraphs
 
 SECRET = "TOP-SECRET-7f3a"
 # ripgrep comes with the baselines extra; where extras are required (make test), a missing rg fails
@@ -231,7 +231,7 @@ def test_absolute_paths_inside_the_corpus_are_fine(world):
 
 def test_without_rg_the_model_is_told_to_use_grep(world, monkeypatch):
     sandbox, _, _ = world
-    import parser.dci as dci
+    import parser.engine.sandbox.tools as dci
 
     real = dci._locate
     monkeypatch.setattr(dci, "_locate", lambda name: None if name == "rg" else real(name))

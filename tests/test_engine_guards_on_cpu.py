@@ -12,13 +12,13 @@ import math
 
 import pytest
 
-from parser.backends.base import BackendError
-from parser.chunking import Chunk
-from parser.config import EpisodeConfig
-from parser.episode import EpisodeEngine
-from parser.gather import render_observation
-from parser.tools import ReaderReply
-from parser.trajectory import Finding
+from parser.serving.types import BackendError
+from parser.text.chunking import Chunk
+from parser.base.config import EpisodeConfig
+from parser.engine.episode import EpisodeEngine
+from parser.engine.gather import render_observation
+from parser.engine.tools import ReaderReply
+from parser.records.trajectory import Finding
 from scripted_lead import CALL, ScriptedLead
 
 QUERY = CALL.format("query_agents", "query", "{}")
@@ -95,7 +95,7 @@ def test_a_tool_call_inside_unfinished_thinking_is_not_run(qwen3_5_tokenizer):
 
 
 def test_an_explicit_unclosed_think_block_is_thinking_without_the_prompt_opening_it():
-    from parser.actions import parse_lead_output, split_thinking
+    from parser.text.actions import parse_lead_output, split_thinking
 
     assert parse_lead_output("<think>maybe <answer>Anna</answer>").answer is None
     assert split_thinking("<think>still going") == ("still going", "")
@@ -104,7 +104,7 @@ def test_an_explicit_unclosed_think_block_is_thinking_without_the_prompt_opening
 
 def test_the_release_protocol_keeps_its_rule_for_answers_in_thinking(qwen3_5_tokenizer):
     """The release searches the whole turn, thinking included (docs/fidelity.md row 7)."""
-    from parser.protocol import protocol_for
+    from parser.engine.protocol import protocol_for
 
     release = protocol_for(EpisodeConfig(protocol="release"))
     assert release.parse_turn("maybe <answer>Anna</answer> hmm", ("query_agents",), thinking_open=True).answer == "Anna"

@@ -9,11 +9,11 @@ import itertools
 
 import pytest
 
-from parser import prompts
-from parser.chunking import chunk_document, render_paragraphs
-from parser.config import EpisodeConfig
-from parser.episode import EpisodeEngine
-from parser.tools import ReaderReply
+from parser.engine import prompts
+from parser.text.chunking import chunk_document, render_paragraphs
+from parser.base.config import EpisodeConfig
+from parser.engine.episode import EpisodeEngine
+from parser.engine.tools import ReaderReply
 from scripted_lead import ScriptedLead
 
 CALL = "<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
@@ -134,10 +134,10 @@ def test_templates_without_tool_support_get_the_tools_as_text(qwen3_5_tokenizer)
     """A chat template that ignores `tools=` (SmolLM2's, say) still tells the model the call format."""
     import copy
 
-    from parser.chat_format import CHATML
-    from parser.episode import LeadContext
-    from parser.protocol import protocol_for
-    from parser.tools import QueryAgents
+    from parser.text.chat_format import CHATML
+    from parser.engine.episode import LeadContext
+    from parser.engine.protocol import protocol_for
+    from parser.engine.tools import QueryAgents
 
     plain = copy.copy(qwen3_5_tokenizer)
     plain.chat_template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" \
@@ -154,8 +154,8 @@ def test_templates_without_tool_support_get_the_tools_as_text(qwen3_5_tokenizer)
 
 def test_subagent_prompt_frames_render_exactly_like_the_template(qwen3_5_tokenizer, tiny_tokenizer):
     """The reader reuses each chunk's rendered frame across queries; it must equal a full render."""
-    from parser.chunking import Chunk
-    from parser.readers.subagent import SubagentReader, render_chat
+    from parser.text.chunking import Chunk
+    from parser.engine.readers.subagent import SubagentReader, render_chat
 
     chunk = Chunk(3, "Document 4:\nZorvan\nZorvan is a film {with braces} directed by Miro Tal.", (4,), 20)
     for tokenizer in (qwen3_5_tokenizer, tiny_tokenizer):

@@ -8,13 +8,13 @@ import asyncio
 
 import pytest
 
-from parser import prompts
-from parser.dci import SandboxTools
-from parser.dci import Sandbox, materialize_corpus
-from parser.config import EpisodeConfig
-from parser.episode import EpisodeEngine
+from parser.engine import prompts
+from parser.engine.sandbox.tools import SandboxTools
+from parser.engine.sandbox.tools import Sandbox, materialize_corpus
+from parser.base.config import EpisodeConfig
+from parser.engine.episode import EpisodeEngine
 from parser.methods.dci import PROMPTS as DCI_PROMPTS
-from parser.tools import TurnRules
+from parser.engine.tools import TurnRules
 from scripted_lead import ScriptedLead
 
 DOCUMENT = "Document 1:\nZorvan\nZorvan is a film directed by Miro Tal.\n\nDocument 2:\nLake Y\nLake Y lies north."
@@ -97,7 +97,7 @@ def test_turn_rules_belong_to_the_tool_sets_not_to_verls_episode():
     """Training runs ParSer's query_agents, whose rules are Algorithm 1's: a baseline's turn rule in
     `parser.episode` is an unknown key, and a typo in a tool set's rules is refused by name."""
     pytest.importorskip("verl")
-    from parser.verl.agent_loop import episode_config
+    from parser.train.agent_loop import episode_config
 
     for option in ({"continue_cut_turns": True}, {"compact_after_chars": 1000}, {"finalize_turn": True}):
         with pytest.raises(ValueError, match=f"unknown key.*{next(iter(option))}"):
@@ -109,9 +109,9 @@ def test_turn_rules_belong_to_the_tool_sets_not_to_verls_episode():
 def test_distinct_queries_stop_a_greedy_lead_from_sending_its_query_again(tiny_qwen3_5_model, tiny_tokenizer):
     """The tiny greedy lead under the lead constraint sends one query every turn (as SmolLM2 did
     in the demo); with distinct_queries no query is sent twice, and the trajectory says so."""
-    from parser.backends.transformers import TransformersBackend
-    from parser.chunking import Chunk
-    from parser.readers import SubagentReader
+    from parser.serving.backends.transformers import TransformersBackend
+    from parser.text.chunking import Chunk
+    from parser.engine.readers import SubagentReader
 
     chunks = [Chunk(0, "Zorvan is a film directed by Miro Tal.", (1,), 9), Chunk(1, "Miro Tal was born in 1950.", (2,), 8)]
 
@@ -151,9 +151,9 @@ def test_query_first_refuses_an_answer_until_the_lead_has_asked(tiny_qwen3_5_mod
     with it; the trajectory records the option."""
     import re
 
-    from parser.backends.transformers import TransformersBackend
-    from parser.chunking import Chunk
-    from parser.readers import SubagentReader
+    from parser.serving.backends.transformers import TransformersBackend
+    from parser.text.chunking import Chunk
+    from parser.engine.readers import SubagentReader
 
     chunks = [Chunk(0, "Zorvan is a film directed by Miro Tal.", (1,), 9), Chunk(1, "Miro Tal was born in 1950.", (2,), 8)]
     cfg = EpisodeConfig(max_turns=3, max_tokens_per_turn=128, lead_temperature=0.0, lead_thinking=False,
@@ -174,13 +174,13 @@ def test_answer_last_turn_makes_the_last_turn_an_answer_and_reports_every_turn(t
     """Under answer_last_turn the real backend decodes the episode's last lead turn under a
     constraint that holds only an <answer> (a small lead otherwise ends every CPU episode
     unanswered), after query_first made the first a call; the trajectory records the option, ends
-    answered, and `parser.progress` hears each turn as it finishes, in order."""
+    answered, and `parser.engine.progress` hears each turn as it finishes, in order."""
     import re
 
-    from parser import progress
-    from parser.backends.transformers import TransformersBackend
-    from parser.chunking import Chunk
-    from parser.readers import SubagentReader
+    from parser.engine import progress
+    from parser.serving.backends.transformers import TransformersBackend
+    from parser.text.chunking import Chunk
+    from parser.engine.readers import SubagentReader
 
     chunks = [Chunk(0, "Zorvan is a film directed by Miro Tal.", (1,), 9), Chunk(1, "Miro Tal was born in 1950.", (2,), 8)]
     cfg = EpisodeConfig(max_turns=2, max_tokens_per_turn=128, lead_temperature=0.0, lead_thinking=False,

@@ -15,9 +15,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from eval.datasets import load_subsets
-from parser.config import EpisodeConfig
+from parser.base.config import EpisodeConfig
 from parser.methods import method_class
-from parser.tools import TurnRules
+from parser.engine.tools import TurnRules
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 EVAL = CONFIGS / "eval"
@@ -89,9 +89,9 @@ def test_missing_data_file_names_the_file(tmp_path):
 def test_a_misspelled_episode_key_is_refused_before_any_model_loads(monkeypatch):
     """`method.episode.max_turn=3` once ran 86 s of model loading before a TypeError; now it is a
     ConfigError naming the key and its nearest valid spelling, and no model is built."""
-    import parser.backends.models as models_module
+    import parser.serving.backends.models as models_module
     from eval.run import build_eval_method
-    from parser.config import ConfigError
+    from parser.base.config import ConfigError
 
     def no_models(*_args, **_kwargs):
         raise AssertionError("models were built before the config was checked")

@@ -14,7 +14,7 @@ import pytest
 from eval import learning
 from eval.report import build_report, main
 from eval.store import ResultsStore
-from parser.results import ResultRow
+from parser.records.result import ResultRow
 
 
 def _row(variant, length, run, sid, sub, steps) -> ResultRow:

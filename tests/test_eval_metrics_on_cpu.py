@@ -16,8 +16,8 @@ import pytest
 
 from eval.metrics import METRICS, PRIMARY, score
 from eval.report import max_delta_avg, run_averaged
-from parser.results import ResultRow
-from parser.reward import exact_match, normalize_answer, sub_em
+from parser.records.result import ResultRow
+from parser.text.reward import exact_match, normalize_answer, sub_em
 
 
 def _reference_normalize(s: str) -> str:

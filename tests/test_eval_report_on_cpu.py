@@ -15,7 +15,7 @@ from eval import paper_numbers
 from eval.report import build_report, max_delta_avg
 from eval.store import RESULTS, ResultsStore, read_jsonl, read_timings
 from eval.viewer import render_page
-from parser.results import ResultRow, TimingLine
+from parser.records.result import ResultRow, TimingLine
 
 
 def _row(dataset="synthetic", length=50, run=0, sid="q0", row="ParSer", sub=1.0, steps=3, **kw) -> ResultRow:

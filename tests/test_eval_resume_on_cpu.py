@@ -26,7 +26,7 @@ from eval import provenance
 from eval.run import evaluate
 from eval.store import ERRORS, RESULTS, read_jsonl
 from parser.methods import MethodResult, Sample
-from parser.results import ResultRow
+from parser.records.result import ResultRow
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"

@@ -1,4 +1,4 @@
-"""One failure semantics for every model call (parser/retry.py), as each method meets it.
+"""One failure semantics for every model call (parser/serving/retry.py), as each method meets it.
 
 Timeouts and `BackendError(retryable=True)` are retried; a final timeout or `BackendError` is a
 failed subagent call (ParSer) or a failed sample (a lead or a baseline's call); anything else is a
@@ -20,16 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from parser.backends.base import BackendError, Completion
-from parser.backends.models import Models
-from parser.chunking import Chunk
-from parser.config import EpisodeConfig
-from parser.episode import EpisodeEngine
+from parser.serving.types import BackendError, Completion
+from parser.serving.backends.models import Models
+from parser.text.chunking import Chunk
+from parser.base.config import EpisodeConfig
+from parser.engine.episode import EpisodeEngine
 from parser.methods import Sample, method_class, method_config
 from parser.methods.parser import ParSerMethod
 from parser.plan.validate import ScriptedLead
-from parser.retry import CallFailed, RetryPolicy
-from parser.tools import ReaderReply
+from parser.serving.retry import CallFailed, RetryPolicy
+from parser.engine.tools import ReaderReply
 
 FAST = dict(max_attempts=3, retry_backoff_s=0.001, request_timeout_s=5.0)
 CHUNKS = [Chunk(index=i, text=f"Document {i + 1}:\nPlace {i} lies on river {i}.", paragraph_ids=(i + 1,), num_tokens=12)
@@ -229,7 +229,7 @@ def test_a_sample_whose_subagent_calls_all_failed_fails_the_eval_run(tmp_path, t
 
     from eval.run import evaluate
     from eval.store import ERRORS, RESULTS, read_jsonl
-    from parser.backends.http import HttpBackend
+    from parser.serving.backends.http import HttpBackend
 
     configs = Path(__file__).resolve().parent.parent / "configs"
     out = tmp_path / "run"

@@ -13,10 +13,10 @@ import asyncio
 
 import pytest
 
-from parser.chunking import Chunk
-from parser.config import EpisodeConfig, episode_preset
-from parser.episode import EpisodeEngine
-from parser.tools import FunctionTools, ReaderReply, TurnRules
+from parser.text.chunking import Chunk
+from parser.base.config import EpisodeConfig, episode_preset
+from parser.engine.episode import EpisodeEngine
+from parser.engine.tools import FunctionTools, ReaderReply, TurnRules
 from scripted_lead import CALL, ScriptedLead
 
 class CountingReader:

@@ -37,16 +37,18 @@ def _yaml(name: str) -> Path:
 
 
 def _python(name: str) -> object:
-    """`a.b.c` as a module attribute: `parser.a` or a protocol class first, else a full module path."""
+    """`a.b.c` as a module attribute: a module of one of parser's floors (`parser.<floor>.a`) or a
+    protocol class first, else a full module path."""
     head, *rest = name.split(".")
-    for base in (f"parser.{head}", f"parser.verl.{head}", head):
+    floors = ("", "base.", "text.", "records.", "serving.", "engine.", "train.")
+    for base in (*(f"parser.{floor}{head}" for floor in floors), head):
         try:
             value = importlib.import_module(base)
             break
         except ImportError:
             continue
     else:
-        value = getattr(importlib.import_module("parser.protocol"), head)
+        value = getattr(importlib.import_module("parser.engine.protocol"), head)
     for part in rest:
         value = getattr(value, part) if hasattr(value, part) else importlib.import_module(f"{value.__name__}.{part}")
     return value
@@ -97,8 +99,8 @@ def test_no_line_numbers_of_the_projects_files():
 
 
 def test_the_checker_fails_on_a_stale_name():
-    cell = "O `parser/gather.py` `gather`, `configs/episode/eval.yaml` `max_turns: 12`"
-    _check_token("parser/gather.py", cell)
+    cell = "O `parser/engine/gather.py` `gather`, `configs/episode/eval.yaml` `max_turns: 12`"
+    _check_token("parser/engine/gather.py", cell)
     for stale in ("parser/gathering.py", "render_observations", "gather.render_release_observation", "max_turns: 9"):
         with pytest.raises((AssertionError, AttributeError, ImportError)):
             _check_token(stale, cell)

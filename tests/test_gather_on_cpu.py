@@ -1,6 +1,6 @@
 """Gather: lenient parsing, abstentions, labels, merging, budget. Run: .venv/bin/pytest tests/test_gather_on_cpu.py -q"""
-from parser.gather import merge_identical, parse_reply, render_observation
-from parser.trajectory import Finding
+from parser.engine.gather import merge_identical, parse_reply, render_observation
+from parser.records.trajectory import Finding
 
 
 def words(text):

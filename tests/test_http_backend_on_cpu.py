@@ -15,9 +15,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from parser.backends.base import ROUTING_HEADER, Backend, BackendError, SamplingParams
-from parser.backends.http import HttpBackend
-from parser.serve import ServerHandle, json_response
+from parser.serving.types import ROUTING_HEADER, Backend, BackendError, SamplingParams
+from parser.serving.backends.http import HttpBackend
+from parser.serving.server import ServerHandle, json_response
 from support.loopback import ABSTENTION, prefix_hash, start_loopback
 
 NEEDLE = "The harbour master moved to Tromso in 1911."
@@ -313,8 +313,8 @@ def test_loopback_reports_load_while_busy(fresh_loopback):
 
 def test_json_schema_reaches_both_apis(capture):
     """Constrained subagent output: SGLang's sampling_params.json_schema, OpenAI's response_format."""
-    from parser.chunking import Chunk
-    from parser.readers import SubagentReader
+    from parser.text.chunking import Chunk
+    from parser.engine.readers import SubagentReader
     from parser.offline import byte_bpe_tokenizer
 
     reader = SubagentReader(HttpBackend(capture.url), byte_bpe_tokenizer(), json_constrained=True)
@@ -366,8 +366,8 @@ def test_vllm_token_ids_and_aligned_logprobs(capture):
 
 
 def test_chat_sends_the_subagent_messages_not_rendered_text(capture):
-    from parser.chunking import Chunk
-    from parser.readers import SubagentReader
+    from parser.text.chunking import Chunk
+    from parser.engine.readers import SubagentReader
     from parser.offline import byte_bpe_tokenizer
 
     capture.replies.append((200, {"choices": [{"index": 0, "finish_reason": "stop",

@@ -18,9 +18,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from parser.backends.base import BackendError, SamplingParams
-from parser.backends.http import HttpBackend
-from parser.serve import ServerHandle
+from parser.serving.types import BackendError, SamplingParams
+from parser.serving.backends.http import HttpBackend
+from parser.serving.server import ServerHandle
 
 SP = SamplingParams(max_new_tokens=8, temperature=0.0)
 MB = 1 << 20

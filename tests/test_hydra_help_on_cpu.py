@@ -1,7 +1,7 @@
 """`--help` lists every config group an entry point composes, search-path groups included.
 
 Hydra's own help lists only the primary config directory's groups: `python -m eval.run --help`
-showed `dataset` alone, not `method`, `backend@models` or `episode` (parser/hydra_help.py says why).
+showed `dataset` alone, not `method`, `backend@models` or `episode` (parser/base/hydra_help.py says why).
 
     .venv/bin/pytest tests/test_hydra_help_on_cpu.py -q      # the command itself: tests/e2e/test_entry_points_on_cpu.py
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from parser import hydra_help
+from parser.base import hydra_help
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"

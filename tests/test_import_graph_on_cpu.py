@@ -120,7 +120,7 @@ def test_production_never_imports_test_code():
 
 
 def test_the_test_code_checker_sees_a_module_string(tmp_path):
-    """`parser/gateway.py` once started the loopback worker as `python -m <test module>` by string."""
+    """`parser/serving/gateway.py` once started the loopback worker as `python -m <test module>` by string."""
     path = tmp_path / "gateway.py"
     path.write_text('import sys\nARGV = [sys.executable, "-m", "support.loopback", "--port", "1"]\n')
     assert _test_references(path) == ["support.loopback"]
@@ -131,13 +131,13 @@ def test_the_test_code_checker_sees_a_module_string(tmp_path):
 # The verl agent loop that trains a memory agent (MemAgent, ReMemR1) as the policy: it runs that
 # baseline itself, never a copy, so it imports it. It lived in parser/methods/ (outside `core`) until
 # it joined the other verl plugins; it is the only verl module that may.
-TRAINS_A_BASELINE = "parser.verl.memagent_loop"
+TRAINS_A_BASELINE = "parser.train.memagent_loop"
 
 
 def test_method_components_never_import_a_baseline():
     """A method is a folder (`parser/methods/<name>/`): every module in a baseline's folder counts."""
     graph = import_graph()
-    core = [m for m in graph if m.startswith(("parser.readers", "parser.verl", "parser.episode", "parser.tools"))
+    core = [m for m in graph if m.startswith(("parser.engine.readers", "parser.train", "parser.engine.episode", "parser.engine.tools"))
             and m != TRAINS_A_BASELINE]
     folders = ("parser.methods.memagent", "parser.methods.rememr1", "parser.methods.full_context", "parser.methods.coa",
                "parser.methods.rag", "parser.methods.dci")
@@ -152,7 +152,7 @@ def test_method_components_never_import_a_baseline():
 def test_methods_sit_below_verl():
     """No method imports verl's plugins: the trainer runs a method, a method never needs the trainer."""
     graph = import_graph()
-    offenders = {m: sorted(t for t in targets if t.startswith("parser.verl"))
+    offenders = {m: sorted(t for t in targets if t.startswith("parser.train"))
                  for m, targets in graph.items() if m.startswith("parser.methods")}
     assert {m: t for m, t in offenders.items() if t} == {}
 

@@ -17,13 +17,13 @@ import socket
 import pytest
 import torch
 
-from parser.backends.http import HttpBackend
-from parser.chat_format import WORD_JOINER
-from parser.backends.transformers import TransformersBackend
-from parser.info_gain import (SCORING_FAILED, GainScorer, InfoGainConfig, compose, evidence_text, info_gain,
+from parser.serving.backends.http import HttpBackend
+from parser.text.chat_format import WORD_JOINER
+from parser.serving.backends.transformers import TransformersBackend
+from parser.train.infomem.gain import (SCORING_FAILED, GainScorer, InfoGainConfig, compose, evidence_text, info_gain,
                               matched_gold, mean_logprob, normalize_group)
-from parser.retry import RetryingBackend, RetryPolicy
-from parser.trajectory import Finding, QueryRecord, Trajectory, Turn
+from parser.serving.retry import RetryingBackend, RetryPolicy
+from parser.records.trajectory import Finding, QueryRecord, Trajectory, Turn
 
 ZSCORE = InfoGainConfig(enable=True)
 
@@ -179,7 +179,7 @@ def test_a_scorer_that_never_answers_leaves_no_gain_and_says_why():
 def test_findings_that_state_the_answer_raise_its_likelihood_on_a_real_lm():
     """SmolLM2-135M-Instruct (real weights, converted by the project): the gold is likelier after
     findings that quote it than after off-topic ones, and than with no findings at all."""
-    from parser.backends import load_model_and_tokenizer
+    from parser.serving.backends import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer("smollm2")
     scorer = GainScorer(TransformersBackend(model, tok), tok, ZSCORE)

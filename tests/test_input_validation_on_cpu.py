@@ -1,4 +1,4 @@
-"""Every entry point of a record applies the rules data prep applies (`parser.fields`).
+"""Every entry point of a record applies the rules data prep applies (`parser.records.sample`).
 
     .venv/bin/pytest tests/test_input_validation_on_cpu.py -q
 
@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_prep.verl_parquet import read_rl_parquet, rl_row
-from parser.fields import DataError
+from parser.records.sample import DataError
 
 GOOD = {"question": "Who directed Zorvan?", "answers": ["Miro Tal"], "context": "Document 1:\nZorvan is by Miro Tal.",
         "index": 0, "id": "q0", "num_docs": 1}

@@ -2,7 +2,7 @@
 
     .venv/bin/pytest tests/test_jsonl_store_on_cpu.py -q
 
-One implementation (`parser.jsonl.JsonlStore`) under the eval results store and the knowledge
+One implementation (`parser.records.jsonl.JsonlStore`) under the eval results store and the knowledge
 filter's log. A real file-size limit (RLIMIT_FSIZE, in a child process) stands in for a full
 disk: the write fails part-way, as it does when the disk fills.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from parser.jsonl import JsonlStore
+from parser.records.jsonl import JsonlStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def test_a_failed_append_leaves_no_fragment_for_the_next_row(tmp_path):
     path = tmp_path / "store.jsonl"
     script = textwrap.dedent(f"""
         import resource, sys
-        from parser.jsonl import JsonlStore
+        from parser.records.jsonl import JsonlStore
         store = JsonlStore({str(path)!r}, key=lambda row: row["id"])
         store.append({{"id": "a", "x": 1}})
         size = {str(path)!r} and __import__("os").path.getsize({str(path)!r})
@@ -163,7 +163,7 @@ def test_concurrent_appends_all_land_on_their_own_lines(tmp_path):
 def test_the_knowledge_filter_resumes_past_a_bad_line(tmp_path, tiny_tokenizer):
     """The filter's log with a bad line in the middle: the questions after it were lost and asked
     again. Now only the question never asked is."""
-    from parser.backends.base import Completion
+    from parser.serving.types import Completion
     from data_prep.knowledge_filter import parametric_filter
 
     log = tmp_path / "filter.jsonl"
@@ -191,7 +191,7 @@ def test_the_results_store_reopens_after_a_failed_append(tmp_path):
     script = textwrap.dedent(f"""
         import os, resource
         from eval.store import ResultsStore
-        from parser.results import ResultRow
+        from parser.records.result import ResultRow
         store = ResultsStore({str(tmp_path)!r})
         store.append(ResultRow(**{result("a")!r}))
         size = os.path.getsize(store.results_path)
@@ -316,7 +316,7 @@ def test_an_infinite_value_is_refused_at_append_not_written(tmp_path):
 def test_atomic_writes_and_new_store_files_are_fsynced_with_their_directory(tmp_path, monkeypatch):
     """The manifest (and every atomic output) was renamed into place unsynced: a power cut
     could leave an empty file or the old one."""
-    from parser import jsonl
+    from parser.records import jsonl
 
     synced: list[str] = []
     real_fsync = os.fsync

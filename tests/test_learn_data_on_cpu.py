@@ -14,10 +14,10 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from parser.jsonl import read_records
+from parser.records.jsonl import read_records
 from data_prep.recipes import learn_sets
 from data_prep.synthetic_world import ONE_HOP, synthetic_rows
-from parser.chunking import render_paragraphs
+from parser.text.chunking import render_paragraphs
 from support.world_reader import QUERY_TEMPLATES, RELATIONS, read, reply_to_prompt
 
 TYPES = ("compositional", "inference", "bridge", ONE_HOP)
@@ -69,9 +69,9 @@ def test_a_whole_two_hop_question_gets_only_its_first_hop(world_rows):
 
 def test_loopback_world_reader_answers_the_rendered_subagent_prompt(world_rows, tiny_tokenizer):
     """Over HTTP, through the project's subagent reader and chunker, as the episode engine calls it."""
-    from parser.backends.http import HttpBackend
-    from parser.chunking import chunk_document
-    from parser.readers.subagent import SubagentReader
+    from parser.serving.backends.http import HttpBackend
+    from parser.text.chunking import chunk_document
+    from parser.engine.readers.subagent import SubagentReader
     from support.loopback import start_loopback
 
     row = next(r for r in world_rows if r["metadata"]["type"] == "inference")

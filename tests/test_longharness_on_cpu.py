@@ -22,12 +22,12 @@ from eval.report import lead_prompt_table
 from eval.run import CONFIGS, evaluate
 from eval.store import RESULTS, read_jsonl
 from eval.viewer import render_page
-from parser import progress
-from parser.backends.models import Models
+from parser.engine import progress
+from parser.serving.backends.models import Models
 from parser.methods import Sample, build_method
 from parser.methods.longharness.state import QUESTION, HarnessState
-from parser.results import ResultRow
-from parser.tools import ReaderReply
+from parser.records.result import ResultRow
+from parser.engine.tools import ReaderReply
 from scripted_lead import ScriptedLead
 
 DOC = ("Document 1:\nThe Velmora bridge was built by Ann Kade in 1901.\n\n"
@@ -271,7 +271,7 @@ def test_corpus_mode_ledgers_file_lines(tiny_tokenizer):
 def test_the_rounds_are_the_engine_loop_turns(tiny_tokenizer, monkeypatch):
     """No loop of its own: the engine's lead guard and retry, its response budget, its progress
     events and its trajectory apply to a LongHarness episode, turn by turn."""
-    from parser.episode import EpisodeEngine
+    from parser.engine.episode import EpisodeEngine
 
     turns = [update(queries=[ask("C1", "bridge")]), update(queries=[ask("C1", "Tarn")]), update(answer="Tarn", cites=["E1"])]
     spent = sum(len(tiny_tokenizer.encode(t, add_special_tokens=False)) + 1 for t in turns[:2])  # + <|im_end|> each

@@ -13,9 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parser import actions, gather, lenient_json
-from parser.actions import parse_lead_output, parse_tool_calls
-from parser.gather import parse_reply
+from parser.text import actions, lenient_json
+
+from parser.engine import gather
+from parser.text.actions import parse_lead_output, parse_tool_calls
+from parser.engine.gather import parse_reply
 
 OLD_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 OLD_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|\Z)", re.DOTALL)

@@ -1,4 +1,4 @@
-"""Chunk reading orders (parser.ordering): hand-worked cases, independent references, shuffle invariance.
+"""Chunk reading orders (parser.engine.ordering): hand-worked cases, independent references, shuffle invariance.
 
     .venv/bin/pytest tests/test_ordering_on_cpu.py -q
 
@@ -16,7 +16,7 @@ import random
 import numpy as np
 import pytest
 
-from parser.ordering import STRATEGIES, order_by_scores, order_chunks, order_label, order_suffix
+from parser.engine.ordering import STRATEGIES, order_by_scores, order_chunks, order_label, order_suffix
 
 
 def sym(n: int, edges: dict[tuple[int, int], float], rest: float = 0.1) -> np.ndarray:
@@ -206,7 +206,7 @@ def test_matches_the_reference_on_random_vectors(strategy, seed):
 
 
 def test_scipy_tree_is_the_brute_force_maximum_on_every_small_case():
-    from parser.ordering import _maximum_spanning_tree
+    from parser.engine.ordering import _maximum_spanning_tree
 
     for seed in range(30):
         vectors, query = random_case(1000 + seed, 6)

@@ -203,14 +203,14 @@ def test_calibrate_predict_run_smoke(tiny_qwen3_model, tiny_tokenizer, tmp_path)
     """A real in-process model server (tiny Qwen3, the transformers backend) calibrated on a few
     bursts, then one real episode through the engine compared with the prediction (a loose bound:
     seconds of timing on a shared CPU; `python -m parser.plan validate` is the accuracy check)."""
-    from parser.backends.http import HttpBackend
-    from parser.backends.transformers import TransformersBackend
-    from parser.config import EpisodeConfig
-    from parser.episode import EpisodeEngine
+    from parser.serving.backends.http import HttpBackend
+    from parser.serving.backends.transformers import TransformersBackend
+    from parser.base.config import EpisodeConfig
+    from parser.engine.episode import EpisodeEngine
     from parser.plan.calibrate import Calibrator, Probe, fit_rows, write_rates
     from parser.plan.validate import ScriptedLead, document, measure_shape
-    from parser.readers import SubagentReader
-    from parser.serve import start_server
+    from parser.engine.readers import SubagentReader
+    from parser.serving.server import start_server
 
     backend = TransformersBackend(tiny_qwen3_model, tiny_tokenizer)
     with start_server(backend, tokenizer=tiny_tokenizer) as server:

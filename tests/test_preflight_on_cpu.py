@@ -1,4 +1,4 @@
-"""Remote backends are asked once before anything runs (parser.backends.preflight): a server that
+"""Remote backends are asked once before anything runs (parser.serving.backends.preflight): a server that
 is down fails at once naming its URL; `server: auto`, `model: null` and `tokenizer: null` are read
 from GET /v1/models; offline, an unknown model or tokenizer name is refused with the valid
 offline names instead of retrying the hub.
@@ -16,10 +16,10 @@ import threading
 import pytest
 from aiohttp import web
 
-from parser.backends import build_backend
-from parser.backends.loading import load_tokenizer
-from parser.backends.preflight import ServerUnavailable, probe
-from parser.config import ConfigError
+from parser.serving.backends import build_backend
+from parser.serving.backends.loading import load_tokenizer
+from parser.serving.backends.preflight import ServerUnavailable, probe
+from parser.base.config import ConfigError
 
 
 def free_port() -> int:

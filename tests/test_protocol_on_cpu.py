@@ -1,4 +1,4 @@
-"""The protocol is chosen once: no code outside `parser/protocol.py` asks "which protocol am I?".
+"""The protocol is chosen once: no code outside `parser/engine/protocol.py` asks "which protocol am I?".
 
     .venv/bin/pytest tests/test_protocol_on_cpu.py -q
 
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from parser.chat_format import CHATML
-from parser.config import PROTOCOLS, EpisodeConfig
-from parser.protocol import ParserProtocol, ReleaseProtocol, protocol_for
+from parser.text.chat_format import CHATML
+from parser.base.config import PROTOCOLS, EpisodeConfig
+from parser.engine.protocol import ParserProtocol, ReleaseProtocol, protocol_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("parser", "eval", "data_prep", "scripts")
-DEFINING = {ROOT / "parser" / "protocol.py"}  # the module that defines the two objects
+DEFINING = {ROOT / "parser" / "engine" / "protocol.py"}  # the module that defines the two objects
 
 
 def _names(node: ast.AST) -> bool:
@@ -97,7 +97,7 @@ def test_parser_protocol_trains_invalid_turns_unless_the_config_masks_them():
     """`train_invalid_turns` (the paper's default: trained as generated) is decided by the
     protocol object once the reward is known; false masks an invalid turn's tokens in every
     episode, rewarded or not. The release has its own rule and refuses the option."""
-    from parser.trajectory import Trajectory
+    from parser.records.trajectory import Trajectory
 
     def settled(config: EpisodeConfig, reward: float, spans=((3, 6),)) -> list[int]:
         trajectory = Trajectory("q", "d", 1, response_mask=[1, 1, 0, 1, 1, 1, 0, 1], invalid_turn_spans=list(spans))

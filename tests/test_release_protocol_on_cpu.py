@@ -2,7 +2,7 @@
 
 Each test restates one rule of the release (docs/fidelity.md's table) and derives the expected
 text from it; the release's behaviour is reached through its protocol object
-(`parser.protocol.ReleaseProtocol`) or the function that object uses. CI has no network and the project
+(`parser.engine.protocol.ReleaseProtocol`) or the function that object uses. CI has no network and the project
 carries no copy of the release's prose, so `support.release_standin` writes a stand-in
 checkout (same files, same constant names and literal forms, placeholder prose) in tmp_path: it
 stands in for a real clone. The scripted episode runs the real engine on the real Qwen3.5
@@ -23,16 +23,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from parser import release
-from parser.actions import parse_lead_output, parse_release_turn
-from parser.backends.base import BackendError
-from parser.chunking import Chunk, chunk_document, release_chunks, render_paragraphs
-from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.gather import parse_release_reply, parse_reply, render_observation
-from parser.protocol import protocol_for
-from parser.readers.subagent import SubagentReader
-from parser.tools import ReaderReply
-from parser.reward import exact_match, normalize_answer, release_normalize, release_sub_em
+from parser.text import release
+from parser.text.actions import parse_lead_output, parse_release_turn
+from parser.serving.types import BackendError
+from parser.text.chunking import Chunk, chunk_document, release_chunks, render_paragraphs
+from parser.engine.episode import EpisodeConfig, EpisodeEngine
+from parser.engine.gather import parse_release_reply, parse_reply, render_observation
+from parser.engine.protocol import protocol_for
+from parser.engine.readers.subagent import SubagentReader
+from parser.engine.tools import ReaderReply
+from parser.text.reward import exact_match, normalize_answer, release_normalize, release_sub_em
 from scripted_lead import ScriptedLead
 from support.release_standin import write_release_standin
 
@@ -248,7 +248,7 @@ def test_no_findings_is_the_fixed_message(release_repo, qwen3_5_tokenizer):
 def test_parser_protocol_keeps_todays_observation(qwen3_5_tokenizer):
     text, n = observe(REPLIES, EpisodeConfig(), qwen3_5_tokenizer)
     findings = []
-    from parser.trajectory import Finding
+    from parser.records.trajectory import Finding
     for i, reply in enumerate(REPLIES):
         if reply is not None and (parsed := parse_reply(reply)):
             findings.append(Finding(f"agent_{i}", i, *parsed))
@@ -544,7 +544,7 @@ def _cut_replies(tok, count: int, cap: int = 512) -> list[str]:
 
 
 def test_cut_replies_are_repaired_into_fields_as_the_release_does(qwen3_5_tokenizer):
-    from parser.lenient_json import REPAIR_BUDGET
+    from parser.text.lenient_json import REPAIR_BUDGET
 
     replies = _cut_replies(qwen3_5_tokenizer, 120)
     expensive = [r for r in replies if len(r) * (1 + sum(r.count(c) for c in "{[(")) > REPAIR_BUDGET]
@@ -597,7 +597,7 @@ def test_released_training_parquet_loads_unchanged(tmp_path):
     import pyarrow.parquet as pq
 
     from data_prep.verl_parquet import read_rl_parquet, rl_row
-    from parser.verl.rows import episode_inputs
+    from parser.records.rl_rows import episode_inputs
 
     released = {"data_source": "hotpotqa", "prompt": [{"role": "user", "content": "Who directed Zorvan?"}],
                 "context": "Document 1:\nZorvan is a film directed by Miro Tal.", "ability": "memory",
@@ -680,8 +680,8 @@ def test_release_training_preset_and_loss_aggregations():
     pytest.importorskip("verl")
     from hydra import compose, initialize_config_dir
 
-    from parser.verl.config_checks import TrainConfigError, check_train_config
-    from parser.verl.train import CONFIG_DIR, prepare
+    from parser.train.config_checks import TrainConfigError, check_train_config
+    from parser.train.train import CONFIG_DIR, prepare
 
     def load(name, *extra):
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
@@ -709,7 +709,7 @@ def test_verl_worker_trains_released_rows_with_the_release_mask(release_repo, ti
     from verl_fakes import CALL, ScriptedServerManager, document, run_verl_worker, save_tiny_model, train_config
 
     from support.loopback import start_loopback
-    from parser.verl.reward import ANSWER_KEY
+    from parser.train.reward import ANSWER_KEY
 
     invalid = ("Let me think.\n</think>\n\nNo tags here.", "stop")
     right = [("I need the director.\n</think>\n\n" + CALL.format("Who directed the film Zorvan?"), "stop"), invalid,

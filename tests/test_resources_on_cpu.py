@@ -1,4 +1,4 @@
-"""`parser.resources` finds the shipped configs wherever the process runs, and refuses a stranger's.
+"""`parser.base.resources` finds the shipped configs wherever the process runs, and refuses a stranger's.
 
     .venv/bin/pytest tests/test_resources_on_cpu.py -q
 """
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from parser.resources import config_dir, config_file
+from parser.base.resources import config_dir, config_file
 
 
 def test_the_configs_are_found_from_any_directory(tmp_path, monkeypatch):

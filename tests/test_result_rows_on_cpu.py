@@ -1,4 +1,4 @@
-"""One result row type (`parser.results.ResultRow`): eval.run writes it, the report reads it by
+"""One result row type (`parser.records.result.ResultRow`): eval.run writes it, the report reads it by
 attribute, and files written before the type existed load unchanged.
 
     .venv/bin/pytest tests/test_result_rows_on_cpu.py -q
@@ -12,8 +12,8 @@ import pytest
 
 from eval.metrics import METRICS
 from eval.store import RESULTS, ResultsStore, read_results
-from parser.fields import DataError
-from parser.results import SCORES, ResultRow, TimingLine
+from parser.records.sample import DataError
+from parser.records.result import SCORES, ResultRow, TimingLine
 
 # A row exactly as eval.run wrote it before ResultRow (keys and their order), with a saved record.
 OLD_ROW = {

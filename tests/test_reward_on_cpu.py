@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parser.reward import exact_match, normalize_answer, sub_em
+from parser.text.reward import exact_match, normalize_answer, sub_em
 
 
 @pytest.mark.parametrize(

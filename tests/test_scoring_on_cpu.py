@@ -3,7 +3,7 @@ each checked against a direct forward pass of the same model.
 
     .venv/bin/pytest tests/test_scoring_on_cpu.py -q
 
-The in-process backend, parser.serve behind all three HTTP dialects (SGLang input logprobs, vLLM
+The in-process backend, parser.serving.server behind all three HTTP dialects (SGLang input logprobs, vLLM
 prompt logprobs, an OpenAI echo), the worker pool with a dead worker in it, and the retry policy
 are the real code on real tiny models (random-weight Qwen3 and the hybrid Qwen3.5). The real
 vLLM is in tests/servers/, the SGLang engine in tests/gpu/, the sglang-router gateway in
@@ -17,14 +17,14 @@ import asyncio
 import pytest
 import torch
 
-from parser.backends import transformers as tb
-from parser.backends.base import BackendError, Scorer
-from parser.backends.http import HttpBackend
-from parser.backends.pool import WorkerPool
-from parser.backends.scoring import echo_token_logprobs, sglang_input_logprobs, vllm_prompt_logprobs
-from parser.backends.transformers import TransformersBackend
-from parser.retry import retrying
-from parser.serve import start_server
+from parser.serving.backends import transformers as tb
+from parser.serving.types import BackendError, Scorer
+from parser.serving.backends.http import HttpBackend
+from parser.serving.backends.pool import WorkerPool
+from parser.serving.backends.scoring import echo_token_logprobs, sglang_input_logprobs, vllm_prompt_logprobs
+from parser.serving.backends.transformers import TransformersBackend
+from parser.serving.retry import retrying
+from parser.serving.server import start_server
 
 TOL = 1e-4  # float32 forward vs the same forward split by a KV cache
 
@@ -73,7 +73,7 @@ def test_long_continuation_is_scored_in_slices_with_the_same_values(monkeypatch,
 
 
 def test_scoring_leaves_generation_and_its_prefix_cache_alone(tiny_backend, prompt, answer):
-    from parser.backends.base import SamplingParams
+    from parser.serving.types import SamplingParams
 
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
     before = tiny_backend.generate_ids(prompt, greedy, key="k").token_ids
@@ -91,7 +91,7 @@ def test_empty_parts_and_over_long_inputs_are_refused(tiny_backend, prompt, answ
         asyncio.run(tiny_backend.score(prompt * (limit // len(prompt) + 1), answer))
 
 
-# ---------------------------------------------------------------------- over HTTP (parser.serve)
+# ---------------------------------------------------------------------- over HTTP (parser.serving.server)
 @pytest.fixture(scope="module")
 def served(tiny_qwen3_5_model, tiny_tokenizer):
     with start_server(TransformersBackend(tiny_qwen3_5_model, tiny_tokenizer), tokenizer=tiny_tokenizer,

@@ -1,4 +1,4 @@
-"""parser.serve answers a malformed request with a 4xx naming the field, bounds what a request
+"""parser.serving.server answers a malformed request with a 4xx naming the field, bounds what a request
 may hold (the time its header and body may take, its size, its stop list), and tells the truth
 about what it serves: unknown models are vLLM's 404, OpenAI fields it does not implement are
 refused by name, and the context it advertises is the model's own.
@@ -22,11 +22,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from parser.backends.base import BackendError, SamplingParams
-from parser.backends.http import HttpBackend
-from parser.backends.transformers import TransformersBackend
-from parser.serve import MAX_REQUEST_BYTES, ModelServer, ServerHandle, ServerLimits, start_server
-from parser.wire.common import MAX_SCHEMA_DEPTH
+from parser.serving.types import BackendError, SamplingParams
+from parser.serving.backends.http import HttpBackend
+from parser.serving.backends.transformers import TransformersBackend
+from parser.serving.server import MAX_REQUEST_BYTES, ModelServer, ServerHandle, ServerLimits, start_server
+from parser.serving.wire.common import MAX_SCHEMA_DEPTH
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "Who wrote the letter?"}]
@@ -118,8 +118,8 @@ def test_a_body_that_never_arrives_is_a_408(server):
 
 
 def test_the_request_bounds_are_cli_flags():
-    """`python -m parser.serve --help` lists every ServerLimits field as a flag."""
-    out = subprocess.run([sys.executable, "-m", "parser.serve", "--help"], capture_output=True, text=True, timeout=120).stdout
+    """`python -m parser.serving.server --help` lists every ServerLimits field as a flag."""
+    out = subprocess.run([sys.executable, "-m", "parser.serving.server", "--help"], capture_output=True, text=True, timeout=120).stdout
     for flag in ("--body-timeout-s", "--idle-timeout-s", "--max-stop-strings", "--max-stop-chars"):
         assert flag in out
 

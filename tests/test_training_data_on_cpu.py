@@ -3,7 +3,7 @@
 Why: `recipes/train_parser.sh` used to default to `data/train/hotpotqa_val.parquet`, which no command
 wrote, and the knowledge filter's server was named only in a config comment. Here the recipes
 (`recipes/*.sh`, their shell defaults substituted) and the training configs (composed as
-`parser.verl.train` composes them) give the data paths; README, docs/, the recipes and the data
+`parser.train` composes them) give the data paths; README, docs/, the recipes and the data
 configs' own comments give the `python -m data_prep.build` commands, whose files
 `data_prep.recipes.planned_outputs` names without running them (checked against what the recipes
 really write, on the offline synthetic world). Nothing is downloaded.
@@ -118,7 +118,7 @@ def smoke_outputs(scratch: Path) -> dict[Path, str]:
 def train_config_defaults() -> list[tuple[str, Path]]:
     """(config, path) for the data files every launchable training config reads when not overridden."""
     pytest.importorskip("verl")
-    from parser.verl.train import CONFIG_DIR
+    from parser.train.train import CONFIG_DIR
 
     found = []
     for path in sorted((CONFIG_DIR / "train").glob("*.yaml")):

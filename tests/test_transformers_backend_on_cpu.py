@@ -11,8 +11,8 @@ import threading
 import pytest
 import torch
 
-from parser.backends.base import Backend, BackendError, SamplingParams
-from parser.backends.transformers import TransformersBackend, _common_prefix
+from parser.serving.types import Backend, BackendError, SamplingParams
+from parser.serving.backends.transformers import TransformersBackend, _common_prefix
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, return_logprobs=True)
 INSTRUCTIONS = "You read one chunk of a long document. Answer the query from the chunk, or abstain. " * 3

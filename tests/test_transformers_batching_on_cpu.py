@@ -14,8 +14,8 @@ import time
 import pytest
 import torch
 
-from parser.backends.base import BackendError, SamplingParams
-from parser.backends.transformers import TransformersBackend
+from parser.serving.types import BackendError, SamplingParams
+from parser.serving.backends.transformers import TransformersBackend
 
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0, return_logprobs=True)
 INSTRUCTIONS = "You read one chunk of a long document. Answer the query from the chunk, or abstain."
@@ -290,8 +290,8 @@ def test_smollm2_greedy_subagent_replies_are_the_same_batched():
     preset's 512: the rows still differ in length (padding), and at 512 prefilling the four
     prompts twice made this the suite's costliest in-process test (32 s alone; 21 s at 256)."""
     from data_prep.synthetic_world import build_synthetic_eval
-    from parser import prompts
-    from parser.chunking import chunk_document
+    from parser.engine import prompts
+    from parser.text.chunking import chunk_document
     from parser.offline.assets import load_smollm2
 
     model, tok = load_smollm2(torch.float32)
@@ -309,7 +309,7 @@ def test_smollm2_greedy_subagent_replies_are_the_same_batched():
 def test_decode_attention_equals_sdpa_with_grouped_heads_and_padding():
     """The decode step's attention (one query per row, two matmuls) is SDPA's, GQA groups and
     each row's padding mask included."""
-    from parser.backends.kv_slots import _decode_attention
+    from parser.serving.backends.kv_slots import _decode_attention
 
     torch.manual_seed(0)
     rows, q_heads, kv_heads, kv, dim = 5, 6, 2, 37, 16

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from parser.backends.base import BackendError, SamplingParams
-from parser.backends.transformers import TransformersBackend
+from parser.serving.types import BackendError, SamplingParams
+from parser.serving.backends.transformers import TransformersBackend
 from test_transformers_batching_on_cpu import held, prompt
 
 DEADLINE_S = 60  # a request not ended by then is stranded: the test fails instead of hanging
@@ -80,7 +80,7 @@ def reference(tiny_qwen3_model, tiny_tokenizer):
 # One request: (key, query, sampling, how it is cancelled, at which worker forward (0: while queued)).
 # "future": the caller's future is cancelled and the cancel event set, as an asyncio timeout or
 # task cancellation of `generate` does; "event": only the cancel event (a client disconnect in
-# parser.serve, `generate_ids(cancelled=...)`); "task": a real asyncio task running `generate` is cancelled.
+# parser.serving.server, `generate_ids(cancelled=...)`); "task": a real asyncio task running `generate` is cancelled.
 REQUEST = st.tuples(st.integers(0, KEYS - 1), st.integers(0, 1), st.integers(0, 1),
                     st.sampled_from([None, None, "future", "event", "task"]), st.integers(0, 40))
 

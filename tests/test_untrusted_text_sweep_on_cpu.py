@@ -5,7 +5,7 @@
 The rule (issue 33, docs/security.md): a document, a question, a finding, a tool's output, a query
 the lead wrote and a memory a model wrote are shown to every model as the characters they are,
 never as the chat template's control tokens (`<|im_end|>`, `<think>`, `<tool_call>`, ...).
-One place does it: `parser.chat_format.CHATML.neutralize` (the protocol's `untrusted`).
+One place does it: `parser.text.chat_format.CHATML.neutralize` (the protocol's `untrusted`).
 
 The sweep is discovered, not listed: every method config under configs/method/ is built as
 eval.run builds it and runs one short episode on a sample whose question and document carry every
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from parser.backends.base import Completion
-from parser.backends.models import Models
-from parser.chat_format import CHATML
-from parser.chunking import render_paragraphs
+from parser.serving.types import Completion
+from parser.serving.backends.models import Models
+from parser.text.chat_format import CHATML
+from parser.text.chunking import render_paragraphs
 from parser.methods import build_method, method_config
 from parser.methods.base import Sample
 
@@ -138,7 +138,7 @@ class HostileModel:
 
 @pytest.fixture(scope="module")
 def minilm():
-    from parser.backends.embedder import build_embedder
+    from parser.serving.backends.embedder import build_embedder
 
     return build_embedder({"model": "minilm"})
 

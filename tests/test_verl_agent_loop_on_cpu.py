@@ -31,8 +31,8 @@ from verl_fakes import (  # noqa: E402
     train_config,
 )
 
-from parser.verl.metrics import step_metrics  # noqa: E402
-from parser.verl.reward import ANSWER_KEY, compute_score  # noqa: E402
+from parser.train.metrics import step_metrics  # noqa: E402
+from parser.train.reward import ANSWER_KEY, compute_score  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +147,8 @@ def test_weight_versions_reach_verls_trajectory_fields(scripted):
 def test_adapter_pools_versions_per_request_and_forgets_them():
     from verl.workers.rollout.replica import TokenOutput
 
-    from parser.backends.base import SamplingParams
-    from parser.verl.server_manager import ServerManagerBackend
+    from parser.serving.types import SamplingParams
+    from parser.train.server_manager import ServerManagerBackend
 
     class Versions:  # the server manager's contract; versions as verl's clients report them
         def __init__(self):
@@ -255,8 +255,8 @@ def test_v1_path_output_and_replay_buffer_metrics(needle_loopback, model_dir, ti
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from parser.verl.agent_loop import close_worker_state
-    from parser.verl.sampler import ParserReplayBuffer, metrics_from_extra_fields
+    from parser.train.agent_loop import close_worker_state
+    from parser.train.sampler import ParserReplayBuffer, metrics_from_extra_fields
 
     config = train_config(needle_loopback.url, model_dir)
     manager = ScriptedServerManager(tiny_qwen3_5_model, tiny_tokenizer)
@@ -290,8 +290,8 @@ def test_v1_path_output_and_replay_buffer_metrics(needle_loopback, model_dir, ti
 
 
 def test_grpo_group_fractions_count_sampled_and_evicted_groups():
-    from parser.verl.metrics import group_metrics
-    from parser.verl.sampler import rewards_by_group
+    from parser.train.metrics import group_metrics
+    from parser.train.sampler import rewards_by_group
 
     keys = ["u1_0_0", "u1_1_0", "u2_0_0", "u2_1_0", "u3_0_0", "u3_1_0"]
     rows = [{"reward_extra_info": {"acc": a}} for a in (1.0, 0.0, 1.0, 1.0, 0.0, 0.0)]

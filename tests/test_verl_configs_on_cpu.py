@@ -2,7 +2,7 @@
 
     .venv/bin/pytest tests/test_verl_configs_on_cpu.py -q
 
-Composition goes through Hydra exactly as `python -m parser.verl.train` does (our configs/ dir,
+Composition goes through Hydra exactly as `python -m parser.train` does (our configs/ dir,
 verl's configs via `hydra.searchpath`), then through verl's own `validate_config` and its
 dataclass schema (`omega_conf_to_dataclass`), so a renamed or removed verl key fails here.
 """
@@ -21,10 +21,10 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.errors import ConfigCompositionException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from parser.config import EpisodeConfig  # noqa: E402
-from parser.verl.agent_loop import episode_config  # noqa: E402
-from parser.verl.config_checks import TrainConfigError, check_train_config  # noqa: E402
-from parser.verl.train import CONFIG_DIR, prepare  # noqa: E402
+from parser.base.config import EpisodeConfig  # noqa: E402
+from parser.train.agent_loop import episode_config  # noqa: E402
+from parser.train.config_checks import TrainConfigError, check_train_config  # noqa: E402
+from parser.train.train import CONFIG_DIR, prepare  # noqa: E402
 
 SHIPPED = sorted(f"train/{p.stem}" for p in (CONFIG_DIR / "train").glob("parser_*.yaml") if p.stem != "parser_base")
 TABLE9 = [name for name in SHIPPED if not name.endswith(("_release", "_infomem"))]  # the paper's runs
@@ -50,7 +50,7 @@ def test_shipped_configs_are_the_4b_and_9b_runs_and_the_release_and_infomem_runs
 
 
 def test_infomem_is_off_in_the_paper_presets_and_the_4b_run_plus_the_gain_in_its_own():
-    from parser.info_gain import InfoGainConfig
+    from parser.train.infomem.gain import InfoGainConfig
 
     for name in SHIPPED:
         if name != "train/parser_4b_infomem":
@@ -61,7 +61,7 @@ def test_infomem_is_off_in_the_paper_presets_and_the_4b_run_plus_the_gain_in_its
     assert config.enable and (config.beta, config.normalization, config.scorer) == (0.2, "zscore", "subagent")
     # the replay buffer, which composes the groups, gets the same settings
     assert infomem.trainer.v1.sampler.sampler_kwargs.info_gain == infomem.parser.info_gain
-    # dynamic sampling still judges groups by their EM (parser/verl/info_gain.py says why)
+    # dynamic sampling still judges groups by their EM (parser/train/infomem/group.py says why)
     assert infomem.algorithm.filter_groups.metric == "acc" and infomem.trainer.v1.sampler.sampler_kwargs.filter_groups_metric == "acc"
     a, b = _flat(OmegaConf.to_container(infomem)), _flat(OmegaConf.to_container(plain))
     assert {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)} == {
@@ -130,7 +130,7 @@ def test_config_composes_and_passes_verl_validation(name):
     assert (ep.subagent_temperature, ep.subagent_max_tokens) == (0.7, 512)
     assert ep.max_response_tokens == config.data.max_response_length
     # plugin points resolve to our code
-    assert config.reward.custom_reward_function.path == "pkg://parser.verl.reward"
+    assert config.reward.custom_reward_function.path == "pkg://parser.train.reward"
     assert os.path.isabs(config.actor_rollout_ref.rollout.agent.agent_loop_config_path)
 
 
@@ -185,7 +185,7 @@ def test_naive_weight_sync_is_rejected():
 @pytest.mark.parametrize("name,engine", [*((n, "megatron") for n in SHIPPED), ("train/memagent_4b", "megatron"),
                                          ("train/cpu_smoke", "dp"), ("train/cpu_learn", "dp")])
 def test_every_key_set_in_our_yaml_exists_in_verls_schema(name, engine):
-    from parser.verl.config_checks import unknown_keys
+    from parser.train.config_checks import unknown_keys
 
     config = compose_config(name, [GATEWAY])
     assert config.model_engine == engine  # the launch check compares against this engine's schema
@@ -196,7 +196,7 @@ def test_a_typo_in_a_yaml_file_is_caught(tmp_path):
     """Hydra merges an unknown key from a YAML file silently; the schema check does not."""
     import shutil
 
-    from parser.verl.config_checks import unknown_keys
+    from parser.train.config_checks import unknown_keys
 
     configs = tmp_path / "configs"
     shutil.copytree(CONFIG_DIR, configs)
@@ -209,7 +209,7 @@ def test_a_typo_in_a_yaml_file_is_caught(tmp_path):
 
 
 def test_the_launch_check_refuses_a_typo_in_a_users_own_config(tmp_path):
-    """A user's run config (shaped like train/parser_9b.yaml) with a misspelt key: `parser.verl.train` stops
+    """A user's run config (shaped like train/parser_9b.yaml) with a misspelt key: `parser.train` stops
     before Ray starts; verl alone would train at the default temperature."""
     import shutil
 
@@ -256,7 +256,7 @@ def test_cpu_runs_are_the_4b_run_on_the_cpu_engine(name):
     assert not smoke.actor_rollout_ref.actor.fsdp_config.use_torch_compile
     assert not smoke.actor_rollout_ref.ref.fsdp_config.use_torch_compile
     env = smoke.ray_kwargs.ray_init.runtime_env.env_vars
-    assert env.VERL_PLATFORM == "cpu" and env.VERL_USE_EXTERNAL_MODULES == "parser.verl.cpu"
+    assert env.VERL_PLATFORM == "cpu" and env.VERL_USE_EXTERNAL_MODULES == "parser.train.cpu"
     assert "VERL_PLATFORM" not in full.ray_kwargs.ray_init.runtime_env.env_vars
 
 
@@ -271,7 +271,7 @@ def test_megatron_recomputes_through_its_own_settings():
 
 @pytest.mark.parametrize("requested,expected", [(None, "WARN"), ("INFO", "WARN"), ("debug", "WARN"), ("ERROR", "ERROR")])
 def test_verl_log_level_avoids_the_separate_async_info_crash(requested, expected):
-    from parser.verl.train import verl_log_level
+    from parser.train.train import verl_log_level
 
     config = compose_config("train/parser_4b", [GATEWAY])
     assert verl_log_level(config, requested) == expected
@@ -305,7 +305,7 @@ def test_memagent_preset_is_the_same_trainer_with_the_memory_agent_as_policy():
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    from parser.info_gain import InfoGainConfig
+    from parser.train.infomem.gain import InfoGainConfig
 
     config = prepare(compose_config("train/memagent_4b"))  # no gateway: memory agents read alone
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))

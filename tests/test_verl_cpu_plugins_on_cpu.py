@@ -1,4 +1,4 @@
-"""The CPU plug-ins verl's trainer runs on (parser/verl/cpu), each on its own, in seconds.
+"""The CPU plug-ins verl's trainer runs on (parser/train/cpu), each on its own, in seconds.
 
     .venv/bin/pytest tests/test_verl_cpu_plugins_on_cpu.py -q
 
@@ -20,7 +20,7 @@ pytest.importorskip("verl")
 
 
 def test_gloo_weight_sync_delivers_every_tensor_exactly():
-    from parser.verl.cpu.weight_sync import GlooCheckpointEngine
+    from parser.train.cpu.weight_sync import GlooCheckpointEngine
 
     weights = {
         "embed": torch.randn(64, 16),
@@ -81,7 +81,7 @@ def lead_dir(tmp_path_factory):
 def test_rollout_server_reports_versions_and_uses_the_weights_it_is_sent(lead_dir):
     from types import SimpleNamespace
 
-    from parser.verl.cpu.rollout import TransformersRolloutServer
+    from parser.train.cpu.rollout import TransformersRolloutServer
 
     path, tok = lead_dir
     server = TransformersRolloutServer(SimpleNamespace(response_length=64), SimpleNamespace(path=str(path)), 0)
@@ -112,7 +112,7 @@ def test_rollout_server_answers_verls_prompt_logprobs_as_a_forward_pass_would(le
 
     from transformers import AutoModelForCausalLM
 
-    from parser.verl.cpu.rollout import TransformersRolloutServer
+    from parser.train.cpu.rollout import TransformersRolloutServer
 
     path, tok = lead_dir
     server = TransformersRolloutServer(SimpleNamespace(response_length=64), SimpleNamespace(path=str(path)), 0)
@@ -134,7 +134,7 @@ def test_rollout_server_batches_concurrent_requests_and_a_weight_load_waits_for_
     weight load issued meanwhile waits for them, so each reports the one version it ran on."""
     from types import SimpleNamespace
 
-    from parser.verl.cpu.rollout import TransformersRolloutServer
+    from parser.train.cpu.rollout import TransformersRolloutServer
 
     path, tok = lead_dir
     server = TransformersRolloutServer(SimpleNamespace(response_length=64), SimpleNamespace(path=str(path)), 0)
@@ -159,7 +159,7 @@ def test_rollout_server_batches_concurrent_requests_and_a_weight_load_waits_for_
 
 
 def test_backend_string_fix_drops_only_an_exact_repeat():
-    from parser.verl.cpu import _dedupe_backend
+    from parser.train.cpu import _dedupe_backend
 
     assert _dedupe_backend("cpu:gloo,cpu:gloo") == "cpu:gloo"
     assert _dedupe_backend("cpu:gloo,cuda:nccl") == "cpu:gloo,cuda:nccl"
@@ -170,14 +170,14 @@ def test_decoupled_ppo_keeps_a_real_copy_of_pi_old_on_cpu():
     """separate_async keeps the last sync's weights (π_old) with verl's `fsdp2_sharded_save_to_cpu`
     and restores them for later mini-batches' old log-probs. On a CPU its `.cpu()` returned the
     live shard itself, so an optimizer step changed the kept π_old too (the trainer smoke's
-    step-1 rollout-vs-actor gap, 0.004-0.006). With parser.verl.cpu loaded, restore gives π_old back."""
+    step-1 rollout-vs-actor gap, 0.004-0.006). With parser.train.cpu loaded, restore gives π_old back."""
     import socket
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    import parser.verl.cpu  # noqa: F401  (the plug-ins, as verl loads them)
+    import parser.train.cpu  # noqa: F401  (the plug-ins, as verl loads them)
     from verl.utils import fsdp_utils
 
     with socket.socket() as s:

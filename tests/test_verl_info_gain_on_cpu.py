@@ -1,4 +1,4 @@
-"""InfoMem inside verl's trainer (parser.verl.info_gain): the gain scored in verl's own rollout
+"""InfoMem inside verl's trainer (parser.train.infomem.group): the gain scored in verl's own rollout
 worker by the policy, the group step that composes the rewards, and its step metrics.
 
     .venv/bin/pytest tests/test_verl_info_gain_on_cpu.py -q
@@ -22,8 +22,8 @@ pytest.importorskip("verl")
 from verl_fakes import (QUESTIONS, SCRIPT, WRONG_SCRIPT, ScriptedServerManager, dataset_row, run_verl_worker,  # noqa: E402
                         sequence_logprobs, train_config)
 
-from parser.info_gain import SCORING_FAILED, InfoGainConfig  # noqa: E402
-from parser.verl.info_gain import compose_groups, final_outputs, info_gain_metrics  # noqa: E402
+from parser.train.infomem.gain import SCORING_FAILED, InfoGainConfig  # noqa: E402
+from parser.train.infomem.group import compose_groups, final_outputs, info_gain_metrics  # noqa: E402
 
 
 def run_groups(needle_loopback, model_dir, model, tokenizer, overrides):
@@ -135,7 +135,7 @@ def test_trajectories_generated_without_infomem_are_counted_apart():
 
 
 def test_the_replay_buffer_reads_the_settings_verl_hands_it(needle_loopback, model_dir):
-    from parser.verl.sampler import ParserReplayBuffer
+    from parser.train.sampler import ParserReplayBuffer
 
     config = train_config(needle_loopback.url, model_dir, ["parser.info_gain.enable=true", "parser.info_gain.beta=0.3",
                                                      "algorithm.filter_groups.metric=acc"])

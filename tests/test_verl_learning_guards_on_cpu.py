@@ -2,7 +2,7 @@
 
     .venv/bin/pytest tests/test_verl_learning_guards_on_cpu.py -q
 
-`parser.verl.sampler.ParserReplayBuffer` is verl 0.9.1's async replay buffer plus per-step
+`parser.train.sampler.ParserReplayBuffer` is verl 0.9.1's async replay buffer plus per-step
 metrics; here its eviction bookkeeping is driven with verl's own code and a faked TransferQueue
 snapshot (the outer edge: the store verl keeps trajectories in). The end-to-end counterparts run
 in tests/e2e/test_verl_trainer_on_cpu.py.
@@ -17,7 +17,7 @@ pytest.importorskip("verl")
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync  # noqa: E402
 
-from parser.verl.sampler import ParserReplayBuffer, staleness_metrics, version_metrics  # noqa: E402
+from parser.train.sampler import ParserReplayBuffer, staleness_metrics, version_metrics  # noqa: E402
 
 
 def buffer(bound: int, refills: list[int]) -> ParserReplayBuffer:

@@ -1,5 +1,5 @@
-"""`parser.verl.train` refuses up front on a machine that cannot run the config, and says where a
-finished run left its checkpoint and what to run next (parser/verl/machine.py).
+"""`parser.train` refuses up front on a machine that cannot run the config, and says where a
+finished run left its checkpoint and what to run next (parser/train/machine.py).
 
 This machine is the test: a CPU-only torch, no megatron-core, no sglang. A paper config must be
 refused with each of those named; the CPU configs must pass once their files exist.
@@ -19,8 +19,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from parser.verl.machine import MachineError, check_machine, closing_lines, importable, machine_problems  # noqa: E402
-from parser.verl.train import CONFIG_DIR, prepare  # noqa: E402  (the launcher itself: tests/e2e/test_entry_points_on_cpu.py)
+from parser.train.machine import MachineError, check_machine, closing_lines, importable, machine_problems  # noqa: E402
+from parser.train.train import CONFIG_DIR, prepare  # noqa: E402  (the launcher itself: tests/e2e/test_entry_points_on_cpu.py)
 
 REPO = Path(__file__).resolve().parent.parent  # the checkout: its recipes/
 GATEWAY = "parser.gateway_url=http://127.0.0.1:30000"
@@ -88,4 +88,4 @@ def test_every_recipe_ends_by_saying_where_the_checkpoint_is():
             continue
         commands = [c for c in re.split(r"\n(?=\S)", text.strip()) if not c.startswith("#")]
         last = "\n".join(commands[-3:])
-        assert "parser.verl.train" in commands[-1] or ("checkpoint" in last and "next" in last), recipe.name
+        assert "parser.train" in commands[-1] or ("checkpoint" in last and "next" in last), recipe.name

@@ -1,4 +1,4 @@
-"""MemAgent as a verl agent loop (parser.verl.memagent_loop): one output per memory-agent call,
+"""MemAgent as a verl agent loop (parser.train.memagent_loop): one output per memory-agent call,
 the final reward shared, GRPO by verl's own multi-output advantage, InfoMem on the final memory.
 
     .venv/bin/pytest tests/test_verl_memagent_on_cpu.py -q
@@ -23,7 +23,7 @@ pytest.importorskip("verl")
 
 from verl_fakes import ANSWER, dataset_row, prompt_logprobs_output, sequence_logprobs, train_config  # noqa: E402
 
-from parser.verl.reward import ANSWER_KEY  # noqa: E402
+from parser.train.reward import ANSWER_KEY  # noqa: E402
 
 MEMAGENT = ["+parser.memagent.method=memagent", "+parser.memagent.chunk_size=48", "+parser.memagent.max_memory_tokens=48",
             "+parser.memagent.max_answer_tokens=24"]

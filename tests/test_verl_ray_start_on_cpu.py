@@ -1,5 +1,5 @@
 """A local Ray start that runs past Ray's fixed start-up deadline is cleaned up and started again
-(parser/verl/ray_start.py, around verl's `run_ppo` in parser.verl.train).
+(parser/train/ray_start.py, around verl's `run_ppo` in parser.train).
 
 The real failure, on real Ray: a `sitecustomize` on the child's PYTHONPATH holds Ray's dashboard
 agent for 20 s before it imports anything, once (it removes a marker file). That is what a busy
@@ -25,7 +25,7 @@ pytest.importorskip("ray")
 
 import ray  # noqa: E402
 
-from parser.verl.ray_start import RAY_START_ATTEMPTS, START_TIMEOUT, retry_ray_start  # noqa: E402
+from parser.train.ray_start import RAY_START_ATTEMPTS, START_TIMEOUT, retry_ray_start  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_HELD_S = 20  # beyond the raylet's fixed 15 s wait for the agent's ports (Ray 2.60)
@@ -48,7 +48,7 @@ if sys.argv and sys.argv[0].endswith(os.path.join("dashboard", "agent.py")):
 
 LAUNCH = """
 import json, psutil, ray
-from parser.verl.ray_start import retry_ray_start
+from parser.train.ray_start import retry_ray_start
 retry_ray_start(lambda: ray.init(num_cpus=1, include_dashboard=False))
 ours = [p.name() for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
 print(json.dumps({"gcs_servers": ours.count("gcs_server"), "raylets": ours.count("raylet"),

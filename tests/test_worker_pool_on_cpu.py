@@ -5,15 +5,15 @@ retries land on another worker.
 
 The workers are `support.loopback` servers (real aiohttp servers on loopback, no model).
 `attempts()` is the episode engine's retry rule (retry a retryable BackendError or a timeout,
-as `parser.tools.QueryAgents._read` does), without its backoff, so the test stays fast.
+as `parser.engine.tools.QueryAgents._read` does), without its backoff, so the test stays fast.
 """
 import asyncio
 
 import pytest
 
-from parser.backends.base import BackendError, SamplingParams
-from parser.backends.http import HttpBackend
-from parser.backends.pool import WorkerPool
+from parser.serving.types import BackendError, SamplingParams
+from parser.serving.backends.http import HttpBackend
+from parser.serving.backends.pool import WorkerPool
 from support.loopback import start_loopback
 
 SAMPLING = SamplingParams(max_new_tokens=8, temperature=0.0)
@@ -106,7 +106,7 @@ def test_a_worker_that_keeps_failing_is_reprobed_ever_more_rarely(monkeypatch):
     cooldown doubles per failure in a row instead of re-probing every `cooldown_s`, up to
     `max_cooldown_s`. Just before each cooldown ends the key's requests go to the good worker
     only; once it has ended, exactly one probe reaches the dead one."""
-    from parser.backends import pool as pool_module
+    from parser.serving.backends import pool as pool_module
 
     clock = Clock()
     monkeypatch.setattr(pool_module, "time", clock)

@@ -1,4 +1,4 @@
-"""The outer edge of verl's rollout, faked for CPU tests of `parser.verl` (helpers, not tests).
+"""The outer edge of verl's rollout, faked for CPU tests of `parser.train` (helpers, not tests).
 
 verl's agent loop reaches the lead only through `server_manager.generate(request_id,
 prompt_ids=, sampling_params=) -> TokenOutput`; on a cluster that is SGLang. Here it is a tiny
@@ -29,7 +29,7 @@ QUESTIONS = ["Who directed the film Zorvan?", "Which person directed Zorvan?"]
 
 
 def document(n_filler: int = 8) -> str:
-    from parser.chunking import render_paragraphs
+    from parser.text.chunking import render_paragraphs
 
     paragraphs = [f"Filler {i}\nNothing about films here, only weather number {i}." for i in range(1, n_filler + 1)]
     paragraphs.insert(n_filler // 2, f"Zorvan\nZorvan is a 1981 film {NEEDLE}.")
@@ -79,7 +79,7 @@ class TinyModelServerManager:
     """verl's server-manager contract over an in-process tiny model that samples freely."""
 
     def __init__(self, model: Any, tokenizer: Any):
-        from parser.backends.transformers import TransformersBackend
+        from parser.serving.backends.transformers import TransformersBackend
 
         self.backend = TransformersBackend(model, tokenizer)
         self.requests: list[Request] = []
@@ -88,7 +88,7 @@ class TinyModelServerManager:
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any):
         from verl.workers.rollout.replica import TokenOutput
 
-        from parser.backends.base import SamplingParams
+        from parser.serving.types import SamplingParams
 
         self.requests.append(Request(request_id, list(prompt_ids), dict(sampling_params)))
         sampling = SamplingParams(
@@ -159,10 +159,10 @@ def save_tiny_model(model: Any, tokenizer: Any, path: str) -> str:
 
 
 def train_config(gateway_url: str, model_dir: str, overrides: list[str] = ()):  # type: ignore[assignment]
-    """The shipped 4B config, shrunk to the tiny model (what `parser.verl.train` would launch)."""
+    """The shipped 4B config, shrunk to the tiny model (what `parser.train` would launch)."""
     from hydra import compose, initialize_config_dir
 
-    from parser.verl.train import CONFIG_DIR, prepare
+    from parser.train.train import CONFIG_DIR, prepare
 
     base = [
         f"parser.gateway_url={gateway_url}",
@@ -187,7 +187,7 @@ def run_verl_worker(config: Any, server_manager: Any, rows: list[dict[str, Any]]
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
     from verl.protocol import DataProto
 
-    from parser.verl.agent_loop import close_worker_state
+    from parser.train.agent_loop import close_worker_state
 
     worker = AgentLoopWorker(config, server_manager)
     non_tensors = {k: np.array([r[k] for r in rows], dtype=object) for k in rows[0]}

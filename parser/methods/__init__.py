@@ -17,8 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Mapping
 
-from parser.backends.models import Models
-from parser.config import compose_preset
+from parser.serving.backends.models import Models
+from parser.base.config import compose_preset
 from parser.methods.base import Method, MethodResult, Sample
 
 __all__ = ["Method", "MethodResult", "Sample", "build_method", "method_class", "method_config"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from parser.fields import Record
+from parser.records.sample import Record
 
 
 @dataclasses.dataclass
@@ -25,7 +25,7 @@ class Sample:
     @classmethod
     def from_record(cls, record: dict[str, Any], source: str = "<record>") -> "Sample":
         """A sample from an eval row, ours or MemAgent's, read by the one record type
-        (`parser.fields.Record`, with its field rules); errors name `source` (file:line) and the field."""
+        (`parser.records.sample.Record`, with its field rules); errors name `source` (file:line) and the field."""
         return cls.of(Record.from_dict(record, source))
 
     @classmethod

@@ -6,9 +6,9 @@ prompts and state hooks (`new_state`, `update_prompt`, `absorb`, `final_prompt`)
 depends on the previous one, so the critical path is `chunks + 1` model calls (`steps`): the
 coupling ParSer removes, and what makes these methods sensitive to where evidence sits.
 
-The reading order is a config value, `order:` (`parser.ordering`): `document` (every method's
+The reading order is a config value, `order:` (`parser.engine.ordering`): `document` (every method's
 published behaviour, the default), `dense`, `chow_liu` (the CL paper's CL-order) or `dfs`, from
-the scores of `scorer:` (`parser.scorers`: the embedder, or BM25), computed from the question and
+the scores of `scorer:` (`parser.engine.scorers`: the embedder, or BM25), computed from the question and
 the chunks before the first call. Chunks are fixed token windows (`chunking: tokens`) or
 ParSer's paragraph packing (`chunking: paragraphs`); a document longer than
 `max_context_tokens` keeps its head and tail halves (MemAgent's reference truncation).
@@ -24,7 +24,7 @@ reaches a prompt. The prediction is each method's `extract`; here (Chain-of-Agen
 authors released no code) the project's lenient rule: the last `\\boxed{...}`, else the text after
 the last "the answer is", else the reply itself. MemAgent and ReMemR1 use their authors' rules
 (`parser.methods.memagent.rules`). Every call goes through
-`parser.retry` (`retry:`): timeouts and retryable backend errors are retried, and a call that
+`parser.serving.retry` (`retry:`): timeouts and retryable backend errors are retried, and a call that
 still fails fails the sample, which eval records and retries on re-run.
 """
 from __future__ import annotations
@@ -34,16 +34,16 @@ import re
 import time
 from typing import Any, Mapping
 
-from parser import prompts
-from parser.actions import split_thinking
-from parser.backends.base import SamplingParams
-from parser.backends.models import Models
-from parser.chat_format import CHATML
-from parser.chunking import chunk_document, split_paragraphs
+from parser.engine import prompts
+from parser.text.actions import split_thinking
+from parser.serving.types import SamplingParams
+from parser.serving.backends.models import Models
+from parser.text.chat_format import CHATML
+from parser.text.chunking import chunk_document, split_paragraphs
 from parser.methods.base import MethodResult, Sample
-from parser.ordering import check_strategy, order_by_scores
-from parser.retry import RetryingBackend, RetryPolicy
-from parser.scorers import build_scorer
+from parser.engine.ordering import check_strategy, order_by_scores
+from parser.serving.retry import RetryingBackend, RetryPolicy
+from parser.engine.scorers import build_scorer
 
 _ANSWER_IS = re.compile(r"the answer is", re.IGNORECASE)
 
@@ -109,7 +109,7 @@ class SequentialMethod:
         retry: Mapping[str, Any] | None = None,
     ):
         """Each method sets the first three (its published budgets); `scorer` is read only when
-        `order` is not `document` (no embedder is loaded otherwise); `retry`: `parser.retry.RETRY_KEYS`
+        `order` is not `document` (no embedder is loaded otherwise); `retry`: `parser.serving.retry.RETRY_KEYS`
         (max_attempts, retry_backoff_s, request_timeout_s)."""
         if chunking not in ("tokens", "paragraphs"):
             raise ValueError(f"{self.name}: chunking must be 'tokens' or 'paragraphs', got {chunking!r}")

@@ -1,7 +1,7 @@
 """Offline models: the small models the demo and the CPU runs load by name, never from a hub.
 
 Who needs it installed: `parser-demo models=tiny_cpu` (tiny-qwen3.5), the CPU default (SmolLM2),
-`parser-serve --model ...` and the tests all load these names through `parser.backends.loading`,
+`parser-serve --model ...` and the tests all load these names through `parser.serving.backends.loading`,
 which finds them under the `parser.models` entry points (`models.py`). Test-only helpers (the
 loopback worker, fakes, the CPU runs' lead fitting) live in the checkout's `tests/support/`.
 

@@ -1,8 +1,8 @@
-"""The project's offline model names, offered to `parser.backends` as a plugin.
+"""The project's offline model names, offered to `parser.serving.backends` as a plugin.
 
 Production code resolves a model name it does not know as a hub name or a local path; the small
 models the tests and the offline demo use are named here and registered under the `parser.models`
-entry-point group in pyproject.toml, so `parser.backends` finds them by name without a hub
+entry-point group in pyproject.toml, so `parser.serving.backends` finds them by name without a hub
 (and without importing this package unless one is asked for):
 
     tiny-qwen3, tiny-qwen3.5   random-weight models + the in-process BPE tokenizer (milliseconds)
@@ -10,7 +10,7 @@ entry-point group in pyproject.toml, so `parser.backends` finds them by name wit
     gemma3-270m                Gemma 3 270M (base), shipped as GGUF chunk packages (the model comparison)
     qwen2.5-coder-0.5b         Qwen2.5-Coder-0.5B-Instruct, shipped as GGUF chunk packages (the model comparison)
 
-    python -m parser.serve --model tiny-qwen3.5      # works because of the entry point
+    python -m parser.serving.server --model tiny-qwen3.5      # works because of the entry point
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from parser.resources import config_dir
+from parser.base.resources import config_dir
 
 CONFIG_DIR = str(config_dir("plan"))
 COMMANDS = ("plan", "calibrate", "validate", "table2")

@@ -7,7 +7,7 @@ time (a scatter round loads all workers together, so contention between them is 
 assumed). Token counts come from the server's own replies (`prompt_tokens`, `cached_tokens`,
 output ids), never from what was asked for.
 
-    python -m parser.plan calibrate                            # 2 CPU parser.serve workers, tiny-qwen3.5
+    python -m parser.plan calibrate                            # 2 CPU parser.serving.server workers, tiny-qwen3.5
     python -m parser.plan calibrate calibrate.model=smollm2 calibrate.workers=3
     python -m parser.plan calibrate 'calibrate.urls=[http://gpu1:30000]' calibrate.max_batch=256  # a running server
 
@@ -24,8 +24,8 @@ from typing import Any, Sequence
 
 import yaml
 
-from parser.backends.base import SamplingParams
-from parser.backends.http import HttpBackend
+from parser.serving.types import SamplingParams
+from parser.serving.backends.http import HttpBackend
 from parser.plan.rates import Job, Rates, fit
 
 
@@ -131,11 +131,11 @@ def vocabulary(tokenizer: Any) -> list[int]:
 
 
 class LocalWorkers:
-    """`num` local `python -m parser.serve` processes on 127.0.0.1 (started and stopped by us,
+    """`num` local `python -m parser.serving.server` processes on 127.0.0.1 (started and stopped by us,
     by PID), each limited to `threads` torch threads so that workers do not fight over cores."""
 
     def __init__(self, model: str, num: int, threads: int, log_dir: str | Path):
-        from parser.gateway import ProcessGroup, worker_launches
+        from parser.serving.gateway import ProcessGroup, worker_launches
 
         self.launches = worker_launches({"kind": "parser_serve", "num": num, "cpu_model": model,
                                          "env": {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}})
@@ -164,7 +164,7 @@ def main(cfg: dict[str, Any], out_dir: Path) -> Rates:
     """`python -m parser.plan calibrate`: local workers (or `urls`), probes, fit, rates file."""
     from contextlib import nullcontext
 
-    from parser.backends import load_tokenizer
+    from parser.serving.backends import load_tokenizer
 
     c = cfg["calibrate"]
     tokenizer = load_tokenizer(c["tokenizer"] or c["model"])
@@ -180,7 +180,7 @@ def main(cfg: dict[str, Any], out_dir: Path) -> Rates:
     with local or nullcontext():
         urls = local.urls if local else list(c["urls"])
         rows = asyncio.run(measure(urls))
-    where = f"{len(urls)} local parser.serve workers ({c['model']}, {c['threads_per_worker']} thread(s) each)" \
+    where = f"{len(urls)} local parser.serving.server workers ({c['model']}, {c['threads_per_worker']} thread(s) each)" \
         if local else ", ".join(urls)
     rates, stats = fit_rows(rows, c["max_batch"], source=f"python -m parser.plan calibrate on {where}")
     table = derived_table(rates, c["batches"], c["lengths"][-1])

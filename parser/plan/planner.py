@@ -31,7 +31,7 @@ import yaml
 from parser.plan.memory import ModelSpec
 from parser.plan.rates import Rates
 from parser.plan.simulate import Cluster, Result, Workload, simulate_memagent, simulate_parser
-from parser.resources import config_file
+from parser.base.resources import config_file
 
 GIB = 1 << 30
 
@@ -48,7 +48,7 @@ def load_spec(cfg: Mapping[str, Any]) -> ModelSpec:
 
 def load_rates(value: Any) -> Rates | None:
     """A rates file path (`configs/plan/rates/...`: from the working directory, else the shipped
-    configs, `parser.resources.config_file`), an inline mapping, or null (a role that takes no time)."""
+    configs, `parser.base.resources.config_file`), an inline mapping, or null (a role that takes no time)."""
     if value is None:
         return None
     if isinstance(value, Mapping):

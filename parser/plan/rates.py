@@ -13,7 +13,7 @@ and then decoding d_i tokens (decode step k runs the a_k requests still generati
       + sum_k (decode_step_s + a_k * decode_s_per_seq) + sum_i d_i * (c_i + p_i) * decode_s_per_seq_ctx
 
 `decode_step_s` is what batching amortises (a GPU's weight reads per step); `decode_s_per_seq`
-what it does not. A server that serialises requests (the CPU `parser.serve`, whose backend runs
+what it does not. A server that serialises requests (the CPU `parser.serving.server`, whose backend runs
 one request at a time under a lock) has `max_batch: 1` and its cost is the sum of singles.
 """
 from __future__ import annotations

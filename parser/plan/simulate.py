@@ -5,7 +5,7 @@ concurrency c the bursts of c episodes interleave with their lead turns; the rou
 its slowest worker does, a worker's cache holds only so many chunk prefixes (LRU), and a miss
 re-prefills the whole chunk. Closed forms get the mean right and the tail (hash imbalance,
 queueing behind another episode's burst, cache thrash) wrong; the simulation runs the same
-protocol as `parser.episode.EpisodeEngine`:
+protocol as `parser.engine.episode.EpisodeEngine`:
 
     lead turn -> scatter every query of the turn to every chunk's pinned worker -> wait for all
     -> append the observation -> ... -> answering lead turn
@@ -223,8 +223,8 @@ class Router:
             raise ValueError(f"routing={policy!r}; expected cache_aware or rendezvous")
         self.servers, self.policy, self.prefix_bytes = list(servers), policy, prefix_bytes
         self.placed: dict[str, Server] = {}
-        if policy == "rendezvous":  # the same ranking as parser.backends.pool.WorkerPool
-            from parser.backends.pool import WorkerPool
+        if policy == "rendezvous":  # the same ranking as parser.serving.backends.pool.WorkerPool
+            from parser.serving.backends.pool import WorkerPool
 
             self._pool = WorkerPool([None] * len(self.servers))  # type: ignore[list-item]
 

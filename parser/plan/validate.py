@@ -5,7 +5,7 @@
     python -m parser.plan validate validate.smoke=true   # seconds: the pipeline, not the accuracy
 
 0. The paper: `parser.plan.table2` (fit on Table 2's short lengths, predict up to 896K).
-1. Start `workers` CPU `parser.serve` processes.
+1. Start `workers` CPU `parser.serving.server` processes.
 2. For each validation workload (document length, concurrency): calibrate the servers' rates
    on synthetic bursts right before it, and run scripted episodes on a calibration document (a
    size not validated on), interleaved with the workload's runs, for the subagents' output
@@ -17,7 +17,7 @@
    shapes from the real reader and tokenizer: prefix = instructions + chunk, suffix = query +
    template tail), then run the same episodes for real, `runs_per_workload` times on new
    document ids (cold caches; the medians are compared: a load spike hits single runs):
-   `parser.episode.EpisodeEngine` with HTTP subagents over a chunk-pinned `WorkerPool` (the same
+   `parser.engine.episode.EpisodeEngine` with HTTP subagents over a chunk-pinned `WorkerPool` (the same
    rendezvous hash the simulation uses).
 
 The lead is scripted (it issues `rounds` queries, then answers, in no time): the demo's real
@@ -36,18 +36,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from parser.backends.base import BackendError, Completion
-from parser.backends.http import HttpBackend
-from parser.backends.pool import WorkerPool
-from parser.chat_format import CHATML
-from parser.chunking import chunk_document
-from parser.config import EpisodeConfig
-from parser.episode import EpisodeEngine
+from parser.serving.types import BackendError, Completion
+from parser.serving.backends.http import HttpBackend
+from parser.serving.backends.pool import WorkerPool
+from parser.text.chat_format import CHATML
+from parser.text.chunking import chunk_document
+from parser.base.config import EpisodeConfig
+from parser.engine.episode import EpisodeEngine
 from parser.plan.calibrate import Calibrator, LocalWorkers, default_probes, derived_table, fit_rows, write_rates
 from parser.plan.memory import ModelSpec
 from parser.plan.rates import Rates
 from parser.plan.simulate import Cluster, Workload, simulate_parser
-from parser.readers import SubagentReader
+from parser.engine.readers import SubagentReader
 
 CALL = ("</think>\n\n<tool_call>\n<function=query_agents>\n<parameter=query>\n{}\n</parameter>\n</function>\n"
         "</tool_call>")
@@ -115,7 +115,7 @@ async def cold_run(make_engine: Callable[[], EpisodeEngine], chunks: Sequence[An
                    doc_prefix: str) -> tuple[str, float, float, list[Any]]:
     """`run_episodes` with a fresh engine (and scripted lead) on document ids `{doc_prefix}doc{i}`,
     which must be new: every run starts with cold prefix caches, as its prediction does
-    (parser.serve's /flush_cache does not empty the CPU backend's cache). Returns (doc prefix,
+    (parser.serving.server's /flush_cache does not empty the CPU backend's cache). Returns (doc prefix,
     mean latency, amortized time, trajectories)."""
     prefix = f"{doc_prefix}doc"
     latency, per_sample, trajectories = await run_episodes(make_engine(), chunks, samples, concurrency, prefix)
@@ -156,7 +156,7 @@ async def calibrate_servers(calibrator: Calibrator, cfg: dict[str, Any], path: P
     """The servers' rates, from synthetic bursts only."""
     probes = default_probes(cfg["calibrate_batches"], cfg["calibrate_lengths"], cfg["calibrate_outputs"])
     rows = await calibrator.run(probes, cfg["calibrate_repeats"])
-    rates, stats = fit_rows(rows, 1, source=f"python -m parser.plan validate: {cfg['workers']} parser.serve "
+    rates, stats = fit_rows(rows, 1, source=f"python -m parser.plan validate: {cfg['workers']} parser.serving.server "
                                              f"workers, {cfg['model']}, {cfg['threads_per_worker']} thread(s) each")
     table = derived_table(rates, cfg["calibrate_batches"], cfg["calibrate_lengths"][-1])
     write_rates(path, rates, stats, rows, table)
@@ -191,7 +191,7 @@ def calibrate_client(rates: Rates, spec: ModelSpec, shape: Shape, runs: Sequence
 
 
 async def validate(cfg: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
-    from parser.backends import load_model_and_tokenizer, load_tokenizer
+    from parser.serving.backends import load_model_and_tokenizer, load_tokenizer
 
     tokenizer = load_tokenizer(cfg["model"])
     model, _ = load_model_and_tokenizer(cfg["model"])

@@ -30,7 +30,7 @@ def test_eval_run_help_lists_the_search_path_groups(tmp_path):
 
 def test_the_trainer_refuses_before_printing_the_config_or_starting_ray(tmp_path):
     pytest.importorskip("verl")
-    out = run(["parser.verl.train", "--config-name", "train/parser_4b", GATEWAY], tmp_path)  # no data/ in tmp_path
+    out = run(["parser.train", "--config-name", "train/parser_4b", GATEWAY], tmp_path)  # no data/ in tmp_path
     assert out.returncode == 2, out.stderr[-2000:]
     assert "cannot run this training config" in out.stderr and "hotpotqa_train.parquet: no such file" in out.stderr
     assert len((out.stdout + out.stderr).splitlines()) < 20 and "ray" not in out.stdout.lower()

@@ -1,6 +1,6 @@
 """An episode end to end where the subagents are real HTTP servers and one dies mid-episode.
 
-Two `python -m parser.serve` processes on 127.0.0.1 serve a tiny random Qwen3.5 as subagents;
+Two `python -m parser.serving.server` processes on 127.0.0.1 serve a tiny random Qwen3.5 as subagents;
 the lead is scripted (tests/scripted_lead.py, the only faked edge) so that it really issues queries. After turn 1 one
 server is killed. Run: .venv/bin/pytest tests/e2e/test_episode_http_on_cpu.py -q
 """
@@ -13,13 +13,13 @@ import urllib.request
 
 import pytest
 
-from parser.backends import build_backend
-from parser.backends.http import HttpBackend
-from parser.backends.pool import WorkerPool
-from parser.chunking import chunk_document
-from parser.config import EpisodeConfig
-from parser.episode import EpisodeEngine
-from parser.readers import SubagentReader
+from parser.serving.backends import build_backend
+from parser.serving.backends.http import HttpBackend
+from parser.serving.backends.pool import WorkerPool
+from parser.text.chunking import chunk_document
+from parser.base.config import EpisodeConfig
+from parser.engine.episode import EpisodeEngine
+from parser.engine.readers import SubagentReader
 from parser.offline import byte_bpe_tokenizer
 from scripted_lead import ScriptedLead
 
@@ -52,7 +52,7 @@ def servers():
     for i in range(2):
         port = _free_port()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "parser.serve", "--model", "tiny-qwen3.5", "--port", str(port), "--worker-id", f"w{i}"],
+            [sys.executable, "-m", "parser.serving.server", "--model", "tiny-qwen3.5", "--port", str(port), "--worker-id", f"w{i}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         procs.append(proc)

@@ -17,8 +17,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from parser.backends.base import ROUTING_HEADER
-from parser.gateway import (ROUTER_KINDS, Gateway, check_router_flags, flags, reads_routing_key, router_help,
+from parser.serving.types import ROUTING_HEADER
+from parser.serving.gateway import (ROUTER_KINDS, Gateway, check_router_flags, flags, reads_routing_key, router_help,
                             router_launch, unknown_router_flags, worker_launches)
 
 ROOT = Path(__file__).resolve().parents[2]

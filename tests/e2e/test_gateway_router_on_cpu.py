@@ -4,7 +4,7 @@ sglang-router 0.3.2 (the authors' router), each with its shipped settings
 (configs/serve/router/<kind>.yaml; health checks every second and a short shutdown grace here, to
 keep the tests short).
 
-Checks the gateway contract (scripts/serve_subagents.py, parser/gateway.py):
+Checks the gateway contract (scripts/serve_subagents.py, parser/serving/gateway.py):
 - multi-round traffic: >= 99% of round-2+ requests reach the worker that served their chunk in
   round 1, and no worker gets more than 1.5x the mean, for every policy ParSer ships (smg's
   consistent_hashing is measured for locality only: its spread depends on the hash ring); the
@@ -40,13 +40,13 @@ from pathlib import Path
 
 import pytest
 
-from parser.backends.http import HttpBackend
-from parser.backends.pool import WorkerPool
-from parser.chunking import Chunk
-from parser.config import EpisodeConfig
-from parser.episode import EpisodeEngine
-from parser.gateway import Gateway, ProcessGroup, router_launch, router_preset, worker_launches
-from parser.readers import SubagentReader
+from parser.serving.backends.http import HttpBackend
+from parser.serving.backends.pool import WorkerPool
+from parser.text.chunking import Chunk
+from parser.base.config import EpisodeConfig
+from parser.engine.episode import EpisodeEngine
+from parser.serving.gateway import Gateway, ProcessGroup, router_launch, router_preset, worker_launches
+from parser.engine.readers import SubagentReader
 from scripted_lead import ScriptedLead
 
 import support  # tests/support: the loopback worker the gateway starts
@@ -131,7 +131,7 @@ def loopback_workers(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def scoring_workers(tmp_path_factory):
-    """Two parser.serve workers (tiny Qwen3, seeded) shared by both routers' scoring runs: a
+    """Two parser.serving.server workers (tiny Qwen3, seeded) shared by both routers' scoring runs: a
     score is a stateless forward pass, and each worker process costs ~9 CPU-s to start."""
     yield from _shared_workers(tmp_path_factory, {"kind": "parser_serve", "num": 2, "cpu_model": "tiny-qwen3"}, 120)
 
@@ -339,14 +339,14 @@ def test_a_garbage_200_passes_through_smg_and_only_the_client_pool_routes_around
 
 @pytest.mark.parametrize("kind", ["smg", "sglang_router"])
 def test_answer_scoring_passes_through_the_gateway(kind, scoring_workers, tmp_path, tiny_tokenizer, tiny_qwen3_model):
-    """`score` through the router to two parser.serve workers (tiny Qwen3, the same seeded weights
+    """`score` through the router to two parser.serving.server workers (tiny Qwen3, the same seeded weights
     as in process): SGLang's input-logprob fields reach the worker and its answer comes back
     unchanged, equal to a plain forward pass, whichever worker a key lands on. Either router's
     OpenAI completions route takes text prompts only: a token-id prompt (vLLM's prompt_logprobs
     way) is refused with a 4xx, a clear non-retryable error (docs/info_gain.md)."""
     import torch
 
-    from parser.backends.base import BackendError
+    from parser.serving.types import BackendError
 
     prompt = tiny_tokenizer.encode("Question: who built the bridge? Findings: Ada Okafor built it. Answer:",
                                    add_special_tokens=False)

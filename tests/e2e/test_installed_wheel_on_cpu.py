@@ -1,7 +1,7 @@
 """ParSer works installed: a wheel (not `pip install -e`) in a fresh venv, run from an empty directory.
 
 Why: configs/ must ship as package data and be found with importlib.resources
-(`parser.resources`); a module that located its configs by walking up from its own file to a
+(`parser.base.resources`); a module that located its configs by walking up from its own file to a
 checkout worked in every editable test and failed on the first preset once installed. Here
 nothing of the checkout is on the path: the wheel is built from a copy of exactly the folders
 pyproject.toml ships, installed with `--no-deps` into a new venv that sees the already-installed
@@ -84,9 +84,9 @@ def installed(tmp_path_factory):
 
 def test_the_package_comes_from_the_wheel_and_the_checkout_is_not_on_the_path(installed):
     bin_dir, work, env = installed
-    probe = ("import json, sys, configs, data_prep, eval, parser, parser.resources\n"
+    probe = ("import json, sys, configs, data_prep, eval, parser, parser.base.resources\n"
              "print(json.dumps({'files': [m.__file__ for m in (configs, data_prep, eval, parser)], 'path': sys.path,\n"
-             "                  'configs': str(parser.resources.config_dir())}))\n")
+             "                  'configs': str(parser.base.resources.config_dir())}))\n")
     out = json.loads(_run([str(bin_dir / "python"), "-c", probe], work, env).stdout)
     venv = bin_dir.parent
     assert all(Path(f).is_relative_to(venv) for f in out["files"]), out["files"]
@@ -116,4 +116,4 @@ def test_an_eval_run_runs_installed(installed):
 
 def test_the_server_help_runs_installed(installed):
     bin_dir, work, env = installed
-    assert "--model" in _run([str(bin_dir / "python"), "-m", "parser.serve", "--help"], work, env).stdout
+    assert "--model" in _run([str(bin_dir / "python"), "-m", "parser.serving.server", "--help"], work, env).stdout

@@ -1,6 +1,6 @@
 """The lead agent over HTTP: the token view equals the in-process run, or says it cannot.
 
-The server is `parser.serve` (the project's real CPU server, speaking vLLM's `return_token_ids`
+The server is `parser.serving.server` (the project's real CPU server, speaking vLLM's `return_token_ids`
 and `structured_outputs`) over the tiny random Qwen3.5 model; the in-process run is the same
 model through `TransformersBackend`. Greedy decoding, so both must produce the same tokens.
 
@@ -13,14 +13,14 @@ import re
 
 import pytest
 
-from parser.actions import parse_lead_output
-from parser.backends.base import BackendError, Completion
-from parser.backends.http import HttpBackend
-from parser.backends.transformers import TransformersBackend
-from parser.chunking import Chunk
-from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.readers import SubagentReader
-from parser.serve import start_server
+from parser.text.actions import parse_lead_output
+from parser.serving.types import BackendError, Completion
+from parser.serving.backends.http import HttpBackend
+from parser.serving.backends.transformers import TransformersBackend
+from parser.text.chunking import Chunk
+from parser.engine.episode import EpisodeConfig, EpisodeEngine
+from parser.engine.readers import SubagentReader
+from parser.serving.server import start_server
 
 CHUNKS = [Chunk(0, "Zorvan is a film directed by Miro Tal.", (1,), 9), Chunk(1, "Miro Tal was born in 1950.", (2,), 8)]
 
@@ -119,7 +119,7 @@ def test_logprobs_that_do_not_align_with_ids_are_flagged(tiny_qwen3_5_model, tin
 
 def test_lead_constraint_regex_on_the_server_and_in_process_agree(server, tiny_qwen3_5_model, tiny_tokenizer):
     """A regex constraint sent in vLLM's dialect is honoured by the server's backend (xgrammar)."""
-    from parser.backends.base import SamplingParams
+    from parser.serving.types import SamplingParams
 
     regex = r"<answer>[a-z]{2,6}</answer>"
     sp = SamplingParams(max_new_tokens=16, temperature=0.0, regex=regex)
@@ -139,7 +139,7 @@ def test_lead_constraint_regex_on_the_server_and_in_process_agree(server, tiny_q
 
 def test_verl_refuses_the_lead_constraint_but_not_the_subagent_one():
     pytest.importorskip("verl")
-    from parser.verl.agent_loop import episode_config
+    from parser.train.agent_loop import episode_config
 
     assert episode_config({"constrain_subagents": True}, 512).constraints() == ["subagents: json_schema"]
     with pytest.raises(ValueError, match="constrain_lead"):
@@ -169,8 +169,8 @@ def test_json_constrained_subagent_replies_through_the_server(server, tiny_token
 
 @pytest.mark.parametrize("dialect", ["json", "xml"])
 def test_action_regex_accepts_exactly_one_bounded_call_or_answer(dialect):
-    from parser import prompts
-    from parser.actions import MAX_QUERY_CHARS, action_regex
+    from parser.engine import prompts
+    from parser.text.actions import MAX_QUERY_CHARS, action_regex
 
     regex = action_regex(prompts.lead_tools(prompts.DEFAULT_VERSION), dialect)
     call = ('<tool_call>{{"name": "query_agents", "arguments": {{"query": "{}"}}}}</tool_call>' if dialect == "json" else

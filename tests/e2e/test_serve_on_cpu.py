@@ -1,4 +1,4 @@
-"""parser.serve with a real tiny model (random-weight Qwen3.5, in-process BPE tokenizer):
+"""parser.serving.server with a real tiny model (random-weight Qwen3.5, in-process BPE tokenizer):
 SGLang- and OpenAI-shaped JSON with real generated tokens, the prefix cache showing up as
 cached_tokens, HttpBackend round trips for all three APIs, field-naming 400s, and the CLI.
 
@@ -17,10 +17,10 @@ import aiohttp
 import orjson
 import pytest
 
-from parser.backends.base import BackendError, SamplingParams
-from parser.backends.http import HttpBackend
-from parser.backends.transformers import TransformersBackend
-from parser.serve import WORKER_HEADER, start_server
+from parser.serving.types import BackendError, SamplingParams
+from parser.serving.backends.http import HttpBackend
+from parser.serving.backends.transformers import TransformersBackend
+from parser.serving.server import WORKER_HEADER, start_server
 
 PROMPT = "The lead agent never reads the document. Question: who wrote the letter?"
 
@@ -151,7 +151,7 @@ def test_chat_renders_template_with_kwargs(server, tok):
                                              ("completions", "generic")])
 def test_http_backend_round_trip(server, api, server_kind):
     """No model configured: the name comes from /v1/models. Servers that return token ids
-    (SGLang's /generate, vLLM's return_token_ids, which parser.serve speaks) give one logprob per id."""
+    (SGLang's /generate, vLLM's return_token_ids, which parser.serving.server speaks) give one logprob per id."""
     backend = HttpBackend(server.url, api=api, server=server_kind, chat_template_kwargs={"enable_thinking": False})
     sp = SamplingParams(max_new_tokens=3, temperature=0.0, return_logprobs=True)
     prompt = [{"role": "user", "content": "Who wrote the letter?"}] if api == "chat" else "Who wrote the letter?"
@@ -282,7 +282,7 @@ def test_cli_serves_and_shuts_down_gracefully():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "parser.serve", "--model", "tiny-qwen3.5",
+    proc = subprocess.Popen([sys.executable, "-m", "parser.serving.server", "--model", "tiny-qwen3.5",
                              "--port", str(port), "--worker-id", "cli-0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -2,8 +2,8 @@
 
     .venv/bin/pytest tests/e2e/test_verl_memagent_trainer_on_cpu.py -q
 
-What runs: `python -m parser.verl.train --config-name train/memagent_cpu` — the composition of
-train/memagent_4b (parser/verl/memagent_loop.py: one verl output per memory-agent call, the
+What runs: `python -m parser.train --config-name train/memagent_cpu` — the composition of
+train/memagent_4b (parser/train/memagent_loop.py: one verl output per memory-agent call, the
 final reward shared) on the CPU engine, for 2 GRPO steps, with InfoMem's reward on (the policy,
 i.e. the CPU rollout server, scores each successful read's final memory). No stand-in at all:
 the lead is a tiny real Qwen3 taught by support.memagent_smoke to write the memory and
@@ -48,7 +48,7 @@ def run(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "VERL_FILE_LOGGER_PATH": str(log), "HYDRA_FULL_ERROR": "1", "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
     env.pop("VERL_LOGGING_LEVEL", None)
-    command = [sys.executable, "-m", "parser.verl.train", "--config-name", "train/memagent_cpu",
+    command = [sys.executable, "-m", "parser.train", "--config-name", "train/memagent_cpu",
                f"actor_rollout_ref.model.path={lead['lead']}", f"data.train_files={lead['train_files']}",
                f"data.val_files={lead['val_files']}", f"trainer.default_local_dir={tmp / 'checkpoints'}",
                "trainer.logger=[console,file]", "trainer.save_freq=2", "parser.info_gain.enable=true"]

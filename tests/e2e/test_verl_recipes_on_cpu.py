@@ -3,7 +3,7 @@
     .venv/bin/pytest tests/e2e/test_verl_recipes_on_cpu.py -q
 
 With PARSER_GATEWAY_URL set the recipe skips starting the gateway; `--cfg job` makes
-`parser.verl.train` print the composed config and exit before Ray or any GPU is touched, so
+`parser.train` print the composed config and exit before Ray or any GPU is touched, so
 this checks every override the script passes against the real config tree.
 """
 from __future__ import annotations
@@ -41,8 +41,8 @@ def test_recipes_are_valid_bash():
 
 def test_the_launcher_stops_on_a_key_verl_would_ignore(tmp_path):
     """A misspelt key on the command line (`+` lets Hydra add it): refused inside the real
-    `parser.verl.train` app, before Ray starts, naming the key."""
-    run = subprocess.run([sys.executable, "-m", "parser.verl.train", "--config-name", "train/parser_4b",
+    `parser.train` app, before Ray starts, naming the key."""
+    run = subprocess.run([sys.executable, "-m", "parser.train", "--config-name", "train/parser_4b",
                           "parser.gateway_url=http://127.0.0.1:39999", "+actor_rollout_ref.rollout.temprature=0.8",
                           f"hydra.run.dir={tmp_path}"],
                          cwd=REPO, env=dict(os.environ, WANDB_MODE="offline"), capture_output=True, text=True, timeout=300)

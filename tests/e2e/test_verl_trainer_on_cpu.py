@@ -2,8 +2,8 @@
 
     .venv/bin/pytest tests/e2e/test_verl_trainer_on_cpu.py -q
 
-What runs: `python -m parser.verl.train --config-name train/cpu_smoke` (the 4B run's
-composition, sizes and device changed; parser/verl/cpu plugs the CPU into verl) — Ray,
+What runs: `python -m parser.train --config-name train/cpu_smoke` (the 4B run's
+composition, sizes and device changed; parser/train/cpu plugs the CPU into verl) — Ray,
 TransferQueue, the separate_async trainer, FSDP2 actor + reference, a standalone rollout
 replica, gloo weight sync after every step, ParserAgentLoop with the episode engine, subagents
 over HTTP, ParserReplayBuffer, GRPO, checkpointing — twice: 2 steps with a checkpoint per
@@ -63,7 +63,7 @@ def train(tmp: Path, lead: dict, gateway_url: str, name: str, steps: int, overri
            "RAY_DEDUP_LOGS": "0"}
     env.pop("VERL_LOGGING_LEVEL", None)
     command = [
-        sys.executable, "-m", "parser.verl.train", "--config-name", "train/cpu_smoke",
+        sys.executable, "-m", "parser.train", "--config-name", "train/cpu_smoke",
         f"parser.gateway_url={gateway_url}",
         f"actor_rollout_ref.model.path={lead['lead']}",
         f"data.train_files={lead['train_files']}", f"data.val_files={lead['val_files']}",
@@ -109,7 +109,7 @@ def test_steps_complete_in_separate_async_mode(runs):
 
 
 def test_parser_metrics_logged_every_step(runs):
-    from parser.verl.metrics import PREFIX
+    from parser.train.metrics import PREFIX
 
     expected = {f"{PREFIX}/{k}" for k in (
         "turns/mean", "turns/max", "lead_tokens_per_turn", "queries_per_turn", "replies_per_query",
@@ -198,10 +198,10 @@ def test_checkpoint_written_and_resumed(runs):
 
 
 def test_each_launch_ends_by_saying_where_the_checkpoint_is_and_what_to_run_next(runs):
-    """The last lines a user sees (parser.verl.machine.closing_lines), not verl's config dump."""
+    """The last lines a user sees (parser.train.machine.closing_lines), not verl's config dump."""
     actor = runs["tmp"] / "checkpoints" / "global_step_3" / "actor"
     last = runs["again"]["stdout"].rstrip().splitlines()[-3:]
-    assert last[0].startswith(f"parser.verl.train: finished; checkpoint at {actor} (step 3")
+    assert last[0].startswith(f"parser.train: finished; checkpoint at {actor} (step 3")
     assert f"python -m verl.model_merger merge --backend fsdp --local_dir {actor}" in last[1]
     assert "python -m eval.run --config-name tiny_cpu models.lead.model=" in last[2]
 
@@ -235,7 +235,7 @@ def test_weights_move_on_steps_with_nonzero_advantages(runs):
 
 def test_parser_metric_names_reduce_as_meant_over_mini_batches():
     """A separate_async step is parameter_sync_step mini-batches; verl's own aggregator must sum
-    counts, take max of maxima and average the rest (parser/verl/metrics.py)."""
+    counts, take max of maxima and average the rest (parser/train/metrics.py)."""
     from verl.trainer.ppo.v1.utils import MetricsAggregator
 
     aggregator = MetricsAggregator()

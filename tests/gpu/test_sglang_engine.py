@@ -15,8 +15,8 @@ pytest.importorskip("sglang")
 if not torch.cuda.is_available():  # pragma: no cover - conftest also skips tests/gpu/ without CUDA
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from parser.backends.base import SamplingParams  # noqa: E402
-from parser.backends.sglang_engine import SGLangEngineBackend  # noqa: E402
+from parser.serving.types import SamplingParams  # noqa: E402
+from parser.serving.backends.sglang_engine import SGLangEngineBackend  # noqa: E402
 from parser.offline import tiny_qwen3  # noqa: E402
 
 GREEDY = SamplingParams(max_new_tokens=16, temperature=0.0, return_logprobs=True)

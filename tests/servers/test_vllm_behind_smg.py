@@ -28,16 +28,16 @@ from pathlib import Path
 import orjson
 import pytest
 
-from parser import prompts
-from parser.backends import load_model_and_tokenizer
-from parser.backends.base import BackendError, SamplingParams
-from parser.backends.http import HttpBackend
-from parser.chunking import chunk_document
-from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.gateway import ProcessGroup, router_launch, router_preset
-from parser.protocol import protocol_for
-from parser.readers import SubagentReader
-from parser.tools import QueryAgents
+from parser.engine import prompts
+from parser.serving.backends import load_model_and_tokenizer
+from parser.serving.types import BackendError, SamplingParams
+from parser.serving.backends.http import HttpBackend
+from parser.text.chunking import chunk_document
+from parser.engine.episode import EpisodeConfig, EpisodeEngine
+from parser.serving.gateway import ProcessGroup, router_launch, router_preset
+from parser.engine.protocol import protocol_for
+from parser.engine.readers import SubagentReader
+from parser.engine.tools import QueryAgents
 
 from support.vllm_server import vllm_server
 from varnholm import NEEDLE, QUESTION, document, episode_config

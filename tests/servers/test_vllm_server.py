@@ -2,7 +2,7 @@
 
     make test-servers          # builds .venv-vllm, starts vLLM on 127.0.0.1, runs this file
 
-What must hold on a real server that other OpenAI-compatible servers and our own parser.serve
+What must hold on a real server that other OpenAI-compatible servers and our own parser.serving.server
 only approximate: the lead's token view (ids, masks) equals the in-process run; a scatter round
 of >= 64 chunks completes with every call answered and the chunk prefixes cached; constrained
 replies (JSON schema, the lead's one-action regex) come back in the language asked for; and the
@@ -17,17 +17,17 @@ import time
 import orjson
 import pytest
 
-from parser import prompts
-from parser.actions import action_regex
-from parser.backends import load_model_and_tokenizer
-from parser.backends.base import BackendError, SamplingParams
-from parser.backends.http import HttpBackend
-from parser.backends.transformers import TransformersBackend
-from parser.chunking import chunk_document
-from parser.episode import EpisodeConfig, EpisodeEngine
-from parser.protocol import protocol_for
-from parser.readers import SubagentReader
-from parser.tools import QueryAgents
+from parser.engine import prompts
+from parser.text.actions import action_regex
+from parser.serving.backends import load_model_and_tokenizer
+from parser.serving.types import BackendError, SamplingParams
+from parser.serving.backends.http import HttpBackend
+from parser.serving.backends.transformers import TransformersBackend
+from parser.text.chunking import chunk_document
+from parser.engine.episode import EpisodeConfig, EpisodeEngine
+from parser.engine.protocol import protocol_for
+from parser.engine.readers import SubagentReader
+from parser.engine.tools import QueryAgents
 
 from varnholm import NEEDLE, QUESTION, document, episode_config
 

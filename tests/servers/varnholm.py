@@ -5,7 +5,7 @@ for tests/verl_fakes.py.
 """
 from __future__ import annotations
 
-from parser.episode import EpisodeConfig
+from parser.engine.episode import EpisodeConfig
 
 # A document where one paragraph holds the answer; the rest is distinct filler.
 NEEDLE = "The lighthouse keeper of Varnholm was Edda Quist, appointed in 1887."

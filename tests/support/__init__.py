@@ -25,7 +25,7 @@ def pythonpath() -> str:
 
 
 def loopback_workers(num: int, **local_args) -> dict:
-    """A serve config's `workers:` block of `num` loopback workers (`parser.gateway`'s `module` kind):
+    """A serve config's `workers:` block of `num` loopback workers (`parser.serving.gateway`'s `module` kind):
     the tests supply the worker, the gateway only knows how to start a server module."""
     return {"kind": "module", "module": "support.loopback", "num": num, "local_args": local_args,
             "env": {"PYTHONPATH": pythonpath()}}

@@ -122,10 +122,10 @@ class Episode:
 async def record(rows: Sequence[dict[str, Any]], settings: dict[str, Any], tokenizer: Any, response_length: int,
                  hops_of: Sequence[int | None]) -> list[Episode]:
     """Run one demonstration per row through the real episode engine (readers over HTTP)."""
-    from parser.episode import EpisodeEngine
-    from parser.verl.agent_loop import _WorkerState, close_worker_state
-    from parser.verl.reward import score_answer
-    from parser.verl.server_manager import ServerManagerBackend
+    from parser.engine.episode import EpisodeEngine
+    from parser.train.agent_loop import _WorkerState, close_worker_state
+    from parser.train.reward import score_answer
+    from parser.train.server_manager import ServerManagerBackend
 
     state = _WorkerState(settings, response_length)
     plans = {f"demo-{i}": Plan.from_row(row, hops) for i, (row, hops) in enumerate(zip(rows, hops_of, strict=True))}
@@ -301,7 +301,7 @@ def _settings(gateway_url: str, overrides: Sequence[str] = ()) -> tuple[dict[str
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from parser.verl.train import CONFIG_DIR
+    from parser.train.train import CONFIG_DIR
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         config = compose(config_name="train/cpu_learn", overrides=[f"parser.gateway_url={gateway_url}", *overrides])
@@ -320,7 +320,7 @@ def _lexicon(data: str | Path) -> list[str]:
 def build(data: str | Path, out: str | Path, gateway_url: str, overrides: Sequence[str] = (), cache: bool = True) -> dict[str, Any]:
     """Record the demonstrations of `data/warmup.json`, fit the tokenizer and the lead, write
     them to `out` (a Hugging Face model directory, tokenizer included)."""
-    from parser.jsonl import read_records
+    from parser.records.jsonl import read_records
 
     from parser.offline import byte_bpe_tokenizer
     from parser.offline.assets import cached_directory

@@ -2,8 +2,8 @@
 
 Why it exists: to measure what the *client* and the *gateway* cost without a model in the
 way (scatter throughput, `scripts/bench_scatter.py`) and to check routing (does a chunk keep
-landing on the same worker?). Bodies are read and written through `parser.wire`, the types the
-client and `parser.serve` use (a body they refuse is a 400 here too). Each request is recorded with the routing-key header, the hash
+landing on the same worker?). Bodies are read and written through `parser.serving.wire`, the types the
+client and `parser.serving.server` use (a body they refuse is a 400 here too). Each request is recorded with the routing-key header, the hash
 of the prompt's reusable prefix (what a RadixCache would share: everything before the last
 "Query:", per the subagent prompt's instructions -> chunk -> query order) and this worker's
 id. It answers with the subagent's abstention, or with a finding when the prompt contains
@@ -46,14 +46,14 @@ from aiohttp import web
 
 from pydantic import ValidationError
 
-from parser.backends.base import ROUTING_HEADER, Completion
-from parser.serve import BACKLOG, ServerHandle, add_worker_header, json_response
-from parser.wire.chat import AssistantMessage, ChatChoice, ChatLogprobs, ChatRequest, ChatResponse, ChatTokenLogprob
-from parser.wire.common import ErrorBody, ModelCard, ModelList, Usage, describe
-from parser.wire.completions import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
-from parser.wire.sglang import GenerateRequest, GenerateResponse
+from parser.serving.types import ROUTING_HEADER, Completion
+from parser.serving.server import BACKLOG, ServerHandle, add_worker_header, json_response
+from parser.serving.wire.chat import AssistantMessage, ChatChoice, ChatLogprobs, ChatRequest, ChatResponse, ChatTokenLogprob
+from parser.serving.wire.common import ErrorBody, ModelCard, ModelList, Usage, describe
+from parser.serving.wire.completions import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
+from parser.serving.wire.sglang import GenerateRequest, GenerateResponse
 
-ABSTENTION = '{"answer": "unknown"}'  # parser/prompts/v1/subagent.txt's abstention
+ABSTENTION = '{"answer": "unknown"}'  # parser/engine/prompts/v1/subagent.txt's abstention
 PREFIX_MARKER = "Query:"
 _REQUESTS = {"/generate": GenerateRequest, "/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest}
 FAIL_MODES = ("drop", "garbage", "hang")  # besides an HTTP status like "500"

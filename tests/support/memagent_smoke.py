@@ -1,6 +1,6 @@
 """The CPU memory-agent run's lead and data: a tiny MemAgent whose sampled answers are sometimes right.
 
-Why it exists: to show that verl's trainer trains a memory agent (parser.verl.memagent_loop,
+Why it exists: to show that verl's trainer trains a memory agent (parser.train.memagent_loop,
 train/memagent_cpu) the policy must write memory updates and a `\\boxed{}` answer that is right in
 some trajectories of a group and wrong in others; a random-weight model writes neither. So, as
 `support.verl_smoke` does for the ParSer lead, a tiny real Qwen3 is taught in a few
@@ -11,7 +11,7 @@ learns from are recorded through the real memory agent (`parser.methods.memagent
 training loop's own recording lead, so their token streams are exactly what the rollout makes.
 
     PYTHONPATH=tests python -m support.memagent_smoke --out runs/memagent_cpu
-    python -m parser.verl.train --config-name train/memagent_cpu actor_rollout_ref.model.path=runs/memagent_cpu/lead \\
+    python -m parser.train --config-name train/memagent_cpu actor_rollout_ref.model.path=runs/memagent_cpu/lead \\
         data.train_files=runs/memagent_cpu/data/train.parquet data.val_files=runs/memagent_cpu/data/val.parquet
 """
 from __future__ import annotations
@@ -54,11 +54,11 @@ class _ScriptedMemory:
 
 async def record_conversations(method_settings: dict[str, Any], tokenizer: Any) -> list[tuple[list[int], list[int]]]:
     """(token ids, loss mask) of every conversation of a right and a wrong read."""
-    from parser.backends.models import Models
-    from parser.chat_format import CHATML
+    from parser.serving.backends.models import Models
+    from parser.text.chat_format import CHATML
     from parser.methods.base import Sample
-    from parser.verl.memagent_loop import MEMORY_METHODS, RecordingLead, method_settings as split_settings
-    from parser.verl.server_manager import ServerManagerBackend
+    from parser.train.memagent_loop import MEMORY_METHODS, RecordingLead, method_settings as split_settings
+    from parser.train.server_manager import ServerManagerBackend
 
     name, kwargs, _ = split_settings(method_settings)
     sequences = []
@@ -85,7 +85,7 @@ def build(out: str | Path, steps: int = FIT_STEPS, cache: bool = True) -> dict[s
 
     from data_prep.verl_parquet import write_rl_parquet
     from parser.offline import byte_bpe_tokenizer
-    from parser.verl.train import CONFIG_DIR
+    from parser.train.train import CONFIG_DIR
 
     out = Path(out)
     random.seed(0)

@@ -2,7 +2,7 @@
 offline smoke runs: the same two files, the same constant names and shapes, placeholder prose.
 
 Why: `protocol: release` reads the release's prompts from a real clone at run time
-(`parser.release.load_release_prompts`); CI has no network and the project carries no copy of
+(`parser.text.release.load_release_prompts`); CI has no network and the project carries no copy of
 that prose. Everything the project derives from the files — the template fields, the JSON
 escapes, the tool schema's shape, the hint being a local of the agent loop — is exercised.
 

@@ -37,7 +37,7 @@ FIT_STEPS = 100
 
 
 def document(n_filler: int = 8) -> str:
-    from parser.chunking import render_paragraphs
+    from parser.text.chunking import render_paragraphs
 
     paragraphs = [f"Filler {i}\nNothing about films here, only weather number {i}." for i in range(1, n_filler + 1)]
     paragraphs.insert(n_filler // 2, f"Zorvan\nZorvan is a 1981 film {NEEDLE}.")
@@ -78,9 +78,9 @@ class _ScriptedLead:
 
 async def record_episodes(settings: dict[str, Any], tokenizer: Any, response_length: int) -> list[tuple[list[int], list[int]]]:
     """(token ids, loss mask) of the right and the wrong episode, run by the real episode engine."""
-    from parser.episode import EpisodeEngine
-    from parser.verl.agent_loop import _WorkerState, close_worker_state
-    from parser.verl.server_manager import ServerManagerBackend
+    from parser.engine.episode import EpisodeEngine
+    from parser.train.agent_loop import _WorkerState, close_worker_state
+    from parser.train.server_manager import ServerManagerBackend
 
     state = _WorkerState(settings, response_length)
     chunks = state.protocol.chunk(document(), state.subagent_tokenizer)
@@ -156,7 +156,7 @@ def build(out: str | Path, gateway_url: str, steps: int = FIT_STEPS, cache: bool
     from omegaconf import OmegaConf
 
     from parser.offline import byte_bpe_tokenizer
-    from parser.verl.train import CONFIG_DIR
+    from parser.train.train import CONFIG_DIR
 
     out = Path(out)
     random.seed(0)

@@ -9,7 +9,7 @@ loopback worker (`python -m support.loopback --reader world`), so the lead's sca
 gather and observations are the real ones.
 
 What it reads: the paragraphs of its own excerpt only (`Document i:` / title / text, as
-`parser.chunking` packs them). A paragraph answers when its *title* is named in the query and a
+`parser.text.chunking` packs them). A paragraph answers when its *title* is named in the query and a
 relation the query asks for ("directed", "born", "father", "produced", "headquartered",
 "founded") has its sentence in that paragraph; the reply is the finding JSON the subagent prompt
 asks for, with that sentence as evidence. A whole two-hop question names one entity (the film,
@@ -101,7 +101,7 @@ def reply(excerpt: str, query: str) -> str:
 
 
 def reply_to_prompt(prompt: Any) -> str:
-    """Reply to a rendered subagent prompt (`parser/prompts/v1/subagent.txt` in a chat template):
+    """Reply to a rendered subagent prompt (`parser/engine/prompts/v1/subagent.txt` in a chat template):
     its excerpt and query are read back from the text; a prompt without them gets the abstention."""
     if isinstance(prompt, str):
         text = prompt

@@ -1,7 +1,7 @@
 """Closed-book answering: the question alone, one call to the lead, no document.
 
 Everything a method needs is here: its prompts (`PROMPTS`, the folder's `prompts/<version>/`), its
-knobs as keyword arguments (the method config's keys), the lead behind `parser.retry`, untrusted
+knobs as keyword arguments (the method config's keys), the lead behind `parser.serving.retry`, untrusted
 text neutralised before it reaches a chat template, and a `MethodResult` per sample. Replace
 `run` with your method; keep the constructor's shape (`models` first, settings by keyword).
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from parser.actions import split_thinking
-from parser.backends.base import SamplingParams
-from parser.backends.models import Models
-from parser.chat_format import CHATML
+from parser.text.actions import split_thinking
+from parser.serving.types import SamplingParams
+from parser.serving.backends.models import Models
+from parser.text.chat_format import CHATML
 from parser.methods.base import MethodResult, Sample
-from parser.prompts import DEFAULT_VERSION, PromptSet
-from parser.retry import RetryingBackend, RetryPolicy
+from parser.engine.prompts import DEFAULT_VERSION, PromptSet
+from parser.serving.retry import RetryingBackend, RetryPolicy
 
 # this folder's prompts: prompts/<version>/<name>.txt, each with the fields it takes
 PROMPTS = PromptSet(__package__, {"closed_book": {"question"}}, "prompts")
@@ -29,7 +29,7 @@ class ClosedBookMethod:
 
     def __init__(self, models: Models, *, max_new_tokens: int = 256, temperature: float = 0.0, thinking: bool = False,
                  prompt_version: str = DEFAULT_VERSION, retry: Mapping[str, Any] | None = None):
-        """`retry`: `parser.retry.RETRY_KEYS` (max_attempts, retry_backoff_s, request_timeout_s)."""
+        """`retry`: `parser.serving.retry.RETRY_KEYS` (max_attempts, retry_backoff_s, request_timeout_s)."""
         self.models, self.thinking, self.prompt_version = models, thinking, prompt_version
         self.lead = RetryingBackend(models.lead, RetryPolicy.from_section(retry))
         self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)

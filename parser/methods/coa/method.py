@@ -5,7 +5,7 @@ and writes the next CU (at most `max_summary_tokens` new tokens); the manager se
 question and the last CU, and answers in `\\boxed{}`. Steps = chunks + 1, as for MemAgent.
 Google released no code; the prompts (`prompts/v1/coa_*.txt` beside this file) are ours.
 
-The chunk order is `order:` (`parser.ordering`), the point of Gupta et al.'s "Chow–Liu
+The chunk order is `order:` (`parser.engine.ordering`), the point of Gupta et al.'s "Chow–Liu
 ordering for long-context reasoning in Chain-of-Agents": `document`, `dense`, `chow_liu`
 (CL-order) or `dfs`. The presets (configs/method/coa*.yaml) use that paper's budgets: 8,000-token
 chunks, 8,000-token summaries, temperature 0, top-p 0.95.
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from parser.actions import split_thinking
-from parser.backends.models import Models
+from parser.text.actions import split_thinking
+from parser.serving.backends.models import Models
 from parser.methods.sequential import SequentialMethod
-from parser.prompts import PromptSet
+from parser.engine.prompts import PromptSet
 
 NO_UNIT = "(none yet: you are the first reader)"
 PROMPTS = PromptSet(__package__, {"coa_worker": {"question", "unit", "chunk"}, "coa_manager": {"question", "unit"}}, "prompts")

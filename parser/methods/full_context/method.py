@@ -16,7 +16,7 @@ fit is never sent silently cut: `on_overflow` says whether the sample is recorde
 with the reason (`skip`), raises (`error`), or keeps the head and tail of the document
 (`truncate_middle`, MemAgent's reference behaviour).
 
-Both calls go through `parser.retry` (the `retry:` section: timeouts and retryable backend
+Both calls go through `parser.serving.retry` (the `retry:` section: timeouts and retryable backend
 errors are retried; a call that still fails fails the sample, which eval records and retries).
 """
 from __future__ import annotations
@@ -26,13 +26,13 @@ import logging
 import time
 from typing import Any, Mapping
 
-from parser.actions import split_thinking
-from parser.backends.base import SamplingParams
-from parser.chat_format import CHATML
-from parser.backends.models import Models
+from parser.text.actions import split_thinking
+from parser.serving.types import SamplingParams
+from parser.text.chat_format import CHATML
+from parser.serving.backends.models import Models
 from parser.methods.base import MethodResult, Sample
-from parser.prompts import DEFAULT_VERSION, PromptSet
-from parser.retry import RetryingBackend, RetryPolicy
+from parser.engine.prompts import DEFAULT_VERSION, PromptSet
+from parser.serving.retry import RetryingBackend, RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class FullContextMethod:
         prompt_version: str = DEFAULT_VERSION,
         retry: Mapping[str, Any] | None = None,
     ):
-        """`retry`: `parser.retry.RETRY_KEYS` (max_attempts, retry_backoff_s, request_timeout_s)."""
+        """`retry`: `parser.serving.retry.RETRY_KEYS` (max_attempts, retry_backoff_s, request_timeout_s)."""
         if on_overflow not in ("skip", "error", "truncate_middle"):
             raise ValueError(f"full_context: on_overflow must be skip, error or truncate_middle, got {on_overflow!r}")
         self.models = models

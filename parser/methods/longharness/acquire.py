@@ -1,9 +1,9 @@
 """How LongHarness acquires evidence: through a tool set of the one episode engine.
 
 `readers` (document-level, ParSer's): each query is `query_agents` over the chunks
-(`parser.tools.QueryAgents`, built by `EpisodeEngine.query_agents`, so the scatter, retries,
+(`parser.engine.tools.QueryAgents`, built by `EpisodeEngine.query_agents`, so the scatter, retries,
 timeouts and fan-out bounds are the engine's); every reader's finding becomes a candidate quote
-from its chunk. `corpus` (DCI's): each query is the `bash` tool of `parser.dci.SandboxTools` over
+from its chunk. `corpus` (DCI's): each query is the `bash` tool of `parser.engine.sandbox.tools.SandboxTools` over
 the document written as a corpus directory; a plain phrase is searched as a fixed string
 (`grep -rn -i -F`), a line that starts with an allowed program runs as it is; every
 `file:line:text` line of the output is a candidate quote from that file line.
@@ -22,11 +22,11 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from parser.actions import TOOL_NAME, ToolCall
-from parser.chunking import Chunk
-from parser.dci import ALLOWED_COMMANDS, SandboxTools
-from parser.gather import parse_reply
-from parser.tools import QueryAgents
+from parser.text.actions import TOOL_NAME, ToolCall
+from parser.text.chunking import Chunk
+from parser.engine.sandbox.tools import ALLOWED_COMMANDS, SandboxTools
+from parser.engine.gather import parse_reply
+from parser.engine.tools import QueryAgents
 
 _MATCH = re.compile(r"^(?:\./)?(?P<path>[^:\n]+?):(?P<line>\d+):(?P<text>.*)$")
 
@@ -43,7 +43,7 @@ class Acquired:
     """One query's outcome: its candidates and what the trajectory keeps of it."""
 
     candidates: list[Candidate]
-    query_record: Any = None  # parser.trajectory.QueryRecord (readers)
+    query_record: Any = None  # parser.records.trajectory.QueryRecord (readers)
     call_record: dict[str, Any] | None = None  # a FunctionTools call record (corpus)
 
 

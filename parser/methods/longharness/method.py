@@ -15,7 +15,7 @@ answer), or once no conclusion is open (one answer turn). Any backend: no traini
     python -m eval.run method=longharness_dci                   # corpus mode (DCI's tools)
 
 The rounds are `EpisodeEngine.run_tools`'s turns: `turns.HarnessTurns` is the episode's tool set
-and its prompt-from-state turn rule (`parser.tools.StatePrompt`), so the loop, the lead's budget
+and its prompt-from-state turn rule (`parser.engine.tools.StatePrompt`), so the loop, the lead's budget
 (`max_update_tokens` is the episode's `max_tokens_per_turn`), retries, fan-out bounds, progress
 events and the trajectory are the engine's. This class builds the acquisition and the engine, and
 turns the trajectory and the state into the result. docs/longharness.md says what is the
@@ -27,17 +27,17 @@ import tempfile
 from contextlib import ExitStack
 from typing import Any, Mapping
 
-from parser.backends.models import Models
-from parser.config import EpisodeConfig
-from parser.dci import Sandbox, SandboxLimits, SandboxTools, materialize_corpus
-from parser.dci_process import ProcessSlots
-from parser.episode import EpisodeEngine
+from parser.serving.backends.models import Models
+from parser.base.config import EpisodeConfig
+from parser.engine.sandbox.tools import Sandbox, SandboxLimits, SandboxTools, materialize_corpus
+from parser.engine.sandbox.process import ProcessSlots
+from parser.engine.episode import EpisodeEngine
 from parser.methods.base import MethodResult, Sample
 from .acquire import CorpusAcquisition, ReaderAcquisition
 from .turns import HarnessTurns
 from .update import render_prompt
-from parser.protocol import protocol_for
-from parser.readers import reader_for_episode
+from parser.engine.protocol import protocol_for
+from parser.engine.readers import reader_for_episode
 
 ACQUISITIONS = ("readers", "corpus")
 

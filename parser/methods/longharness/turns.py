@@ -2,7 +2,7 @@
 
 `EpisodeEngine.run_tools` owns the loop — turns, the lead's budget, retries and deadlines, the
 fan-out bound, progress events, the trajectory. `HarnessTurns` is its tool set and its turn rule
-(`parser.tools.StatePrompt`, `TurnRules(state=...)`): before each turn `messages` renders the
+(`parser.engine.tools.StatePrompt`, `TurnRules(state=...)`): before each turn `messages` renders the
 question and the state within `state_token_budget` prompt tokens (dropping items in the state's
 eviction order); `sampling` is the update's JSON schema, narrowed to this turn's ids; `read`
 applies the lead's update under the lifecycle rules and hands back its queries as the turn's
@@ -20,8 +20,8 @@ import dataclasses
 import json
 from typing import Any, Callable
 
-from parser.actions import LeadAction, ToolCall, split_thinking
-from parser.tools import ToolResult, TurnRules
+from parser.text.actions import LeadAction, ToolCall, split_thinking
+from parser.engine.tools import ToolResult, TurnRules
 from .state import QUESTION, HarnessState
 from .update import Update, read_update, render_prompt, update_schema
 
@@ -76,7 +76,7 @@ class HarnessTurns:
                 call_records.append(result.call_record)
         return ToolResult(messages, queries=records, calls=call_records)
 
-    # -- the prompt from state (parser.tools.StatePrompt) ----------------------------------------
+    # -- the prompt from state (parser.engine.tools.StatePrompt) ----------------------------------------
     def _messages(self, state_text: str) -> list[dict[str, Any]]:
         """The whole prompt: the system prompt, then the question and the state, both untrusted
         (quotes, findings, statements the lead copied from them): never a control token."""

@@ -3,7 +3,7 @@ the lenient reading of what the lead wrote into one typed `Update`.
 
 The schema constrains decoding where the backend can (`SamplingParams.json_schema`: SGLang,
 vLLM, the in-process xgrammar masks); with `constrain: false`, or a reply cut at its token limit,
-the same reader takes what it can (`parser.lenient_json`) and drops malformed entries one by one,
+the same reader takes what it can (`parser.text.lenient_json`) and drops malformed entries one by one,
 counting them, so one bad field never loses the rest of the turn.
 
     schema = update_schema(max_queries=2)     # schema.json with the turn's query bound
@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from parser.actions import split_thinking
-from parser.lenient_json import loads_lenient
+from parser.text.actions import split_thinking
+from parser.text.lenient_json import loads_lenient
 
 HERE = Path(__file__).resolve().parent
 PROMPT_VERSION = "v1"  # prompts/v1/: a change that alters behaviour is a new folder

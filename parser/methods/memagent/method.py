@@ -16,7 +16,7 @@ improvements are named options, off by default: `lenient_extraction` (boxed, els
 is", else the reply), `keep_memory_on_empty` (an empty or blank reply keeps the previous memory),
 `drop_thinking` (`SequentialMethod`). Run trained checkpoints by pointing the `lead` model config
 at them. The chunk loop, the reading order (`order:`, default `document` as published; `chow_liu`
-gives "MemAgent (CL-order)") and the retries (every call through `parser.retry`, the `retry:`
+gives "MemAgent (CL-order)") and the retries (every call through `parser.serving.retry`, the `retry:`
 section; one that still fails fails the sample) are `parser.methods.sequential`'s.
 
     python -m eval.run method=memagent
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from parser.backends.models import Models
+from parser.serving.backends.models import Models
 from parser.methods.memagent.rules import ANSWER_MODES, memagent_memory, prediction
 from parser.methods.sequential import SequentialMethod, extract_answer
-from parser.prompts import PromptSet
+from parser.engine.prompts import PromptSet
 
 NO_MEMORY = "No previous memory"
 PROMPTS = PromptSet(__package__, {

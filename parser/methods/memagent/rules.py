@@ -13,7 +13,7 @@ ReMemR1 = syr-cn/ReMemR1 @ 43e69f3 (`taskutils/memory_eval/utils/rememr1.py`, `t
 """
 from __future__ import annotations
 
-from parser.reward import authors_boxed
+from parser.text.reward import authors_boxed
 
 THINK_END = "</think>"
 ANSWER_IS = "the answer is"  # case-sensitive, as theirs: "The answer is" is not found

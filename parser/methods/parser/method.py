@@ -2,10 +2,10 @@
 
 Eval, the latency bench and the demo reach ParSer only through this method, and the verl
 agent loop runs the same `EpisodeEngine`, so there is a single code path from data to answer.
-The protocol object (`parser.protocol`) is chosen once from the episode config and handed to the
+The protocol object (`parser.engine.protocol`) is chosen once from the episode config and handed to the
 chunking, the reader and the engine, exactly as the verl agent loop does, so `method=parser_release`
 feeds the released checkpoint the release's own inputs. The chunk reader comes from the `reader`
-config section (`parser.readers.reader_for_episode`), so the paper's Table 5 variants are config
+config section (`parser.engine.readers.reader_for_episode`), so the paper's Table 5 variants are config
 files, not code:
 
     python -m eval.run method=parser            # configs/method/parser.yaml: the default subagents
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from parser.config import EpisodeConfig
-from parser.episode import EpisodeEngine
-from parser.backends.models import Models
+from parser.base.config import EpisodeConfig
+from parser.engine.episode import EpisodeEngine
+from parser.serving.backends.models import Models
 from parser.methods.base import MethodResult, Sample
-from parser.protocol import protocol_for
-from parser.readers import reader_for_episode
+from parser.engine.protocol import protocol_for
+from parser.engine.readers import reader_for_episode
 
 
 class ParSerMethod:

@@ -3,11 +3,11 @@
 The document is cut into fixed-size chunks (1,024 tokens, the same paragraph-packing as
 ParSer's chunking), embedded once per sample; each call returns the top 3 chunks by cosine
 similarity of L2-normalised embeddings, as a JSON observation (query; rank, score, index and
-text per chunk). The agent runs in the one episode engine (`parser.episode`) with the `RetrievalTools` tool
+text per chunk). The agent runs in the one episode engine (`parser.engine.episode`) with the `RetrievalTools` tool
 set: ReAct loop, temperature 0, 2,048 new tokens a turn, at most 16 turns, a continuation prompt
 after a cut turn and a tool-free finalize turn when the turns run out (the `episode` section of
 configs/method/rag.yaml; the last two are the tool set's `TurnRules`). Its prompts and `retrieve_documents` schema are `prompts/v1/` beside this file. The embedder comes from the models config or this method's
-`embedder` section (`parser.backends.embedder`).
+`embedder` section (`parser.serving.backends.embedder`).
 
     python -m eval.run method=rag
 """
@@ -19,13 +19,13 @@ from typing import Any, Mapping
 import numpy as np
 import orjson
 
-from parser.chunking import chunk_document
-from parser.episode import baseline_engine
-from parser.backends.embedder import build_embedder
-from parser.backends.models import Models
+from parser.text.chunking import chunk_document
+from parser.engine.episode import baseline_engine
+from parser.serving.backends.embedder import build_embedder
+from parser.serving.backends.models import Models
 from parser.methods.base import MethodResult, Sample
-from parser.prompts import DEFAULT_VERSION, TOOLSETS, PromptSet
-from parser.tools import FunctionTools, TurnRules
+from parser.engine.prompts import DEFAULT_VERSION, TOOLSETS, PromptSet
+from parser.engine.tools import FunctionTools, TurnRules
 
 PROMPTS = PromptSet(__package__, {"rag_system": set(), "rag_user": {"question"}}, "prompts")
 

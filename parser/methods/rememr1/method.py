@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from parser.backends.models import Models
+from parser.serving.backends.models import Models
 from parser.methods.memagent import NO_MEMORY, MemAgentMethod
 from parser.methods.memagent.rules import recall_query, remove_recalls
-from parser.prompts import PromptSet
+from parser.engine.prompts import PromptSet
 
 NO_RECALLED_MEMORY = "No memory was recalled."
 NO_RECALL_RESULT = "None"  # what ReMemR1's eval shows when retrieval fails (an empty vocabulary): Python's None

@@ -1,0 +1,208 @@
+"""One eval result row and one timing line, each defined once: `eval.run` writes them, the
+report, learning summary, viewer and RULER tables read them by attribute.
+
+Why a type: the row used to be a ~25-key dict built in `eval.run` and read back by string key
+in four modules, so a renamed field failed far from its cause (or silently read a default).
+On disk a row is still one JSON object with the same keys (`to_dict`), so files written before
+this type existed load unchanged (`from_dict`): only the key fields are required, every field
+added later has the default an older row implies (no `session`/`finished_at`: a row the report
+cannot time by session; no `sub_em_release`: not scored that way). A row that cannot be read is
+refused with `DataError` naming the file, line and field, and the store skips it.
+
+    row = ResultRow.from_dict(json_object, source="run/results.jsonl:7")
+    row.key, row.sub_em, row.score("em"), row.to_dict()
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from parser.records.sample import DataError
+
+Key = tuple[str, int, "str | None", int, str]  # ResultRow.key: (dataset, length, condition, run, sample_id)
+
+
+def _int(row: Mapping[str, Any], field: str, source: str, default: Any = ...) -> Any:
+    value = row.get(field)
+    if value is None:
+        if default is ...:
+            _missing(field, source)
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise DataError(f"{source}: field {field!r} must be an integer, got {type(value).__name__} {str(value)[:40]}")
+    try:
+        number = int(value)
+    except (ValueError, OverflowError):
+        raise DataError(f"{source}: field {field!r} must be an integer, got {value!r:.40}") from None
+    if number != value and str(number) != value:
+        raise DataError(f"{source}: field {field!r} must be an integer, got {value!r:.40}")
+    return number
+
+
+def _float(row: Mapping[str, Any], field: str, source: str, default: Any) -> Any:
+    value = row.get(field)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, (int, float)):
+        raise DataError(f"{source}: field {field!r} must be a number, got {type(value).__name__} {str(value)[:40]}")
+    return float(value)
+
+
+def _str(row: Mapping[str, Any], field: str, source: str, default: Any) -> Any:
+    value = row.get(field)
+    if value is None:
+        return default
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise DataError(f"{source}: field {field!r} must be a string, got {type(value).__name__} {str(value)[:40]}")
+    return str(value)
+
+
+def _dict(row: Mapping[str, Any], field: str, source: str) -> dict[str, Any] | None:
+    value = row.get(field)
+    if value is not None and not isinstance(value, dict):
+        raise DataError(f"{source}: field {field!r} must be an object, got {type(value).__name__}")
+    return value
+
+
+@dataclasses.dataclass
+class ResultRow:
+    """One finished sample of one run of one subset (`eval.run.result_row`)."""
+
+    dataset: str
+    length: int  # paragraphs L of the packed documents
+    run: int
+    sample_id: str
+    condition: str | None = None  # controlled analyses only
+    condition_index: int | None = None
+    method: str = ""
+    row: str = ""  # the table row (`report.row`, plus the variant)
+    variant: str | None = None  # "w/o RL" / "w/ RL" (Table 7)
+    backbone: str = ""
+    question: str = ""
+    answers: list[str] = dataclasses.field(default_factory=list)
+    prediction: str | None = None
+    # The metrics of `eval.metrics.METRICS`, one field each (None: the row predates the metric).
+    sub_em: float | None = None
+    em: float | None = None
+    sub_em_compat: float | None = None
+    em_compat: float | None = None
+    sub_em_release: float | None = None
+    steps: int = 0  # sequential model rounds on the critical path
+    wall_s: float = 0.0
+    lead_output_tokens: int = 0
+    subagent_output_tokens: int = 0
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # the sample's other record fields
+    finished: str = ""  # ISO time
+    finished_at: float | None = None  # epoch seconds; with `session`, times a subset whose session was killed
+    session: str = ""  # "{pid}@{start}": one process's pass over one subset
+    concurrency: int | None = None
+    record: dict[str, Any] | None = None  # the method's trace (a trajectory), with `save_records`
+
+    @property
+    def key(self) -> Key:
+        """The row's identity in the store: (dataset, length, condition, run, sample id)."""
+        return (self.dataset, self.length, self.condition, self.run, self.sample_id)
+
+    def score(self, metric: str) -> float:
+        """The value of one metric by name (`eval.metrics.PRIMARY`, ...); a row without it is an error."""
+        value = getattr(self, metric)
+        if not isinstance(value, float):
+            raise KeyError(f"result row {self.key} has no {metric!r} score")
+        return value
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object on disk: every field in declaration order, `record` only when kept."""
+        out = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        if out["record"] is None:
+            del out["record"]
+        return out
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any], source: str = "<result row>") -> "ResultRow":
+        """Read a row written by `to_dict`, or by eval.run before this type; `DataError` names
+        `source` and the field. Keys this type does not know are ignored."""
+        if not isinstance(row, Mapping):
+            raise DataError(f"{source}: expected a JSON object, got {type(row).__name__}")
+        answers = row.get("answers") or []
+        if not isinstance(answers, list):
+            raise DataError(f"{source}: field 'answers' must be a list, got {type(answers).__name__}")
+        return cls(
+            dataset=_str(row, "dataset", source, None) or _missing("dataset", source),
+            length=_int(row, "length", source),
+            run=_int(row, "run", source),
+            sample_id=_str(row, "sample_id", source, None) or _missing("sample_id", source),
+            condition=_str(row, "condition", source, None),
+            condition_index=_int(row, "condition_index", source, None),
+            method=_str(row, "method", source, ""),
+            row=_str(row, "row", source, ""),
+            variant=_str(row, "variant", source, None),
+            backbone=_str(row, "backbone", source, ""),
+            question=_str(row, "question", source, ""),
+            answers=[str(a) for a in answers],
+            prediction=_str(row, "prediction", source, None),
+            **{metric: _float(row, metric, source, None) for metric in SCORES},
+            steps=_int(row, "steps", source, 0),
+            wall_s=_float(row, "wall_s", source, 0.0),
+            lead_output_tokens=_int(row, "lead_output_tokens", source, 0),
+            subagent_output_tokens=_int(row, "subagent_output_tokens", source, 0),
+            meta=_dict(row, "meta", source) or {},
+            finished=_str(row, "finished", source, ""),
+            finished_at=_float(row, "finished_at", source, None),
+            session=_str(row, "session", source, ""),
+            concurrency=_int(row, "concurrency", source, None),
+            record=_dict(row, "record", source),
+        )
+
+
+SCORES = ("sub_em", "em", "sub_em_compat", "em_compat", "sub_em_release")  # ResultRow's metric fields
+
+
+def _missing(field: str, source: str) -> Any:
+    raise DataError(f"{source}: a row without its key (missing field {field!r})")
+
+
+@dataclasses.dataclass
+class TimingLine:
+    """One subset pass of one session (`timings.jsonl`): its wall time and what it finished,
+    so latency amortizes over resumes (`eval.report.latency_table`)."""
+
+    dataset: str
+    length: int
+    run: int
+    condition: str | None = None
+    method: str = ""
+    row: str = ""
+    backbone: str = ""
+    concurrency: int | None = None
+    samples: int = 0  # rows this pass wrote
+    failed: int = 0
+    wall_s: float = 0.0
+    pid: int | None = None
+    session: str = ""
+    finished: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, line: Mapping[str, Any], source: str = "<timing line>") -> "TimingLine":
+        if not isinstance(line, Mapping):
+            raise DataError(f"{source}: expected a JSON object, got {type(line).__name__}")
+        return cls(
+            dataset=_str(line, "dataset", source, None) or _missing("dataset", source),
+            length=_int(line, "length", source),
+            run=_int(line, "run", source, 0),
+            condition=_str(line, "condition", source, None),
+            method=_str(line, "method", source, ""),
+            row=_str(line, "row", source, ""),
+            backbone=_str(line, "backbone", source, ""),
+            concurrency=_int(line, "concurrency", source, None),
+            samples=_int(line, "samples", source, 0),
+            failed=_int(line, "failed", source, 0),
+            wall_s=_float(line, "wall_s", source, 0.0),
+            pid=_int(line, "pid", source, None),
+            session=_str(line, "session", source, ""),
+            finished=_str(line, "finished", source, ""),
+        )

@@ -1,0 +1,148 @@
+r"""Answer normalization, EM and Sub_EM: the one definition used by training and eval.
+
+Training rewards the lead with binary `exact_match` (paper §2.3); tables report `sub_em`, the
+bidirectional-substring variant that MemAgent's and ReMemR1's open-source eval code implements
+(paper Appendix E.6, footnote 10). Both return 1.0 / 0.0 and take the max over gold answers.
+
+`compat=True` is the reference's *string scorer* (MemAgent's and ReMemR1's eval): a falsy raw
+prediction scores 0 (its caller's `if pred else 0` guard), but a prediction that only
+*normalizes* to the empty string ("the", "...") counts as a hit under Sub_EM ("" is a substring
+of everything). What it scores is the method's extraction (`parser.methods.memagent.rules` for
+MemAgent/ReMemR1); their skipping of empty outputs is not reproduced (docs/fidelity.md, row 35).
+Use it only to compare with published numbers; the default scores any empty prediction 0.
+
+`memagent_rl_reward` is MemAgent's RL reward (boxed answer, math-string equality), which the
+memory-agent training loop uses by default (`parser.train.memagent_loop`).
+
+`release_normalize` / `release_exact_match` are the authors' *training* reward (release
+train/scripts/reward.py; `parser.engine.protocol.ReleaseProtocol` trains with it): articles are replaced
+*before* punctuation is removed, and punctuation is Unicode (`[^\w\s]`, so "¿", "–", "·" go and
+"_" stays). Their eval scorer uses this project's normalizer; `release_sub_em` is their eval Sub_EM.
+
+A gold answer that normalizes to "" ("", "the", "?") never scores, in any mode or protocol: ""
+is a substring of every prediction, so it would be free accuracy. Data prep refuses such records
+(`data_prep.records`); this guards what reaches scoring anyway. (The release would let an empty
+normalized prediction equal an empty normalized gold; that quirk is not kept.)
+"""
+from __future__ import annotations
+
+import re
+import string
+from typing import Callable, Iterable
+
+from parser.text.release import NO_ANSWER, extract_answer
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = set(string.punctuation)
+_UNICODE_PUNCTUATION = re.compile(r"[^\w\s]")
+_BOLD = re.compile(r"\*\*(.*?)\*\*")
+
+
+def normalize_answer(text: str) -> str:
+    """Lowercase, drop punctuation, replace articles by a space, collapse whitespace."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def release_normalize(text: str) -> str:
+    """The release's training normaliser: articles first, then Unicode punctuation."""
+    if not text:
+        return ""
+    text = _ARTICLES.sub(" ", text.lower())
+    return " ".join(_UNICODE_PUNCTUATION.sub("", text).split())
+
+
+def _golds(golds: str | Iterable[str], normalize: Callable[[str], str] = normalize_answer) -> list[str]:
+    """The normalized golds that can score (never an empty one)."""
+    raw = [golds] if isinstance(golds, str) else [str(g) for g in golds]
+    return [g for g in (normalize(r) for r in raw) if g]
+
+
+def exact_match(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
+    if not prediction:
+        return 0.0
+    pred = normalize_answer(prediction)
+    if not pred and not compat:
+        return 0.0
+    return float(any(pred == g for g in _golds(golds)))
+
+
+def release_exact_match(prediction: str | None, golds: str | Iterable[str]) -> float:
+    """The release's training EM (`release_normalize` on both sides; empty golds never score)."""
+    if not prediction:
+        return 0.0
+    pred = release_normalize(prediction)
+    return float(any(pred == g for g in _golds(golds, release_normalize)))
+
+
+def sub_em(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
+    """Correct if the normalized prediction and a normalized gold contain one another."""
+    if not prediction:
+        return 0.0
+    pred = normalize_answer(prediction)
+    if not pred and not compat:
+        return 0.0
+    for g in _golds(golds):
+        if g in pred or pred in g:
+            return 1.0
+    return 0.0
+
+
+def release_sub_em(completion: str, golds: str | Iterable[str]) -> float:
+    """The release's eval Sub_EM (release eval/eval.py) over a whole completion (every lead turn,
+    thinking included): the last `<answer>` block, scored as the string "No answer found" when
+    there is none, or — if that scores higher — the last `**bold**` span; reference Sub_EM."""
+    answer = extract_answer(completion) or NO_ANSWER
+    bold = _BOLD.findall(completion)
+    candidates = [answer] + ([bold[-1].strip() or NO_ANSWER] if bold else [NO_ANSWER])
+    return max(sub_em(c, golds, compat=True) for c in candidates)
+
+
+# -- MemAgent's rules (BytedTsinghua-SIA/MemAgent @ 76b7a65; docs/fidelity.md, "MemAgent and ReMemR1") --
+def authors_boxed(text: str) -> str | None:
+    r"""The boxed answer as MemAgent's and ReMemR1's scorers read it (`last_boxed_only_string` then
+    `remove_boxed`): if `\boxed ` (with a space) occurs anywhere, what follows its last occurrence up
+    to the next `$`; else the last `\boxed`, its braces counted from there, content unstripped. None
+    when there is none, when its braces never close, or for a lone `\fbox` (their `assert` fails:
+    the eval run stops, the RL reward catches it as 0)."""
+    if "\\boxed " in text:
+        return text.split("\\boxed ")[-1].split("$")[0]
+    start = text.rfind("\\boxed")
+    if start < 0:
+        return None
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if text[i] == "}" and depth == 0:
+            found = text[start : i + 1]
+            return found[len("\\boxed{") : -1] if found.startswith("\\boxed{") else None
+    return None
+
+
+_MATH_STRING_RULES = (("\n", ""), ("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac"), ("\\left", ""),
+                      ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""), ("\\$", ""), ("\\%", ""), (" .", " 0."),
+                      ("{.", "{0."))
+
+
+def math_string(text: str) -> str:
+    """MemAgent's HotpotQA reward normaliser (verl/utils/reward_score/hotpotqa.py `strip_string`): the
+    replacements of `_MATH_STRING_RULES` in order, then every space removed. No article or
+    punctuation rule: "Paris." and "paris" differ."""
+    for old, new in _MATH_STRING_RULES:
+        text = text.replace(old, new)
+    return text.replace(" ", "")
+
+
+def memagent_rl_reward(reply: str, golds: str | Iterable[str]) -> float:
+    r"""MemAgent's RL reward (hotpotqa.py `compute_score`): the last 300 characters of the final
+    reply, lowercased; its boxed answer (`authors_boxed`); 1.0 if `math_string` of it equals
+    `math_string` of a lowercased gold, else 0.0 (no boxed answer: 0.0). A gold that normalizes
+    to "" never scores (as everywhere here)."""
+    boxed = authors_boxed(reply[-300:].lower())
+    if boxed is None:
+        return 0.0
+    answer = math_string(boxed)
+    raw = [golds] if isinstance(golds, str) else [str(g) for g in golds]
+    return float(any(normalize_answer(g) and answer == math_string(g.lower()) for g in raw))
