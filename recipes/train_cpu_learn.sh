@@ -9,7 +9,7 @@
 #   recipes/train_cpu_learn.sh --smoke                 # the same pipeline at 2 steps (CI); learning not judged
 #   LEARN_DIR=/tmp/learn recipes/train_cpu_learn.sh trainer.total_training_steps=60   # extra args: trainer overrides
 #
-# The subagents are the loopback worker's world readers (tests/support/world_reader.py) standing in
+# The subagents are the loopback worker's world readers (parser/serving/world_reader.py) standing in
 # for SGLang subagents: they hold the synthetic world's facts and answer from their chunk only.
 # Every stage is seeded (parser.seed); data, the warm-started lead (asset cache) and finished
 # eval rows are reused when the script runs again, the trainer resumes from its last checkpoint.
@@ -49,7 +49,7 @@ stage() {  # stage NAME COMMAND...: run it, log its wall time and the load avera
 }
 
 # ---- readers ----------------------------------------------------------------------------------
-"$PYTHON" -m support.loopback --port "$SUBAGENT_PORT" --reader world --no-records \
+"$PYTHON" -m parser.serving.loopback --port "$SUBAGENT_PORT" --reader world --no-records \
     > "$LEARN_DIR/readers.log" 2>&1 &
 READERS_PID=$!
 trap 'kill -TERM "$READERS_PID" 2>/dev/null || true; wait "$READERS_PID" 2>/dev/null || true' EXIT

@@ -6,7 +6,7 @@
 #   recipes/train_cpu_smoke.sh trainer.total_training_steps=3    # again: resumes at step 2, runs step 3
 #   SMOKE_DIR=/tmp/smoke recipes/train_cpu_smoke.sh              # where lead, data, checkpoints go
 #
-# Steps: start a loopback subagent worker (tests/support/loopback.py, answers with a finding
+# Steps: start a loopback subagent worker (parser/serving/loopback.py, answers with a finding
 # where the needle is), build the tiny lead and the verl parquet once (tests/support/verl_smoke.py),
 # then `python -m parser.train --config-name train/cpu_smoke`. Stops the worker on exit.
 set -euo pipefail
@@ -22,7 +22,7 @@ export HYDRA_FULL_ERROR=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 mkdir -p "$SMOKE_DIR"
-"$PYTHON" -m support.loopback --port "$SUBAGENT_PORT" --needle "directed by Miro Tal" \
+"$PYTHON" -m parser.serving.loopback --port "$SUBAGENT_PORT" --needle "directed by Miro Tal" \
     > "$SMOKE_DIR/subagents.log" 2>&1 &
 SUBAGENT_PID=$!
 trap 'kill -TERM "$SUBAGENT_PID" 2>/dev/null || true; wait "$SUBAGENT_PID" 2>/dev/null || true' EXIT

@@ -3,7 +3,7 @@
 One scatter round sends the same query to every chunk of an 896K-token document at once:
 T = 220 requests at chunk size 4096 (inference) and T = 1750 at chunk size 512 (training),
 the paper's inference and training chunk sizes.
-The workers are zero-compute loopback processes (`tests/support/loopback.py`), so what is
+The workers are zero-compute loopback processes (`parser/serving/loopback.py`), so what is
 measured is the client: requests/s of `HttpBackend` and of the least code that can do the
 same with aiohttp (same bytes on the wire, routing headers included), in the same run, their
 ratio (target >= 0.8), and the client's CPU time per round (`time.process_time`); on a busy
@@ -37,7 +37,7 @@ from parser.serving.backends.http import HttpBackend
 from parser.text.chat_format import CHATML
 
 CHARS_PER_TOKEN = 4
-# the loopback worker is test code (tests/support/loopback.py): this checkout's tests/ on its path
+# the loopback worker is test code (parser/serving/loopback.py): this checkout's tests/ on its path
 LOOPBACK_PATH = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1] / "tests"), os.environ.get("PYTHONPATH")) if p)
 QUERY = "Which city did the author of the report move to after the flood?"
 SAMPLING = SamplingParams(max_new_tokens=512, temperature=0.7)
@@ -55,7 +55,7 @@ def start_workers(n: int) -> tuple[list[subprocess.Popen], list[str]]:
     for i in range(n):
         port = free_port()
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "support.loopback", "--port", str(port),
+            [sys.executable, "-m", "parser.serving.loopback", "--port", str(port),
              "--worker-id", f"w{i}", "--no-records"],
             env={**os.environ, "PYTHONPATH": LOOPBACK_PATH}, stdout=subprocess.DEVNULL))
         urls.append(f"http://127.0.0.1:{port}")

@@ -1,7 +1,7 @@
 """What happens to ParSer's scatter rounds when one subagent worker fails? The fault table.
 
 For every fault and every setup it starts three loopback workers (one process each,
-`tests/support/loopback.py`) and, for a router setup, the real router binary with the shipped
+`parser/serving/loopback.py`) and, for a router setup, the real router binary with the shipped
 settings (`configs/serve/router/<kind>.yaml`; its request timeout scaled with the client's
 deadline, keeping the shipped 240 s : 300 s ratio), then sends back-to-back scatter rounds through
 the episode engine's own request path (`parser.engine.tools.QueryAgents`: per-attempt deadline
@@ -76,7 +76,7 @@ from parser.engine.tools import QueryAgents, ReaderReply
 FAULTS = ("kill", "freeze", "hang", "garbage", "flap")
 SETUPS = ("smg", "sglang_router", "pool")
 FAULTY = 1  # worker1 fails
-# the loopback worker is test code (tests/support/loopback.py): this checkout's tests/ on its path
+# the loopback worker is test code (parser/serving/loopback.py): this checkout's tests/ on its path
 LOOPBACK_PATH = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1] / "tests"), os.environ.get("PYTHONPATH")) if p)
 # the router asks a hub for the workers' model ("loopback"): a closed local port answers instead
 NO_HUB = {"HF_ENDPOINT": "http://127.0.0.1:9"}
@@ -269,7 +269,7 @@ async def _drive(backend: RecordingBackend, args: argparse.Namespace, fault: str
 
 def run_one(fault: str, setup: str, args: argparse.Namespace, log_root: Path) -> Row:
     group = ProcessGroup(log_root / f"{fault}-{setup}")
-    workers = worker_launches({"kind": "module", "module": "support.loopback", "num": 3, "env": {"PYTHONPATH": LOOPBACK_PATH},
+    workers = worker_launches({"kind": "module", "module": "parser.serving.loopback", "num": 3, "env": {"PYTHONPATH": LOOPBACK_PATH},
                                "local_args": {"delay_s": args.delay_s}})
     try:
         for w in workers:

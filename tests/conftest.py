@@ -116,7 +116,7 @@ def needle_loopback():
     finding (tests/verl_fakes.py's document and answer)."""
     from verl_fakes import ANSWER, NEEDLE
 
-    from support.loopback import start_loopback
+    from parser.serving.loopback import start_loopback
 
     with start_loopback("subagent-w1", needle=NEEDLE, needle_answer=ANSWER) as handle:
         yield handle

@@ -18,7 +18,7 @@ from aiohttp import web
 from parser.serving.types import ROUTING_HEADER, Backend, BackendError, SamplingParams
 from parser.serving.backends.http import HttpBackend
 from parser.serving.server import ServerHandle, json_response
-from support.loopback import ABSTENTION, prefix_hash, start_loopback
+from parser.serving.loopback import ABSTENTION, prefix_hash, start_loopback
 
 NEEDLE = "The harbour master moved to Tromso in 1911."
 SP = SamplingParams(max_new_tokens=8, temperature=0.0)

@@ -3,7 +3,7 @@ world readers answer exactly what their chunk states.
 
     .venv/bin/pytest tests/test_learn_data_on_cpu.py -q
 
-The readers (`support.world_reader`, served by the loopback worker) stand in for the
+The readers (`parser.serving.world_reader`, served by the loopback worker) stand in for the
 frozen SGLang subagents of a real run; the questions are `data_prep`'s synthetic world.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from parser.records.jsonl import read_records
 from data_prep.recipes import learn_sets
 from data_prep.synthetic_world import ONE_HOP, synthetic_rows
 from parser.text.chunking import render_paragraphs
-from support.world_reader import QUERY_TEMPLATES, RELATIONS, read, reply_to_prompt
+from parser.serving.world_reader import QUERY_TEMPLATES, RELATIONS, read, reply_to_prompt
 
 TYPES = ("compositional", "inference", "bridge", ONE_HOP)
 
@@ -72,7 +72,7 @@ def test_loopback_world_reader_answers_the_rendered_subagent_prompt(world_rows, 
     from parser.serving.backends.http import HttpBackend
     from parser.text.chunking import chunk_document
     from parser.engine.readers.subagent import SubagentReader
-    from support.loopback import start_loopback
+    from parser.serving.loopback import start_loopback
 
     row = next(r for r in world_rows if r["metadata"]["type"] == "inference")
     subject, relation, father = row["metadata"]["evidences"][0]

@@ -18,7 +18,7 @@ from data_prep.recipes import learn_sets  # noqa: E402
 from parser.records.jsonl import read_records  # noqa: E402
 from data_prep.synthetic_world import ONE_HOP  # noqa: E402
 from support import learn_lead  # noqa: E402
-from support.loopback import start_loopback  # noqa: E402
+from parser.serving.loopback import start_loopback  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -708,7 +708,7 @@ def test_verl_worker_trains_released_rows_with_the_release_mask(release_repo, ti
     pytest.importorskip("verl")
     from verl_fakes import CALL, ScriptedServerManager, document, run_verl_worker, save_tiny_model, train_config
 
-    from support.loopback import start_loopback
+    from parser.serving.loopback import start_loopback
     from parser.train.reward import ANSWER_KEY
 
     invalid = ("Let me think.\n</think>\n\nNo tags here.", "stop")

@@ -19,7 +19,7 @@ pytest.importorskip("verl")
 
 from verl_fakes import ANSWER, NEEDLE, SCRIPT, WRONG_SCRIPT, ScriptedServerManager, dataset_row, run_verl_worker, save_tiny_model, train_config  # noqa: E402
 
-from support.loopback import start_loopback  # noqa: E402
+from parser.serving.loopback import start_loopback  # noqa: E402
 
 
 @pytest.fixture(scope="module")

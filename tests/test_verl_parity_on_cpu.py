@@ -31,7 +31,7 @@ from parser.methods import method_class, method_config  # noqa: E402
 from parser.methods.base import Sample  # noqa: E402
 from parser.engine.protocol import protocol_for  # noqa: E402
 from parser.engine.readers.subagent import render_chat  # noqa: E402
-from support.loopback import start_loopback  # noqa: E402
+from parser.serving.loopback import start_loopback  # noqa: E402
 from support.release_standin import write_release_standin  # noqa: E402
 from parser.train.agent_loop import episode_config  # noqa: E402
 from parser.train.reward import ANSWER_KEY  # noqa: E402

@@ -3,7 +3,7 @@ retries land on another worker.
 
     .venv/bin/pytest tests/test_worker_pool_on_cpu.py -q
 
-The workers are `support.loopback` servers (real aiohttp servers on loopback, no model).
+The workers are `parser.serving.loopback` servers (real aiohttp servers on loopback, no model).
 `attempts()` is the episode engine's retry rule (retry a retryable BackendError or a timeout,
 as `parser.engine.tools.QueryAgents._read` does), without its backoff, so the test stays fast.
 """
@@ -14,7 +14,7 @@ import pytest
 from parser.serving.types import BackendError, SamplingParams
 from parser.serving.backends.http import HttpBackend
 from parser.serving.backends.pool import WorkerPool
-from support.loopback import start_loopback
+from parser.serving.loopback import start_loopback
 
 SAMPLING = SamplingParams(max_new_tokens=8, temperature=0.0)
 

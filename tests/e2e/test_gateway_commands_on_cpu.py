@@ -60,7 +60,7 @@ def test_every_router_flag_of_every_serve_config_is_in_the_binarys_help(name, ki
 
 @pytest.mark.parametrize("kind", ROUTER_KINDS)
 def test_a_flag_the_binary_does_not_know_fails_before_anything_starts(kind, tmp_path):
-    cfg = _config("default", [f"router={kind}", "workers.kind=module", "workers.module=support.loopback", "workers.num=1", "workers.base_port=0",
+    cfg = _config("default", [f"router={kind}", "workers.kind=module", "workers.module=parser.serving.loopback", "workers.num=1", "workers.base_port=0",
                               f"log_dir={tmp_path}", "+router.args.routing_key_overide=true"])
     gateway = Gateway.from_config(cfg)
     with pytest.raises(ValueError, match="--routing-key-overide is not a flag"):
@@ -141,7 +141,7 @@ def test_bad_worker_config_is_named():
     with pytest.raises(ValueError, match="workers.model_path"):
         worker_launches({"kind": "sglang", "num": 1})
     with pytest.raises(ValueError, match="workers.ports"):
-        worker_launches({"kind": "module", "module": "support.loopback", "num": 2, "ports": [1]})
+        worker_launches({"kind": "module", "module": "parser.serving.loopback", "num": 2, "ports": [1]})
     with pytest.raises(ValueError, match="workers.module"):
         worker_launches({"kind": "module", "num": 1})
 

@@ -6,7 +6,7 @@
 Runs `recipes/train_cpu_learn.sh --smoke` (2 GRPO steps of verl's real separate_async trainer,
 a 20-step warm start, one eval run on 4 held-out questions). It checks the pipeline, not the
 learning: the full run (`make learn`) is judged by its own `--require-learning` (docs/learning.md).
-The subagents are the loopback world readers (support.world_reader), standing in for SGLang.
+The subagents are the loopback world readers (parser.serving.world_reader), standing in for SGLang.
 """
 from __future__ import annotations
 

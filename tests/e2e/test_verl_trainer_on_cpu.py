@@ -9,7 +9,7 @@ replica, gloo weight sync after every step, ParserAgentLoop with the episode eng
 over HTTP, ParserReplayBuffer, GRPO, checkpointing — twice: 2 steps with a checkpoint per
 step, then again from the checkpoint to step 3, both with InfoMem's reward on (parser.info_gain).
 
-The only stand-in: the subagents are a loopback HTTP worker (support.loopback) that
+The only stand-in: the subagents are a loopback HTTP worker (parser.serving.loopback) that
 answers like a subagent (a finding where the needle is, else an abstention) instead of
 SGLang. The lead is a real tiny Qwen3 (support.verl_smoke) that samples right and wrong
 answers, so rewards are exact match on what it wrote.
@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 pytest.importorskip("verl")
 pytest.importorskip("ray")
 
-from support.loopback import start_loopback  # noqa: E402
+from parser.serving.loopback import start_loopback  # noqa: E402
 from support import verl_smoke as smoke  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ the offline model names, lives in `parser.offline`. Imported as `support`: pytes
 the path (as for `verl_fakes` and `scripted_lead`); a process started outside pytest, from a
 checkout, gets it with `PYTHONPATH=tests` (the CPU recipes export it), e.g.
 
-    PYTHONPATH=tests python -m support.loopback --port 30001 --reader world
+    python -m parser.serving.loopback --port 30001 --reader world
 """
 from __future__ import annotations
 
@@ -27,5 +27,5 @@ def pythonpath() -> str:
 def loopback_workers(num: int, **local_args) -> dict:
     """A serve config's `workers:` block of `num` loopback workers (`parser.serving.gateway`'s `module` kind):
     the tests supply the worker, the gateway only knows how to start a server module."""
-    return {"kind": "module", "module": "support.loopback", "num": num, "local_args": local_args,
+    return {"kind": "module", "module": "parser.serving.loopback", "num": num, "local_args": local_args,
             "env": {"PYTHONPATH": pythonpath()}}

@@ -7,7 +7,7 @@ tiny real Qwen3 taught by a short supervised phase, the way an RL run starts fro
 instruction-tuned checkpoint. What it is taught:
 
 - demonstrations recorded through the real episode engine against the frozen readers over HTTP
-  (`support.world_reader` behind the loopback worker), so every token view is exactly
+  (`parser.serving.world_reader` behind the loopback worker), so every token view is exactly
   what the trainer's rollouts produce;
 - each demonstration asks one query per hop of the question's chain (the hop-2 query is built
   from the hop-1 finding the observation returned), then answers with the last finding;
@@ -25,7 +25,7 @@ episodes' text (prompt, tool calls, observations) and the *training* world's par
 names are a few tokens and the system prompt ~500 instead of ~1,000. Held-out names are made of
 the same syllables and never seen as words.
 
-    PYTHONPATH=tests python -m support.loopback --port 31001 --reader world &
+    python -m parser.serving.loopback --port 31001 --reader world &
     PYTHONPATH=tests python -m support.learn_lead --data runs/learn/data --out runs/learn/lead \
         --gateway-url http://127.0.0.1:31001
     # -> runs/learn/lead/{config.json,model.safetensors,tokenizer files}; recipes/train_cpu_learn.sh runs it
@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from support.world_reader import QUERY_TEMPLATES
+from parser.serving.world_reader import QUERY_TEMPLATES
 
 # The demonstrator's turns (thinking mode: the generation prompt has opened <think>).
 QUERY_TURN = ("I need the {relation}.\n</think>\n\n<tool_call>\n<function=query_agents>\n<parameter=query>\n"
@@ -338,7 +338,7 @@ def build(data: str | Path, out: str | Path, gateway_url: str, overrides: Sequen
     solved = sum(e.reward for e in full) / len(full)
     if solved < 0.99:
         raise RuntimeError(f"only {solved:.0%} of the full-chain demonstrations reached the gold answer: are the "
-                           "subagents the world reader (python -m support.loopback --reader world)?")
+                           "subagents the world reader (python -m parser.serving.loopback --reader world)?")
     copies, copy_weights = answer_turn_copies(episodes, hops, float(cfg["answer_turn"]))
     episodes, weights = episodes + copies, list(weights) + copy_weights
     train = {k: cfg[k] for k in ("model", "steps", "batch_size", "lr", "seed", "copy_steps", "copy_batch_size")}

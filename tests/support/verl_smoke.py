@@ -9,7 +9,7 @@ episodes it learns from are recorded through the real episode engine and the sub
 HTTP, so their token views are exactly what the trainer's rollout will produce. Sampling at
 temperature 1 then gives groups with real exact-match variance; no reward is scripted.
 
-    PYTHONPATH=tests python -m support.loopback --port 31001 --needle "directed by Miro Tal" &
+    python -m parser.serving.loopback --port 31001 --needle "directed by Miro Tal" &
     PYTHONPATH=tests python -m support.verl_smoke --out runs/cpu_smoke --gateway-url http://127.0.0.1:31001
     # -> runs/cpu_smoke/{lead,data/train.parquet,data/val.parquet}; recipes/train_cpu_smoke.sh does both
 

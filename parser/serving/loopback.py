@@ -8,7 +8,7 @@ of the prompt's reusable prefix (what a RadixCache would share: everything befor
 "Query:", per the subagent prompt's instructions -> chunk -> query order) and this worker's
 id. It answers with the subagent's abstention, or with a finding when the prompt contains
 `needle`, or (`reader="world"`) as a reader of the synthetic world's prose would
-(`support.world_reader`: the frozen subagents of the CPU learning run).
+(`parser.serving.world_reader`: the frozen subagents of the CPU learning run).
 
 Faults, for retry tests and the router fault table (`scripts/gateway_faults.py`): a delay;
 failing the first N or every K-th request with an HTTP status, by dropping the connection
@@ -20,9 +20,9 @@ where down answers 503 on every path, /health included, as a restarting server d
 running worker takes new fault knobs from `POST /fault` (the harness injects a fault
 mid-run); a frozen or killed process is the harness's business (SIGSTOP / SIGKILL).
 
-    PYTHONPATH=tests python -m support.loopback --port 31001 --worker-id w1
-    PYTHONPATH=tests python -m support.loopback --port 31002 --worker-id w2 --fail-every 10 --fail-mode drop
-    PYTHONPATH=tests python -m support.loopback --port 31003 --reader world      # reads synthetic-world chunks
+    python -m parser.serving.loopback --port 31001 --worker-id w1
+    python -m parser.serving.loopback --port 31002 --worker-id w2 --fail-every 10 --fail-mode drop
+    python -m parser.serving.loopback --port 31003 --reader world      # reads synthetic-world chunks
     curl -X POST 127.0.0.1:31001/fault -d '{"fail_every": 1, "fail_mode": "garbage"}'
 
 In-process: `with start_loopback("w1") as h: h.url; h.worker.records`.
@@ -174,7 +174,7 @@ class LoopbackWorker:
 
     def reply_text(self, prompt: Any) -> str:
         if self.reader == "world":
-            from support.world_reader import reply_to_prompt
+            from parser.serving.world_reader import reply_to_prompt
 
             return reply_to_prompt(prompt)
         text = prompt if isinstance(prompt, str) else (
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--flap-period-s", type=float, default=0.0, help="down (503 everywhere) / up for this long in turn")
     ap.add_argument("--needle", default=None, help="answer with a finding when this is in the prompt")
     ap.add_argument("--reader", choices=["world"], default=None,
-                    help="answer as a reader of the synthetic world's prose (support.world_reader)")
+                    help="answer as a reader of the synthetic world's prose (parser.serving.world_reader)")
     ap.add_argument("--no-records", action="store_true", help="keep no per-request records")
     args = ap.parse_args(argv)
     worker = LoopbackWorker(args.worker_id or f"loopback:{args.port}", delay_s=args.delay_s,
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
                             fail_mode=args.fail_mode, hang_s=args.hang_s,
                             flap_period_s=args.flap_period_s, needle=args.needle, reader=args.reader,
                             keep_records=not args.no_records)
-    print(f"support.loopback: {worker.worker_id} on http://{args.host}:{args.port}",
+    print(f"parser.serving.loopback: {worker.worker_id} on http://{args.host}:{args.port}",
           flush=True)
     web.run_app(worker.app(), host=args.host, port=args.port, backlog=BACKLOG,
                 access_log=None, print=None, shutdown_timeout=5.0)
