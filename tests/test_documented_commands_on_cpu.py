@@ -23,8 +23,15 @@ from pathlib import Path
 
 import pytest
 
+from parser.cli import COMMANDS as CLI_COMMANDS
+from parser.cli import main as cli_main
+from parser.cli import resolve
+
 ROOT = Path(__file__).resolve().parent.parent
 _COMMAND = re.compile(r"(?:\.venv/bin/)?python3? +(-m +[\w.]+|scripts/\w+\.py)([^`\n]*)")
+# `parser <command> ...` and `python -m parser <command> ...`: the command table's rows (parser.cli)
+_CLI = re.compile(r"(?:(?:\.venv/bin/)?python3? +-m +parser +|(?<![\w./\[-])(?:\.venv/bin/)?parser +)(?=(?:%s)\b)([^`\n]*)"
+                  % "|".join(sorted({name.split()[0] for name in CLI_COMMANDS}, key=len, reverse=True)))
 # Entry points that are Hydra apps (`--cfg job` composes and stops); every other entry point of
 # the project parses its arguments with argparse. A new entry point must be listed in one of the two.
 HYDRA = {"eval.run", "eval.ruler", "eval.order_study", "data_prep.build", "data_prep.ruler", "parser.demo", "parser.train",
@@ -63,6 +70,10 @@ def documented_commands() -> list[tuple[str, str, list[str]]]:
     """(where, entry point, arguments) for each documented command of this project."""
     found = []
     for where, text in _doc_lines():
+        for match in _CLI.finditer(text):
+            words = shlex.split(re.split(r"\s#|\s\|\s|\s>\s|\s&&\s", match.group(1), maxsplit=1)[0])
+            name = resolve(words)[0] if words else ""
+            found.append((where, f"parser {name}", words[len(name.split()):]))  # the words as typed
         for match in _COMMAND.finditer(text):
             target = match.group(1).removeprefix("-m").strip()
             if not target.startswith(OURS):
@@ -76,7 +87,22 @@ class _Parsed(Exception):
     """Raised once an argparse entry point has parsed its arguments: the command is valid."""
 
 
+def _kind(target: str, args: list[str]) -> str:
+    """The entry point a command runs: a `parser <command>` row's module, or the module/script."""
+    if target.startswith("parser "):
+        module = CLI_COMMANDS[target.removeprefix("parser ")][0].split(":")[0]
+        return "parser.plan" if module == "parser.plan.__main__" else f"{module} report" if target == "parser ruler report" else module
+    return f"{target} report" if target == "eval.ruler" and args[:1] == ["report"] else target
+
+
 def _run(target: str, args: list[str]) -> None:
+    if target.startswith("parser "):
+        old_argv = sys.argv
+        try:
+            cli_main([*target.split()[1:], *args])
+        finally:
+            sys.argv = old_argv
+        return
     argv0 = target if target.startswith("scripts/") else target.replace(".", "/") + ".py"
     old_argv = sys.argv
     sys.argv = [argv0, *args]
@@ -112,7 +138,7 @@ def test_the_docs_document_commands():
 def test_documented_command_composes(where, target, args, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # nothing a command writes lands in the checkout
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    kind = f"{target} report" if target == "eval.ruler" and args[:1] == ["report"] else target
+    kind = _kind(target, args)
     assert kind in HYDRA | ARGPARSE, f"{where}: {target} is not a known entry point; add it to HYDRA or ARGPARSE"
     out = io.StringIO()
     if kind in HYDRA:
