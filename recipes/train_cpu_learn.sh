@@ -16,7 +16,7 @@
 # Each stage's wall time and the load average go to $LEARN_DIR/timings.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# the readers and the warm start are test code (tests/support/, never shipped): run from a checkout
+# the warm start is test code (tests/support/, never shipped): run from a checkout
 export PYTHONPATH="$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 
 SMOKE=0

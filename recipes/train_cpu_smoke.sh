@@ -11,7 +11,7 @@
 # then `python -m parser.train --config-name train/cpu_smoke`. Stops the worker on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# the loopback worker and the tiny lead are test code (tests/support/, never shipped): run from a checkout
+# the tiny lead is test code (tests/support/, never shipped): run from a checkout
 export PYTHONPATH="$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 
 SMOKE_DIR=${SMOKE_DIR:-runs/cpu_smoke}

@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import aiohttp
 import orjson
@@ -37,8 +36,6 @@ from parser.serving.backends.http import HttpBackend
 from parser.text.chat_format import CHATML
 
 CHARS_PER_TOKEN = 4
-# the loopback worker is test code (parser/serving/loopback.py): this checkout's tests/ on its path
-LOOPBACK_PATH = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1] / "tests"), os.environ.get("PYTHONPATH")) if p)
 QUERY = "Which city did the author of the report move to after the flood?"
 SAMPLING = SamplingParams(max_new_tokens=512, temperature=0.7)
 
@@ -56,8 +53,7 @@ def start_workers(n: int) -> tuple[list[subprocess.Popen], list[str]]:
         port = free_port()
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "parser.serving.loopback", "--port", str(port),
-             "--worker-id", f"w{i}", "--no-records"],
-            env={**os.environ, "PYTHONPATH": LOOPBACK_PATH}, stdout=subprocess.DEVNULL))
+             "--worker-id", f"w{i}", "--no-records"], stdout=subprocess.DEVNULL))
         urls.append(f"http://127.0.0.1:{port}")
     return procs, urls
 

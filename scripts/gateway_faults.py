@@ -76,8 +76,6 @@ from parser.engine.tools import QueryAgents, ReaderReply
 FAULTS = ("kill", "freeze", "hang", "garbage", "flap")
 SETUPS = ("smg", "sglang_router", "pool")
 FAULTY = 1  # worker1 fails
-# the loopback worker is test code (parser/serving/loopback.py): this checkout's tests/ on its path
-LOOPBACK_PATH = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1] / "tests"), os.environ.get("PYTHONPATH")) if p)
 # the router asks a hub for the workers' model ("loopback"): a closed local port answers instead
 NO_HUB = {"HF_ENDPOINT": "http://127.0.0.1:9"}
 
@@ -269,7 +267,7 @@ async def _drive(backend: RecordingBackend, args: argparse.Namespace, fault: str
 
 def run_one(fault: str, setup: str, args: argparse.Namespace, log_root: Path) -> Row:
     group = ProcessGroup(log_root / f"{fault}-{setup}")
-    workers = worker_launches({"kind": "module", "module": "parser.serving.loopback", "num": 3, "env": {"PYTHONPATH": LOOPBACK_PATH},
+    workers = worker_launches({"kind": "module", "module": "parser.serving.loopback", "num": 3,
                                "local_args": {"delay_s": args.delay_s}})
     try:
         for w in workers:

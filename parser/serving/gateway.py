@@ -4,7 +4,7 @@ Why it exists: ParSer re-reads every chunk every round, which is cheap only when
 instructions+chunk prefix stays in one worker's KV cache and the router keeps sending that
 chunk there. This module turns a config (`configs/serve/*.yaml`) into the exact command lines
 for the workers (SGLang servers on GPUs; `parser.serving.server`, or any module that serves the same
-way, on CPU: the tests' loopback worker is `workers.module=parser.serving.loopback`) and for
+way, on CPU: the zero-compute loopback worker is `workers.module=parser.serving.loopback`) and for
 the router, starts them as child processes, waits until each answers, and stops exactly the
 processes it started (by their own PIDs / process groups — never by name).
 `scripts/serve_subagents.py` and the gateway tests are thin users.
@@ -129,8 +129,8 @@ def worker_launches(workers: Mapping[str, Any], python: str = sys.executable) ->
     set per worker, tensor parallel over them); `args` are SGLang server flags. Set `num: 1` and
     `args.dp_size: 8` to let one SGLang process own all GPUs instead (the router sees one worker).
     parser_serve: the project's CPU server; module: `python -m <workers.module>`, any server that
-    takes `--host --port --worker-id` as `parser.serving.server` does (the tests' zero-compute loopback
-    worker, `parser/serving/loopback.py`, from a checkout's tests/). One per `num`, with `local_args` as
+    takes `--host --port --worker-id` as `parser.serving.server` does (the zero-compute loopback
+    worker, `parser.serving.loopback`). One per `num`, with `local_args` as
     their flags (`args` are SGLang's and are not passed to them).
     """
     kind = _get(workers, "kind", "sglang")
