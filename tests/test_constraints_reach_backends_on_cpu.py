@@ -229,7 +229,7 @@ def _retrying(inner):
 
 
 def _recording_lead(inner):
-    from parser.train.memagent_loop import RecordingLead
+    from parser.methods.memagent.train import RecordingLead
     from parser.offline import byte_bpe_tokenizer
 
     return RecordingLead(inner, byte_bpe_tokenizer())
@@ -257,7 +257,7 @@ ROWS: dict[str, Callable[..., None]] = {
     "parser/plan/validate.py:ScriptedLead": refuses_scripted_lead,
     "parser/serving/backends/pool.py:WorkerPool": delegates(_pool),
     "parser/serving/retry.py:RetryingBackend": delegates(_retrying),
-    "parser/train/memagent_loop.py:RecordingLead": delegates(_recording_lead),
+    "parser/methods/memagent/train.py:RecordingLead": delegates(_recording_lead),
     "scripts/gateway_faults.py:RecordingBackend": delegates(_gateway_faults_recorder),
 }
 

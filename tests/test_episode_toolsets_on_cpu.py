@@ -97,7 +97,7 @@ def test_turn_rules_belong_to_the_tool_sets_not_to_verls_episode():
     """Training runs ParSer's query_agents, whose rules are Algorithm 1's: a baseline's turn rule in
     `parser.episode` is an unknown key, and a typo in a tool set's rules is refused by name."""
     pytest.importorskip("verl")
-    from parser.train.agent_loop import episode_config
+    from parser.train.worker import episode_config
 
     for option in ({"continue_cut_turns": True}, {"compact_after_chars": 1000}, {"finalize_turn": True}):
         with pytest.raises(ValueError, match=f"unknown key.*{next(iter(option))}"):

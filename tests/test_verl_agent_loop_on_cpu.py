@@ -255,7 +255,7 @@ def test_v1_path_output_and_replay_buffer_metrics(needle_loopback, model_dir, ti
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from parser.train.agent_loop import close_worker_state
+    from parser.train.worker import close_worker_state
     from parser.train.sampler import ParserReplayBuffer, metrics_from_extra_fields
 
     config = train_config(needle_loopback.url, model_dir)

@@ -22,7 +22,7 @@ from hydra.errors import ConfigCompositionException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from parser.base.config import EpisodeConfig  # noqa: E402
-from parser.train.agent_loop import episode_config  # noqa: E402
+from parser.train.worker import episode_config  # noqa: E402
 from parser.train.config_checks import TrainConfigError, check_train_config  # noqa: E402
 from parser.train.train import CONFIG_DIR, prepare  # noqa: E402
 

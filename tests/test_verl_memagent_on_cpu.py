@@ -1,4 +1,4 @@
-"""MemAgent as a verl agent loop (parser.train.memagent_loop): one output per memory-agent call,
+"""MemAgent as a verl agent loop (parser.methods.memagent.train): one output per memory-agent call,
 the final reward shared, GRPO by verl's own multi-output advantage, InfoMem on the final memory.
 
     .venv/bin/pytest tests/test_verl_memagent_on_cpu.py -q

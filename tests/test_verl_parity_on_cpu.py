@@ -4,7 +4,7 @@
 
 Same scripted lead outputs, same loopback HTTP subagents, same episode settings (the shipped
 training config's `parser.episode`). Eval goes through `parser.methods.parser.ParSerMethod`;
-training through verl's AgentLoopWorker and `parser.train.agent_loop.ParserAgentLoop`. The lead
+training through verl's AgentLoopWorker and `parser.methods.parser.train.ParserAgentLoop`. The lead
 must see the same token stream every turn, the trained mask must be the eval lead's generated
 spans, and both must end with the same answer.
 
@@ -33,7 +33,7 @@ from parser.engine.protocol import protocol_for  # noqa: E402
 from parser.engine.readers.subagent import render_chat  # noqa: E402
 from parser.serving.loopback import start_loopback  # noqa: E402
 from support.release_standin import write_release_standin  # noqa: E402
-from parser.train.agent_loop import episode_config  # noqa: E402
+from parser.train.worker import episode_config  # noqa: E402
 from parser.train.reward import ANSWER_KEY  # noqa: E402
 from scripted_lead import ScriptedLead  # noqa: E402
 

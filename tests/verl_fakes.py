@@ -187,7 +187,7 @@ def run_verl_worker(config: Any, server_manager: Any, rows: list[dict[str, Any]]
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
     from verl.protocol import DataProto
 
-    from parser.train.agent_loop import close_worker_state
+    from parser.train.worker import close_worker_state
 
     worker = AgentLoopWorker(config, server_manager)
     non_tensors = {k: np.array([r[k] for r in rows], dtype=object) for k in rows[0]}

@@ -12,7 +12,7 @@ MemAgent/ReMemR1); their skipping of empty outputs is not reproduced (docs/fidel
 Use it only to compare with published numbers; the default scores any empty prediction 0.
 
 `memagent_rl_reward` is MemAgent's RL reward (boxed answer, math-string equality), which the
-memory-agent training loop uses by default (`parser.train.memagent_loop`).
+memory-agent training loop uses by default (`parser.methods.memagent.train`).
 
 `release_normalize` / `release_exact_match` are the authors' *training* reward (release
 train/scripts/reward.py; `parser.engine.protocol.ReleaseProtocol` trains with it): articles are replaced

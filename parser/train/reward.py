@@ -76,7 +76,7 @@ def compute_score(
         raise KeyError(
             f"parser.train.reward.compute_score: extra_info has no {ANSWER_KEY!r} (data_source={data_source!r}). "
             "The response text includes observation tokens, so it cannot be scored; run the rollout with "
-            "agent_name=parser_agent (parser.train.agent_loop.ParserAgentLoop), which records the answer."
+            "agent_name=parser_agent (parser.methods.parser.train.ParserAgentLoop), which records the answer."
         )
     key = extra_info.get(PROTOCOL_KEY)
     protocol = protocol_for(EpisodeConfig(protocol=key) if key else EpisodeConfig())

@@ -139,7 +139,7 @@ def test_lead_constraint_regex_on_the_server_and_in_process_agree(server, tiny_q
 
 def test_verl_refuses_the_lead_constraint_but_not_the_subagent_one():
     pytest.importorskip("verl")
-    from parser.train.agent_loop import episode_config
+    from parser.train.worker import episode_config
 
     assert episode_config({"constrain_subagents": True}, 512).constraints() == ["subagents: json_schema"]
     with pytest.raises(ValueError, match="constrain_lead"):

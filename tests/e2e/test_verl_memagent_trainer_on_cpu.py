@@ -3,7 +3,7 @@
     .venv/bin/pytest tests/e2e/test_verl_memagent_trainer_on_cpu.py -q
 
 What runs: `python -m parser.train --config-name train/memagent_cpu` — the composition of
-train/memagent_4b (parser/train/memagent_loop.py: one verl output per memory-agent call, the
+train/memagent_4b (parser/methods/memagent/train.py: one verl output per memory-agent call, the
 final reward shared) on the CPU engine, for 2 GRPO steps, with InfoMem's reward on (the policy,
 i.e. the CPU rollout server, scores each successful read's final memory). No stand-in at all:
 the lead is a tiny real Qwen3 taught by support.memagent_smoke to write the memory and

@@ -123,11 +123,11 @@ async def record(rows: Sequence[dict[str, Any]], settings: dict[str, Any], token
                  hops_of: Sequence[int | None]) -> list[Episode]:
     """Run one demonstration per row through the real episode engine (readers over HTTP)."""
     from parser.engine.episode import EpisodeEngine
-    from parser.train.agent_loop import _WorkerState, close_worker_state
+    from parser.train.worker import WorkerState, close_worker_state
     from parser.train.reward import score_answer
     from parser.train.server_manager import ServerManagerBackend
 
-    state = _WorkerState(settings, response_length)
+    state = WorkerState(settings, response_length)
     plans = {f"demo-{i}": Plan.from_row(row, hops) for i, (row, hops) in enumerate(zip(rows, hops_of, strict=True))}
     lead = ServerManagerBackend(Demonstrator(tokenizer, plans), {"temperature": 1.0},
                                 stop_token_ids=state.protocol.chat.stop_token_ids(tokenizer))

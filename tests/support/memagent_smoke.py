@@ -1,6 +1,6 @@
 """The CPU memory-agent run's lead and data: a tiny MemAgent whose sampled answers are sometimes right.
 
-Why it exists: to show that verl's trainer trains a memory agent (parser.train.memagent_loop,
+Why it exists: to show that verl's trainer trains a memory agent (parser.methods.memagent.train,
 train/memagent_cpu) the policy must write memory updates and a `\\boxed{}` answer that is right in
 some trajectories of a group and wrong in others; a random-weight model writes neither. So, as
 `support.verl_smoke` does for the ParSer lead, a tiny real Qwen3 is taught in a few
@@ -56,17 +56,18 @@ async def record_conversations(method_settings: dict[str, Any], tokenizer: Any) 
     """(token ids, loss mask) of every conversation of a right and a wrong read."""
     from parser.serving.backends.models import Models
     from parser.text.chat_format import CHATML
+    from parser.methods import build_method
     from parser.methods.base import Sample
-    from parser.train.memagent_loop import MEMORY_METHODS, RecordingLead, method_settings as split_settings
+    from parser.methods.memagent.train import RecordingLead, method_settings as split_settings
     from parser.train.server_manager import ServerManagerBackend
 
-    name, kwargs, _ = split_settings(method_settings)
+    config, _ = split_settings(method_settings)
     sequences = []
     for answer in (ANSWER, WRONG):
         server = ServerManagerBackend(_ScriptedMemory(tokenizer, answer), {"temperature": 1.0},
                                       stop_token_ids=CHATML.stop_token_ids(tokenizer))
         lead = RecordingLead(server, tokenizer)
-        method = MEMORY_METHODS[name](models=Models(lead=lead, lead_tokenizer=tokenizer), **kwargs)
+        method = build_method(config, Models(lead=lead, lead_tokenizer=tokenizer))
         result = await method.run(Sample(id=f"record-{answer}", question=QUESTION, answers=[ANSWER], context=document()))
         if result.answer != answer or FACT not in result.record.get("final_memory", ""):
             raise RuntimeError(f"recording the memory-agent read failed: answer {result.answer!r}, memory "

@@ -79,10 +79,10 @@ class _ScriptedLead:
 async def record_episodes(settings: dict[str, Any], tokenizer: Any, response_length: int) -> list[tuple[list[int], list[int]]]:
     """(token ids, loss mask) of the right and the wrong episode, run by the real episode engine."""
     from parser.engine.episode import EpisodeEngine
-    from parser.train.agent_loop import _WorkerState, close_worker_state
+    from parser.train.worker import WorkerState, close_worker_state
     from parser.train.server_manager import ServerManagerBackend
 
-    state = _WorkerState(settings, response_length)
+    state = WorkerState(settings, response_length)
     chunks = state.protocol.chunk(document(), state.subagent_tokenizer)
     sequences = []
     try:

@@ -10,8 +10,10 @@ of `AgentLoopOutput`s; `AgentLoopWorkerTQ._agent_loop_postprocess` stores each u
 broadcasts its advantage to every output of the session. (verl's older `AgentLoopWorker`,
 the non-TransferQueue path, takes one output per run; this loop needs `trainer.use_v1`.)
 
-The memory agent is the eval baseline itself (`parser.methods.memagent` or `parser.methods.rememr1`,
-named by `parser.memagent.method`), never a copy: its lead backend is `RecordingLead`, which turns each rendered prompt into token ids,
+The memory agent is the eval baseline itself, never a copy, built as eval builds it
+(`build_method(method_config(parser.memagent.method, **parser.memagent))`): MemAgent, or a method
+that trains through this loop (ReMemR1, `configs/method/rememr1.yaml`), whose class is MemAgent's
+or a subclass of it. Its lead backend is `RecordingLead`, which turns each rendered prompt into token ids,
 generates through verl's rollout servers (`parser.train.server_manager`), and keeps every
 conversation's exact token stream — prompt ids as sent, the generated ids with their rollout
 log-probs — from which the outputs are built (mask 1 on every generated token: a memory agent's
@@ -27,7 +29,7 @@ and the replay buffer composes the group (`parser.train.infomem.group`).
 Registration (configs/train/agent_loop.yaml) and settings (the trainer config's `parser:` block):
 
     - name: memagent_agent
-      _target_: parser.train.memagent_loop.MemAgentAgentLoop
+      _target_: parser.methods.memagent.train.MemAgentAgentLoop
 
     parser.memagent: {method: memagent, reward: memagent, answer_mode: boxed, chunk_size: 5000, ...}
     # dataset rows with agent_name = memagent_agent (data_prep.verl_parquet.write_rl_parquet(agent_name=...))
@@ -43,24 +45,22 @@ from uuid import uuid4
 from omegaconf import DictConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
-from parser.serving.types import Completion, Prompt, SamplingParams
-from parser.serving.backends.models import Models
-from parser.text.chat_format import CHATML
 from parser.base.config import EpisodeConfig
-from parser.train.infomem.gain import SUCCESS, GainRecord, GainScorer, InfoGainConfig, matched_gold
-from parser.methods.base import Sample
-from parser.methods.memagent import NO_MEMORY, MemAgentMethod
-from parser.methods.rememr1 import ReMemR1Method
 from parser.engine.protocol import protocol_for
-from parser.serving.retry import RETRY_KEYS, RetryingBackend, RetryPolicy
-from parser.text.reward import memagent_rl_reward
-from parser.train.reward import ANSWER_KEY, PROTOCOL_KEY, gold_answers, score_answer
+from parser.methods import build_method, method_class, method_config
+from parser.methods.base import Sample
+from parser.methods.memagent.method import NO_MEMORY, MemAgentMethod
 from parser.records.rl_rows import episode_inputs
+from parser.serving.backends.models import Models
+from parser.serving.retry import RETRY_KEYS, RetryingBackend, RetryPolicy
+from parser.serving.types import Completion, Prompt, SamplingParams
+from parser.text.chat_format import CHATML
+from parser.text.reward import memagent_rl_reward
+from parser.train.infomem.gain import SUCCESS, GainRecord, GainScorer, InfoGainConfig, matched_gold
+from parser.train.reward import ANSWER_KEY, PROTOCOL_KEY, gold_answers, score_answer
 from parser.train.server_manager import ServerManagerBackend
 
 AGENT_NAME = "memagent_agent"  # configs/train/agent_loop.yaml `name`; the dataset's agent_name
-# the memory agents this loop trains, by `parser.memagent.method` (their configs/method/<name>.yaml `name`)
-MEMORY_METHODS = {"memagent": MemAgentMethod, "rememr1": ReMemR1Method}
 REWARD_RULES = ("memagent", "exact_match")  # parser.memagent.reward
 
 
@@ -95,13 +95,12 @@ class RecordingLead:
         """Nothing to close: verl owns the rollout client."""
 
 
-def method_settings(settings: Mapping[str, Any] | None) -> tuple[str, dict[str, Any], str]:
-    """`parser.memagent` -> (method name, its constructor kwargs, reward rule). Sampling is verl's
-    (rollout.*); the final prompt is MemAgent's training one (`answer_mode: boxed`) unless set."""
+def method_settings(settings: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """`parser.memagent` -> (the memory agent's method config, reward rule). The config is eval's
+    (`configs/method/<method>.yaml`) with these keys on top; sampling is verl's (rollout.*); the
+    final prompt is MemAgent's training one (`answer_mode: boxed`) unless set."""
     settings = dict(settings or {})
     name = settings.pop("method", "memagent")
-    if name not in MEMORY_METHODS:
-        raise ValueError(f"parser.memagent.method={name!r}; expected one of {tuple(MEMORY_METHODS)}")
     reward = settings.pop("reward", "memagent")
     if reward not in REWARD_RULES:
         raise ValueError(f"parser.memagent.reward={reward!r}; expected one of {REWARD_RULES}")
@@ -110,7 +109,22 @@ def method_settings(settings: Mapping[str, Any] | None) -> tuple[str, dict[str, 
         if key in settings:
             raise ValueError(f"parser.memagent.{key}: training samples with actor_rollout_ref.rollout.{key}; remove it")
     settings.pop("label", None)
-    return name, settings, reward
+    config = method_config(name, **settings)
+    if not issubclass(method_class(config["_target_"]), MemAgentMethod):
+        raise ValueError(f"parser.memagent.method={name!r} ({config['_target_']}) is not a memory agent: this loop "
+                         "trains MemAgent and the methods built on it (MemAgentMethod subclasses)")
+    return config, reward
+
+
+_METHOD_SETTINGS: dict[str, tuple[dict[str, Any], str]] = {}
+
+
+def _method_settings_once(settings: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """`method_settings`, composed once per process: verl builds a new loop for every trajectory."""
+    key = repr(sorted(settings.items()))
+    if key not in _METHOD_SETTINGS:
+        _METHOD_SETTINGS[key] = method_settings(settings)
+    return _METHOD_SETTINGS[key]
 
 
 class MemAgentAgentLoop(AgentLoopBase):
@@ -120,14 +134,14 @@ class MemAgentAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         settings = self.config.get("parser") or {}
         settings = OmegaConf.to_container(settings, resolve=True) if isinstance(settings, DictConfig) else dict(settings)
-        self.method_name, self.method_kwargs, self.reward_rule = method_settings(settings.get("memagent"))
         self.info_gain = InfoGainConfig.from_settings(settings.get("info_gain"))
         if self.info_gain.enable and self.info_gain.scorer != "policy":
             raise ValueError("parser.info_gain.scorer: a memory agent has no subagent model; score with the policy")
         episode = settings.get("episode") or {}
         retry = {key: episode[key] for key in RETRY_KEYS if key in episode}  # parser.episode's, as for the lead
         self.retry = RetryPolicy.from_section(retry)
-        self.method_kwargs.setdefault("retry", retry)
+        # the method's retries too, unless parser.memagent.retry sets its own
+        self.method_config, self.reward_rule = _method_settings_once({"retry": retry, **(settings.get("memagent") or {})})
         self.response_length = int(self.rollout_config.response_length)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.protocol = protocol_for(EpisodeConfig())  # this project's EM, for reward: exact_match
@@ -143,7 +157,7 @@ class MemAgentAgentLoop(AgentLoopBase):
         golds = gold_answers(inputs.answers)
         server = ServerManagerBackend(self.server_manager, sampling_params, stop_token_ids=CHATML.stop_token_ids(self.tokenizer))
         lead = RecordingLead(server, self.tokenizer)
-        method = MEMORY_METHODS[self.method_name](models=Models(lead=lead, lead_tokenizer=self.tokenizer), **self.method_kwargs)
+        method = build_method(self.method_config, Models(lead=lead, lead_tokenizer=self.tokenizer))
         request_id = uuid4().hex
         started = asyncio.get_running_loop().time()
         try:
