@@ -21,7 +21,7 @@ from parser.serving.backends import transformers as tb
 from parser.serving.types import BackendError, Scorer
 from parser.serving.backends.http import HttpBackend
 from parser.serving.backends.pool import WorkerPool
-from parser.serving.backends.scoring import echo_token_logprobs, sglang_input_logprobs, vllm_prompt_logprobs
+from parser.serving.wire.scores import echo_token_logprobs, sglang_input_logprobs, vllm_prompt_logprobs
 from parser.serving.backends.transformers import TransformersBackend
 from parser.serving.retry import retrying
 from parser.serving.server import start_server

@@ -69,12 +69,12 @@ import aiohttp
 import orjson
 
 from parser.serving.types import ROUTING_HEADER, BackendError, Completion, Prompt, SamplingParams
-from parser.serving.backends.scoring import (SCORE_TEMPERATURE, check_request, echo_token_logprobs, sglang_input_logprobs,
-                                     vllm_prompt_logprobs)
+from parser.serving.backends.scoring import SCORE_TEMPERATURE, check_request
 from parser.serving.wire.chat import ChatRequest, ChatResponse
 from parser.serving.wire.common import ModelList
 from parser.serving.wire.completions import CompletionRequest, CompletionResponse
 from parser.serving.wire.openai import Server
+from parser.serving.wire.scores import echo_token_logprobs, sglang_input_logprobs, vllm_prompt_logprobs
 from parser.serving.wire.sglang import GenerateRequest, GenerateResponse
 
 Api = Literal["sglang", "completions", "chat"]

@@ -33,7 +33,8 @@ import uuid
 from typing import Any, Sequence
 
 from parser.serving.types import BackendError, Completion, Prompt, SamplingParams
-from parser.serving.backends.scoring import SCORE_TEMPERATURE, check_request, sglang_input_logprobs
+from parser.serving.backends.scoring import SCORE_TEMPERATURE, check_request
+from parser.serving.wire.scores import sglang_input_logprobs
 from parser.serving.wire.sglang import GenerateRequest, GenerateResponse
 
 WHERE = "sglang.Engine"  # how errors name this backend
