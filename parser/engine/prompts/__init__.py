@@ -51,9 +51,10 @@ FIELDS = {
 class PromptSet:
     """Versioned `str.format` templates in one folder of a package, with their fields declared.
 
-    The lead/engine prompts (`LEAD`), the shared tool-set prompts (`TOOLSETS`), the scoring prompts
-    (`SCORING`) and each baseline's own prompts (`parser/methods/<name>/prompts/`, declared in that
-    method's folder) are separate sets, so a change to one never changes another's version.
+    The lead/engine prompts (`LEAD`), the shared tool-set prompts (`TOOLSETS`), InfoMem's scoring
+    prompts (`parser.train.infomem.gain.SCORING`) and each baseline's own prompts
+    (`parser/methods/<name>/prompts/`, declared in that method's folder) are separate sets, so a
+    change to one never changes another's version.
 
         PROMPTS = PromptSet(__package__, {"rag_user": {"question"}}, "prompts")   # in parser/methods/rag/
     """
@@ -117,16 +118,6 @@ TOOLSET_FIELDS = {
 }
 
 TOOLSETS = PromptSet(__package__, TOOLSET_FIELDS, "toolsets")
-
-# The answer-scoring prompts (`prompts/scoring/<version>/`): what the InfoMem scorer reads before
-# the gold answer (`parser.info_gain`), with and without the gathered findings. Gains computed
-# under two versions are not comparable, so any change is a new version.
-SCORING_FIELDS = {
-    "info_gain": {"question", "evidence"},
-    "info_gain_no_evidence": {"question"},
-}
-
-SCORING = PromptSet(__package__, SCORING_FIELDS, "scoring")
 
 
 def render(name: str, version: str = DEFAULT_VERSION, **fields: Any) -> str:

@@ -10,7 +10,7 @@ evidence). For one trajectory i of a GRPO group,
     R_i    = EM_i + beta * 1[EM_i = 1] * Norm_group(gain)_i
 
 with y the gold answer the lead matched, q the question, E_i its gathered findings, S the fixed,
-versioned scoring prompt (`parser/engine/prompts/scoring/<version>/`, rendered with the scorer's chat
+versioned scoring prompt (`prompts/scoring/<version>/` beside this file, rendered with the scorer's chat
 template, thinking off), and the scorer either the policy itself or the frozen subagent model
 (`InfoGainConfig.scorer`). The gain is computed only for EM = 1 (the paper's gating: a wrong
 answer's evidence is not rewarded) and normalised over the group's successful trajectories:
@@ -49,7 +49,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from parser.engine import prompts
+from parser.engine.prompts import PromptSet
 from parser.serving.types import BackendError, Scorer
 from parser.text.chat_format import CHATML
 from parser.text.reward import exact_match
@@ -60,6 +60,14 @@ SCORERS = ("policy", "subagent")
 SUCCESS = 1.0  # EM that counts as a successful trajectory
 SCORING_FAILED = "scoring failed"  # GainRecord.error prefix when the scorer did not answer
 
+# The answer-scoring prompts (`prompts/scoring/<version>/` here): what the scorer reads before the
+# gold answer, with and without the gathered findings. Gains computed under two versions are not
+# comparable, so any change is a new version.
+SCORING = PromptSet(__package__, {
+    "info_gain": {"question", "evidence"},
+    "info_gain_no_evidence": {"question"},
+}, "prompts/scoring")
+
 
 @dataclasses.dataclass(frozen=True)
 class InfoGainConfig:
@@ -69,7 +77,7 @@ class InfoGainConfig:
     beta: float = 0.2  # weight of the normalised gain next to the 0/1 outcome
     normalization: str = "zscore"  # zscore | center | none (see the module docstring)
     scorer: str = "subagent"  # policy (verl's rollout servers) | subagent (the frozen model behind the gateway)
-    prompt_version: str = "v1"  # parser/engine/prompts/scoring/<version>/
+    prompt_version: str = "v1"  # prompts/scoring/<version>/ (SCORING)
     max_evidence_tokens: int = 4096  # findings beyond this many scorer tokens are cut (recorded)
     eps: float = 1e-6  # a group whose gains spread less than this gets no bonus (zscore)
     chat_template_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"enable_thinking": False})
@@ -222,8 +230,8 @@ class GainScorer:
         begins. Fields are spliced in as token ids between the template's own pieces."""
         name = "info_gain" if evidence is not None else "info_gain_no_evidence"
         marks = {"question": "\x00QUESTION\x00", "evidence": "\x00EVIDENCE\x00"}
-        fields = {k: v for k, v in marks.items() if k in prompts.SCORING.fields[name]}
-        user = prompts.SCORING.render(name, self.config.prompt_version, **fields)
+        fields = {k: v for k, v in marks.items() if k in SCORING.fields[name]}
+        user = SCORING.render(name, self.config.prompt_version, **fields)
         rendered = self.tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
                                                       add_generation_prompt=True, **dict(self.config.chat_template_kwargs))
         values = {marks["question"]: question, marks["evidence"]: evidence or ""}
