@@ -25,8 +25,9 @@ from parser.methods.coa import PROMPTS as COA_PROMPTS
 from parser.methods.memagent import PROMPTS as MEMAGENT_PROMPTS
 from parser.methods.rememr1 import PROMPTS as REMEMR1_PROMPTS
 from parser.methods.rememr1.method import NO_RECALL_RESULT, TfidfRecall
-from parser.methods.memagent.rules import memagent_memory, prediction, recall_query, remove_recalls
-from parser.text.reward import authors_boxed, memagent_rl_reward, sub_em
+from parser.methods.memagent.rules import (authors_boxed, memagent_memory, memagent_rl_reward, prediction, recall_query,
+                                           remove_recalls)
+from parser.text.reward import sub_em
 from scripted_lead import ScriptedModel  # stands in for the served checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,6 @@
 """MemAgent's and ReMemR1's own rules, restated from their evaluation code: how a reply becomes the
-memory, how a recall query is read, how the final answer is extracted.
+memory, how a recall query is read, how the final answer is extracted, and MemAgent's RL reward
+(`memagent_rl_reward`, what its training loop `train.py` rewards by default).
 
 Why a module of its own: these rules decide what the released checkpoints see and how they are
 scored, so each is written once here, restated (never copied) from the authors' code and pinned
@@ -13,12 +14,61 @@ ReMemR1 = syr-cn/ReMemR1 @ 43e69f3 (`taskutils/memory_eval/utils/rememr1.py`, `t
 """
 from __future__ import annotations
 
-from parser.text.reward import authors_boxed
+from typing import Iterable
+
+from parser.text.reward import normalize_answer
 
 THINK_END = "</think>"
 ANSWER_IS = "the answer is"  # case-sensitive, as theirs: "The answer is" is not found
 _DEEPSEEK_MARKERS = ("<｜Assistant｜>", "<｜end▁of▁sentence｜>")  # removed from a recurrent answer, as theirs
 ANSWER_MODES = ("recurrent", "boxed")
+
+
+def authors_boxed(text: str) -> str | None:
+    r"""The boxed answer as MemAgent's and ReMemR1's scorers read it (`last_boxed_only_string` then
+    `remove_boxed`): if `\boxed ` (with a space) occurs anywhere, what follows its last occurrence up
+    to the next `$`; else the last `\boxed`, its braces counted from there, content unstripped. None
+    when there is none, when its braces never close, or for a lone `\fbox` (their `assert` fails:
+    the eval run stops, the RL reward catches it as 0)."""
+    if "\\boxed " in text:
+        return text.split("\\boxed ")[-1].split("$")[0]
+    start = text.rfind("\\boxed")
+    if start < 0:
+        return None
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if text[i] == "}" and depth == 0:
+            found = text[start : i + 1]
+            return found[len("\\boxed{") : -1] if found.startswith("\\boxed{") else None
+    return None
+
+
+_MATH_STRING_RULES = (("\n", ""), ("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac"), ("\\left", ""),
+                      ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""), ("\\$", ""), ("\\%", ""), (" .", " 0."),
+                      ("{.", "{0."))
+
+
+def math_string(text: str) -> str:
+    """MemAgent's HotpotQA reward normaliser (verl/utils/reward_score/hotpotqa.py `strip_string`): the
+    replacements of `_MATH_STRING_RULES` in order, then every space removed. No article or
+    punctuation rule: "Paris." and "paris" differ."""
+    for old, new in _MATH_STRING_RULES:
+        text = text.replace(old, new)
+    return text.replace(" ", "")
+
+
+def memagent_rl_reward(reply: str, golds: str | Iterable[str]) -> float:
+    r"""MemAgent's RL reward (hotpotqa.py `compute_score`): the last 300 characters of the final
+    reply, lowercased; its boxed answer (`authors_boxed`); 1.0 if `math_string` of it equals
+    `math_string` of a lowercased gold, else 0.0 (no boxed answer: 0.0). A gold that normalizes
+    to "" never scores (as everywhere here)."""
+    boxed = authors_boxed(reply[-300:].lower())
+    if boxed is None:
+        return 0.0
+    answer = math_string(boxed)
+    raw = [golds] if isinstance(golds, str) else [str(g) for g in golds]
+    return float(any(normalize_answer(g) and answer == math_string(g.lower()) for g in raw))
 
 
 def after_thinking(text: str) -> str:

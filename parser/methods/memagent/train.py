@@ -19,7 +19,7 @@ conversation's exact token stream — prompt ids as sent, the generated ids with
 log-probs — from which the outputs are built (mask 1 on every generated token: a memory agent's
 response is all its own). The final call uses MemAgent's training prompt (`answer_mode: boxed`,
 unless `parser.memagent.answer_mode` says otherwise), and the reward is `parser.memagent.reward`:
-`memagent` (default) is MemAgent's RL reward (`parser.text.reward.memagent_rl_reward`: the last
+`memagent` (default) is MemAgent's RL reward (`parser.methods.memagent.rules.memagent_rl_reward`: the last
 `\\boxed{}` within the final reply's last 300 characters, lowercased, equal to a lowercased gold
 after MemAgent's math-string normaliser); `exact_match` is this project's EM of the answer the
 method extracted (its `answer_mode`, `lenient_extraction`). With
@@ -50,12 +50,12 @@ from parser.engine.protocol import protocol_for
 from parser.methods import build_method, method_class, method_config
 from parser.methods.base import Sample
 from parser.methods.memagent.method import NO_MEMORY, MemAgentMethod
+from parser.methods.memagent.rules import memagent_rl_reward
 from parser.records.rl_rows import episode_inputs
 from parser.serving.backends.models import Models
 from parser.serving.retry import RETRY_KEYS, RetryingBackend, RetryPolicy
 from parser.serving.types import Completion, Prompt, SamplingParams
 from parser.text.chat_format import CHATML
-from parser.text.reward import memagent_rl_reward
 from parser.train.infomem.gain import SUCCESS, GainRecord, GainScorer, InfoGainConfig, matched_gold
 from parser.train.reward import ANSWER_KEY, PROTOCOL_KEY, gold_answers, score_answer
 from parser.train.server_manager import ServerManagerBackend
