@@ -321,6 +321,21 @@ def test_memagent_preset_is_the_same_trainer_with_the_memory_agent_as_policy():
     assert response >= config.parser.memagent.max_memory_tokens
 
 
+def test_the_loop_a_config_selects_checks_its_own_settings():
+    """config_checks names no method: it asks the agent-loop row that default_agent_loop names.
+    Before, it branched on `parser.memagent`, so a memory-agent run with a bad method or the subagent
+    InfoMem scorer failed only minutes in, inside a rollout worker."""
+    assert prepare(compose_config("train/memagent_4b")).actor_rollout_ref.rollout.agent.default_agent_loop == "memagent_agent"
+    for override, needle in (("parser.memagent.method=rag", "not a memory agent"),
+                             ("parser.memagent.reward=f1", "parser.memagent.reward"),
+                             ("parser.info_gain.enable=true parser.info_gain.scorer=subagent", "no subagent model"),
+                             ("actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent", "not a row of")):
+        with pytest.raises(TrainConfigError, match=needle):
+            prepare(compose_config("train/memagent_4b", override.split()))
+    with pytest.raises(TrainConfigError, match="gateway_url is not set"):  # the ParSer loop needs its subagents
+        prepare(compose_config("train/parser_4b"))
+
+
 def test_cpu_learn_samples_at_its_episode_presets_temperature_with_invalid_turns_masked():
     """train/cpu_learn's rollout temperature is the episode preset's (configs/episode/learn_cpu.yaml),
     which its sampled eval reads; the trajectories record it, and invalid turns are masked (docs/learning.md)."""

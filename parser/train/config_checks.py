@@ -3,7 +3,9 @@
 Why it exists: verl asserts most of these deep inside a Ray actor, minutes into start-up (or,
 for the ParSer-specific ones, never). Each failure here names the config keys and what to
 set. `parser.train` runs `check_train_config` first; the config test runs it on every
-shipped config. It includes the schema check: a key that verl's own composed config (for the
+shipped config. What one agent loop needs of the `parser:` block is that loop's own
+`check_config` (`agent_loop_problems`), and InfoMem's is `parser.train.infomem.checks`'s.
+It includes the schema check: a key that verl's own composed config (for the
 run's `model_engine`) does not have is a typo or a removed key, which Hydra merges in silently
 from a YAML file (the user's own config included) and verl then ignores.
 
@@ -14,6 +16,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 from typing import Any
+
+from parser.base.resources import config_file
+from parser.train.infomem.checks import info_gain_problems
 
 
 # The two loss aggregations a ParSer run may use: the paper's objective (Eq. 1, 1/|y_i| per
@@ -27,7 +32,7 @@ class TrainConfigError(ValueError):
     """A training config that would fail (or silently misbehave) once launched."""
 
 
-def check_train_config(config: Any, require_gateway: bool = True) -> None:
+def check_train_config(config: Any) -> None:
     """Raise `TrainConfigError` listing every problem found in a composed trainer config."""
     problems: list[str] = []
     engine = config.get("model_engine")
@@ -71,42 +76,34 @@ def check_train_config(config: Any, require_gateway: bool = True) -> None:
         )
     if not rollout.agent.agent_loop_config_path:
         problems.append("actor_rollout_ref.rollout.agent.agent_loop_config_path is not set (configs/train/agent_loop.yaml)")
-    parser_cfg = config.get("parser")
-    if parser_cfg is None:
+    if config.get("parser") is None:
         problems.append("no `parser:` block (compose from configs/train/parser_base.yaml)")
     else:
-        per_turn = int(parser_cfg.episode.max_tokens_per_turn)
-        if per_turn > int(rollout.response_length) and not parser_cfg.get("memagent"):
-            problems.append(f"parser.episode.max_tokens_per_turn={per_turn} > rollout.response_length={rollout.response_length}")
-        if require_gateway and not parser_cfg.get("gateway_url") and not parser_cfg.get("memagent"):  # memory agents read alone
-            problems.append("parser.gateway_url is not set: the subagents' gateway URL "
-                            "(export PARSER_GATEWAY_URL=http://host:port or pass parser.gateway_url=...)")
-        problems += _info_gain_problems(parser_cfg.get("info_gain"), rollout)
+        problems += agent_loop_problems(config)
+        problems += info_gain_problems(config.parser.get("info_gain"), rollout)
     if problems:
         raise TrainConfigError("training config rejected:\n  - " + "\n  - ".join(problems))
 
 
-# The rollout servers that answer verl's `prompt_logprobs` (InfoMem's policy scorer).
-PROMPT_LOGPROB_ROLLOUTS = ("sglang", "vllm", "parser_cpu")
+def agent_loop_problems(config: Any) -> list[str]:
+    """The selected agent loop's own checks of its `parser:` settings: the row of the agent-loop
+    file that `actor_rollout_ref.rollout.agent.default_agent_loop` names (the loop of every dataset
+    row without an `agent_name`), whose class answers `check_config(config)` with a list of problems.
+    The trainer knows no loop by name: a method's loop says what it needs."""
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
 
-
-def _info_gain_problems(settings: Any, rollout: Any) -> list[str]:
-    """`parser.info_gain` (InfoMem): values the agent loop and the replay buffer would refuse
-    minutes in, and a policy scorer on a rollout server that cannot score."""
-    from omegaconf import DictConfig, OmegaConf
-
-    from parser.train.infomem.gain import InfoGainConfig
-
-    if settings is None:
-        return []
-    try:
-        config = InfoGainConfig.from_settings(OmegaConf.to_container(settings) if isinstance(settings, DictConfig) else settings)
-    except (TypeError, ValueError) as error:
-        return [str(error)]
-    if config.enable and config.scorer == "policy" and rollout.name not in PROMPT_LOGPROB_ROLLOUTS:
-        return [f"parser.info_gain.scorer=policy needs a rollout server that answers prompt_logprobs "
-                f"({', '.join(PROMPT_LOGPROB_ROLLOUTS)}); actor_rollout_ref.rollout.name={rollout.name}"]
-    return []
+    agent = config.actor_rollout_ref.rollout.agent
+    if not agent.agent_loop_config_path:
+        return []  # reported by check_train_config
+    path = config_file(str(agent.agent_loop_config_path))
+    if not path.is_file():
+        return [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent.agent_loop_config_path}: not found"]
+    rows = {str(row.name): row for row in OmegaConf.load(path)}
+    if agent.default_agent_loop not in rows:
+        return [f"actor_rollout_ref.rollout.agent.default_agent_loop={agent.default_agent_loop} is not a row of {path} "
+                f"({', '.join(rows)}): name the loop this config trains"]
+    return list(get_class(rows[agent.default_agent_loop]._target_).check_config(config))
 
 
 # Subtrees whose keys verl passes through without a schema (free-form by design), and ParSer's own.

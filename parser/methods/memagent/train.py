@@ -62,6 +62,7 @@ from parser.train.server_manager import ServerManagerBackend
 
 AGENT_NAME = "memagent_agent"  # configs/train/agent_loop.yaml `name`; the dataset's agent_name
 REWARD_RULES = ("memagent", "exact_match")  # parser.memagent.reward
+NO_SUBAGENT_SCORER = "parser.info_gain.scorer: a memory agent has no subagent model; score with the policy"
 
 
 @dataclasses.dataclass
@@ -136,7 +137,7 @@ class MemAgentAgentLoop(AgentLoopBase):
         settings = OmegaConf.to_container(settings, resolve=True) if isinstance(settings, DictConfig) else dict(settings)
         self.info_gain = InfoGainConfig.from_settings(settings.get("info_gain"))
         if self.info_gain.enable and self.info_gain.scorer != "policy":
-            raise ValueError("parser.info_gain.scorer: a memory agent has no subagent model; score with the policy")
+            raise ValueError(NO_SUBAGENT_SCORER)
         episode = settings.get("episode") or {}
         retry = {key: episode[key] for key in RETRY_KEYS if key in episode}  # parser.episode's, as for the lead
         self.retry = RetryPolicy.from_section(retry)
@@ -145,6 +146,24 @@ class MemAgentAgentLoop(AgentLoopBase):
         self.response_length = int(self.rollout_config.response_length)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.protocol = protocol_for(EpisodeConfig())  # this project's EM, for reward: exact_match
+
+    @classmethod
+    def check_config(cls, config: Any) -> list[str]:
+        """What this loop needs of a composed trainer config, before launch (`parser.train.config_checks`
+        asks the loop its config selects): a `parser.memagent` block that builds a memory agent, and
+        InfoMem scored by the policy. No gateway: a memory agent reads every chunk itself."""
+        settings = config.parser
+        if settings.get("memagent") is None:
+            return ["parser.memagent is not set: the memory agent's settings (compose from configs/train/memagent_4b.yaml)"]
+        problems = []
+        try:
+            method_settings(OmegaConf.to_container(settings.memagent, resolve=True))
+        except (ValueError, ImportError, FileNotFoundError) as error:
+            problems.append(str(error))
+        info_gain = settings.get("info_gain") or {}
+        if info_gain.get("enable") and info_gain.get("scorer") != "policy":
+            problems.append(NO_SUBAGENT_SCORER)
+        return problems
 
     def reward(self, result: Any, golds: list[str]) -> float:
         """`parser.memagent.reward` of one read: MemAgent's rule on the final reply, or EM of the answer."""

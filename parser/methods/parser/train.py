@@ -102,6 +102,20 @@ class ParserAgentLoop(AgentLoopBase):
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.state = worker_state(self.settings, self.response_length)
 
+    @classmethod
+    def check_config(cls, config: Any) -> list[str]:
+        """What this loop needs of a composed trainer config, before launch
+        (`parser.train.config_checks` asks the loop its config selects)."""
+        problems = []
+        settings, rollout = config.parser, config.actor_rollout_ref.rollout
+        per_turn = int(settings.episode.max_tokens_per_turn)
+        if per_turn > int(rollout.response_length):
+            problems.append(f"parser.episode.max_tokens_per_turn={per_turn} > rollout.response_length={rollout.response_length}")
+        if not settings.get("gateway_url"):
+            problems.append("parser.gateway_url is not set: the subagents' gateway URL "
+                            "(export PARSER_GATEWAY_URL=http://host:port or pass parser.gateway_url=...)")
+        return problems
+
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         inputs = episode_inputs(kwargs)
         state = self.state
