@@ -1,4 +1,5 @@
-"""The project's own packages import each other without a cycle, and production never imports tests.
+"""The project's own packages import each other without a cycle and only down the floors of
+redesign §3.1 (`FLOORS`), and production never imports tests.
 
 Every `import` / `from ... import` statement in `parser/`, `eval/` and `data_prep/` counts, at any
 depth (a function-level import closes a cycle as surely as a top-level one: that is how the old
@@ -128,33 +129,83 @@ def test_the_test_code_checker_sees_a_module_string(tmp_path):
     assert _test_references(path) == ["verl_fakes"]  # a docstring may name test code; an import may not
 
 
-# The verl agent loop that trains a memory agent (MemAgent, ReMemR1) as the policy: it runs that
-# baseline itself, never a copy, so it imports it. It lived in parser/methods/ (outside `core`) until
-# it joined the other verl plugins; it is the only verl module that may.
-TRAINS_A_BASELINE = "parser.train.memagent_loop"
+# The floors of docs/design (redesign §3.1): what each package may import of the project. A
+# package imports its own floor and the floors listed; anything else is an arrow back up. An
+# exception is a change to this table in review, never a constant beside it.
+_BELOW_TRAIN = ("parser.base", "parser.text", "parser.records", "parser.serving", "parser.engine")
+FLOORS: dict[str, tuple[str, ...]] = {
+    "parser.base": (),
+    "parser.text": (),
+    "parser.offline": (),
+    "parser.records": ("parser.base", "parser.text"),
+    "parser.serving": ("parser.base", "parser.text", "parser.offline"),
+    "parser.engine": ("parser.base", "parser.text", "parser.records", "parser.serving"),
+    "parser.train": _BELOW_TRAIN,  # never parser.methods: a method's loop imports the trainer
+    "parser.methods": _BELOW_TRAIN,  # and, from a method's train.py only, parser.train
+    "parser.plan": _BELOW_TRAIN,
+    "data_prep": ("parser.base", "parser.text", "parser.records", "parser.serving", "parser.offline"),
+    "eval": ("parser.base", "parser.text", "parser.offline", "parser.records", "parser.serving", "parser.engine",
+             "parser.methods", "parser.plan", "data_prep"),
+}
+# The ways in, which may import anything (the package root, the demo, the one-question command).
+ENTRY_POINTS = ("parser", "parser.__main__", "parser.demo", "parser.ask", "parser.cli")
 
 
-def test_method_components_never_import_a_baseline():
-    """A method is a folder (`parser/methods/<name>/`): every module in a baseline's folder counts."""
-    graph = import_graph()
-    core = [m for m in graph if m.startswith(("parser.engine.readers", "parser.train", "parser.engine.episode", "parser.engine.tools"))
-            and m != TRAINS_A_BASELINE]
-    folders = ("parser.methods.memagent", "parser.methods.rememr1", "parser.methods.full_context", "parser.methods.coa",
-               "parser.methods.rag", "parser.methods.dci")
-
-    def baselines(targets: set[str]) -> list[str]:
-        return sorted(t for t in targets if t.startswith(tuple(f + "." for f in folders)) or t in folders)
-
-    assert {m: baselines(graph[m]) for m in core if baselines(graph[m])} == {}
-    assert all(any(m == f or m.startswith(f + ".") for m in graph) for f in folders)  # the folders exist
+def _floor(module: str) -> str | None:
+    """The FLOORS key `module` belongs to (None for an entry point)."""
+    if module in ENTRY_POINTS or module.startswith("parser.cli."):
+        return None
+    found = [f for f in FLOORS if module == f or module.startswith(f + ".")]
+    assert found, f"{module} is on no floor: add its package to FLOORS"
+    return max(found, key=len)
 
 
-def test_methods_sit_below_verl():
-    """No method imports verl's plugins: the trainer runs a method, a method never needs the trainer."""
-    graph = import_graph()
-    offenders = {m: sorted(t for t in targets if t.startswith("parser.train"))
-                 for m, targets in graph.items() if m.startswith("parser.methods")}
-    assert {m: t for m, t in offenders.items() if t} == {}
+def _allowed(module: str) -> tuple[str, ...]:
+    floor = _floor(module)
+    if floor is None:
+        return ("parser", "eval", "data_prep")
+    extra = ("parser.train",) if floor == "parser.methods" and module.endswith(".train") else ()
+    return (floor, *FLOORS[floor], *extra)
+
+
+def arrows_up(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each module's imports that leave its floor and the floors below it."""
+    def inside(target: str, floors: tuple[str, ...]) -> bool:
+        return any(target == f or target.startswith(f + ".") for f in floors)
+
+    found = {m: sorted(t for t in targets if not inside(t, _allowed(m))) for m, targets in graph.items()}
+    return {m: t for m, t in found.items() if t}
+
+
+def test_layers_only_import_down():
+    assert arrows_up(import_graph()) == {}
+
+
+def test_the_floor_checker_sees_an_arrow_up():
+    """The trainer importing a baseline (the old TRAINS_A_BASELINE), a method's component importing
+    the trainer, and a method's own train.py importing the trainer (allowed)."""
+    graph = {"parser.train.memagent_loop": {"parser.methods.memagent", "parser.serving.types"},
+             "parser.methods.memagent.method": {"parser.train.reward"},
+             "parser.methods.memagent.train": {"parser.train.reward", "parser.methods.memagent.method"},
+             "parser.serving.types": set(), "parser.train.reward": set(), "parser.methods.memagent": set()}
+    assert arrows_up(graph) == {"parser.train.memagent_loop": ["parser.methods.memagent"],
+                                "parser.methods.memagent.method": ["parser.train.reward"]}
+
+
+def test_building_a_method_never_loads_the_trainer():
+    """Every method package imported in a fresh interpreter loads neither verl nor parser.train:
+    eval, the demo and the planner build methods on machines without the trainer's stack."""
+    import subprocess
+    import sys
+
+    names = sorted(p.parent.name for p in (ROOT / "parser" / "methods").glob("*/__init__.py"))
+    assert {"parser", "memagent", "rememr1"} <= set(names)
+    code = ("import importlib, sys\n"
+            f"for name in {names!r}:\n"
+            "    importlib.import_module('parser.methods.' + name)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'verl' or m.startswith('parser.train')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 # Core dependencies that no module of ours imports, and why each is still one.
