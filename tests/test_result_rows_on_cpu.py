@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
 from eval.metrics import METRICS
+from eval.report import build_report
 from eval.store import RESULTS, ResultsStore, read_results
 from parser.records.sample import DataError
 from parser.records.result import SCORES, ResultRow, TimingLine
@@ -80,3 +82,23 @@ def test_a_timing_line_round_trips():
     line = TimingLine(dataset="d", length=50, run=0, condition=None, method="parser", row="ParSer", backbone="b",
                       concurrency=2, samples=3, failed=1, wall_s=1.5, pid=7, session="7@1.0", finished="t")
     assert TimingLine.from_dict(json.loads(json.dumps(line.to_dict()))) == line
+
+
+# Run directories written by `eval.run` (tiny CPU models, seven methods: every trace shape) before
+# traces were typed, and the report the code of that time built from them (text files and viewer pages;
+# `{out}` stands for the report's own folder, which report.md names).
+OLD_RUNS = "tests/fixtures/runs_before_typed_traces"
+OLD_REPORT = Path(__file__).parent / "fixtures" / "report_before_typed_traces"
+
+
+def test_run_dirs_written_before_typed_traces_load_and_report_identically(tmp_path, monkeypatch):
+    monkeypatch.chdir(Path(__file__).parents[1])  # the report names run directories as given
+    for run_dir in sorted(Path(OLD_RUNS).iterdir()):
+        lines = (run_dir / RESULTS).read_text().splitlines()
+        rows = read_results(run_dir)
+        assert [json.dumps(r.to_dict()) for r in rows] == [json.dumps(json.loads(line)) for line in lines], run_dir
+    build_report([OLD_RUNS], tmp_path)
+    expected = sorted(p.relative_to(OLD_REPORT) for p in OLD_REPORT.rglob("*") if p.is_file())
+    assert expected
+    for name in expected:
+        assert (tmp_path / name).read_text() == (OLD_REPORT / name).read_text().replace("{out}", str(tmp_path)), name
