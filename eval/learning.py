@@ -22,9 +22,9 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from eval.metrics import PRIMARY
-from eval.metrics import mean as _mean
-from eval.metrics import run_averaged as _run_averaged
+from parser.records.metrics import PRIMARY
+from parser.records.metrics import mean as _mean
+from parser.records.metrics import run_averaged as _run_averaged
 from parser.records.result import ResultRow
 
 WITHOUT, WITH = "w/o RL", "w/ RL"

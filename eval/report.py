@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from eval import learning, paper_numbers
-from eval.metrics import BY_NAME, PRIMARY, run_averaged
-from eval.metrics import mean as _mean
+from parser.records.metrics import BY_NAME, PRIMARY, run_averaged
+from parser.records.metrics import mean as _mean
 from eval.provenance import ManifestDamaged, read_manifest
 from eval.store import RESULTS, read_results, read_timings
 from parser.records.result import ResultRow, TimingLine

@@ -49,7 +49,7 @@ from tqdm import tqdm
 from eval import provenance
 from eval.datasets import Subset, load_subsets
 from eval.inputs import InputsChanged, check_unchanged, fingerprint
-from eval.metrics import PRIMARY, completion_text, score
+from parser.records.metrics import PRIMARY, completion_text, score
 from eval.store import ResultsStore, RunDirLocked, lock_run_dir
 from parser.base import hydra_help
 from parser.engine import progress

@@ -14,7 +14,7 @@ import string
 
 import pytest
 
-from eval.metrics import METRICS, PRIMARY, score
+from parser.records.metrics import METRICS, PRIMARY, score
 from eval.report import max_delta_avg, run_averaged
 from parser.records.result import ResultRow
 from parser.text.reward import exact_match, normalize_answer, sub_em
@@ -90,7 +90,7 @@ def test_compat_raw_empty_prediction_matches_reference():
 
 def test_multiple_golds_take_the_max_unlike_the_reference_first_gold():
     """A documented difference: the core scores against every gold, the reference only answers[0].
-    Identical on single-gold data (MemAgent's HotpotQA files); stated in eval/metrics.py."""
+    Identical on single-gold data (MemAgent's HotpotQA files); stated in parser/records/metrics.py."""
     assert sub_em("Lyon", ["Paris", "Lyon"]) == 1.0
     assert reference_sub_em("Lyon", ["Paris", "Lyon"]) == 0.0
 
@@ -101,7 +101,7 @@ def test_normalization_is_the_reference_one():
 
 
 def test_metrics_declare_direction_and_the_report_reads_it(monkeypatch):
-    from eval.metrics import BY_NAME
+    from parser.records.metrics import BY_NAME
     from eval.report import accuracy_rows, best_per_length
 
     assert {m.name for m in METRICS} >= {"sub_em", "em", "sub_em_compat", "em_compat"}

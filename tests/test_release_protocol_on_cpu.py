@@ -582,7 +582,7 @@ def test_release_sub_em(completion, golds, expected):
 
 
 def test_eval_rows_carry_both_sub_ems():
-    from eval.metrics import completion_text, score
+    from parser.records.metrics import completion_text, score
 
     record = {"turns": [{"text": "Maybe **Miro Tal**.<|im_end|>"}, {"text": "no answer"}]}
     row = score(None, ["Miro Tal"], completion_text(record))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.metrics import METRICS
+from parser.records.metrics import METRICS
 from eval.report import build_report
 from eval.store import RESULTS, ResultsStore, read_results
 from parser.records.sample import DataError

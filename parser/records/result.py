@@ -83,7 +83,7 @@ class ResultRow:
     question: str = ""
     answers: list[str] = dataclasses.field(default_factory=list)
     prediction: str | None = None
-    # The metrics of `eval.metrics.METRICS`, one field each (None: the row predates the metric).
+    # The metrics of `parser.records.metrics.METRICS`, one field each (None: the row predates the metric).
     sub_em: float | None = None
     em: float | None = None
     sub_em_compat: float | None = None
@@ -106,7 +106,7 @@ class ResultRow:
         return (self.dataset, self.length, self.condition, self.run, self.sample_id)
 
     def score(self, metric: str) -> float:
-        """The value of one metric by name (`eval.metrics.PRIMARY`, ...); a row without it is an error."""
+        """The value of one metric by name (`parser.records.metrics.PRIMARY`, ...); a row without it is an error."""
         value = getattr(self, metric)
         if not isinstance(value, float):
             raise KeyError(f"result row {self.key} has no {metric!r} score")
