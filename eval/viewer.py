@@ -3,8 +3,9 @@
 For every sample: the question, the final answer against the gold answers (Sub_EM mark), and,
 for ParSer trajectories, each lead round: its thinking, the queries it scattered, which agents
 answered with what evidence (abstentions are counted, not shown), failed subagent calls, and
-invalid actions; for LongHarness, also the state after each round (conclusions with their trace,
-the evidence ledger, what the update did or was refused, what the state budget left out). Other methods' records are shown as their JSON trace. The page is plain HTML
+invalid actions; then what the method's own view shows (a method class's `view`, a
+"module:function" path, such as the explicit state a method keeps per round). Other methods'
+records are shown as their JSON trace. The page is plain HTML
 and CSS (no scripts, no network), so it opens from disk and can be attached to a report.
 
 Everything a model wrote is escaped: model text is data, never markup.
@@ -15,12 +16,15 @@ Everything a model wrote is escaped: model text is data, never markup.
 from __future__ import annotations
 
 import argparse
+import functools
 import html
+import importlib
 import json
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from eval.store import read_results
+from parser.methods import method_class, method_config
 from parser.records.result import ResultRow
 
 CSS = """
@@ -50,41 +54,9 @@ def _mark(score: float | None) -> str:
     return '<span class="ok">✓</span>' if score >= 1 else '<span class="bad">✗</span>'
 
 
-def render_state(round_: dict[str, Any]) -> str:
-    """LongHarness: the state after one round (conclusions, then the evidence ledger), what the
-    round's update did and refused, and which items the state budget left out of the lead's view."""
-    state, applied = round_.get("state") or {}, round_.get("applied") or {}
-    hidden = set(round_.get("hidden") or [])
-    rows = ["<div class='state'><b>Conclusions</b><table class='index'>"]
-    for c in state.get("conclusions", []):
-        trace = "; ".join(str(h.get("note") or h.get("status")) + (f" (was: {h['was']})" if h.get("was") else "")
-                          for h in c.get("history", []))
-        rows.append(f"<tr><td>{esc(c.get('id'))}{' <span class=tag>not shown</span>' if c.get('id') in hidden else ''}</td>"
-                    f"<td><span class='tag'>{esc(c.get('status'))}</span></td><td>{esc(c.get('statement'))}</td>"
-                    f"<td>{esc(', '.join(c.get('evidence', [])))}</td><td class='evidence'>{esc(trace)}</td></tr>")
-    rows.append("</table><b>Evidence ledger</b><table class='index'>")
-    for e in state.get("evidence", []):
-        status = e.get("status", "")
-        status += f" by {e['superseded_by']}" if e.get("superseded_by") else ""
-        status += f": {e['reason']}" if e.get("reason") else ""
-        rows.append(f"<tr><td>{esc(e.get('id'))}{' <span class=tag>not shown</span>' if e.get('id') in hidden else ''}</td>"
-                    f"<td><span class='tag'>{esc(status)}</span></td><td>{esc(e.get('source'))}</td>"
-                    f"<td class='evidence'>&ldquo;{esc(e.get('quote'))}&rdquo;</td><td>{esc(e.get('query'))} → {esc(e.get('conclusion'))}</td></tr>")
-    rows.append("</table>")
-    for query in applied.get("queries", []):
-        rows.append(f"<div class='query'>query for {esc(query.get('conclusion'))}: <b>{esc(query.get('query'))}</b> "
-                    f"<span class='tag'>{esc(', '.join(query.get('outcomes', [])) or 'nothing came back')}</span></div>")
-    for refusal in applied.get("refused", []) + list(round_.get("problems") or []):
-        rows.append(f"<div class='warn'>refused: {esc(refusal)}</div>")
-    rows.append(f"<div class='meta'>lead prompt {esc(round_.get('prompt_tokens'))} tokens · counters "
-                f"{esc(json.dumps(state.get('counters', {})))}</div></div>")
-    return "\n".join(rows)
-
-
 def render_trajectory(record: dict[str, Any]) -> str:
     parts = []
-    rounds = (record.get("longharness") or {}).get("rounds") or []
-    for position, turn in enumerate(record.get("turns", [])):
+    for turn in record.get("turns", []):
         parts.append(f'<div class="turn"><div><b>Round {esc(int(turn.get("index", 0)) + 1)}</b>'
                      f'<span class="tag">{esc(turn.get("lead_tokens", 0))} lead tokens</span>'
                      f'<span class="tag">{esc(round(float(turn.get("lead_latency_s", 0)), 2))} s lead</span>'
@@ -114,8 +86,6 @@ def render_trajectory(record: dict[str, Any]) -> str:
             for c in failed:
                 parts.append(f'<div class="failed">chunk {esc(c.get("chunk_index"))} failed after {esc(c.get("attempts"))} '
                              f'attempt(s): {esc(c.get("error"))}</div>')
-        if position < len(rounds):
-            parts.append(render_state(rounds[position]))
         if turn.get("answer") is not None:
             parts.append(f'<div class="answer">answer: {esc(turn["answer"])}</div>')
         parts.append("</div>")
@@ -123,6 +93,21 @@ def render_trajectory(record: dict[str, Any]) -> str:
     if stop and stop != "answer":
         parts.append(f'<div class="warn">stopped: {esc(stop)}</div>')
     return "\n".join(parts)
+
+
+@functools.lru_cache(maxsize=None)
+def method_view(name: str) -> Callable[[dict[str, Any]], str] | None:
+    """The renderer a method declares for what this page does not show (`view = "module:function"`
+    on the class its configs/method/<name>.yaml names), or None: the page names no method."""
+    try:
+        target = method_config(name)["_target_"]
+    except FileNotFoundError:  # a row whose method has no config here (an old or a renamed one)
+        return None
+    path = getattr(method_class(target), "view", None)
+    if path is None:
+        return None
+    module, _, function = path.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def render_sample(row: ResultRow, anchor: str, open_: bool = False) -> str:
@@ -140,6 +125,9 @@ def render_sample(row: ResultRow, anchor: str, open_: bool = False) -> str:
             + (f' · {esc(record.get("num_chunks"))} chunks' if record.get("num_chunks") is not None else "") + "</p>"]
     if record.get("turns") is not None:
         body.append(render_trajectory(record))
+        view = method_view(row.method)
+        if view is not None:
+            body.append(view(record))
     elif record:
         body.append(f"<pre>{esc(json.dumps(record, indent=1, ensure_ascii=False, default=str))}</pre>")
     return f'<details class="sample" id="{anchor}"{" open" if open_ else ""}><summary>{summary}</summary>\n' + "\n".join(body) + "\n</details>"

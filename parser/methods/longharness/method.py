@@ -44,6 +44,7 @@ ACQUISITIONS = ("readers", "corpus")
 
 class LongHarnessMethod:
     name = "longharness"
+    view = "parser.methods.longharness.view:render"  # the state per round, in eval.viewer
 
     def __init__(self, models: Models, *, acquisition: str = "readers", episode: Mapping[str, Any] | None = None,
                  reader: Mapping[str, Any] | None = None, sandbox: Mapping[str, Any] | None = None,

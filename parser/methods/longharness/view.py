@@ -1,0 +1,58 @@
+"""LongHarness's part of the trajectory viewer (`eval.viewer`): the state after each round.
+
+Why it exists: the shared viewer shows what every episode has (rounds, queries, findings, the
+answer); LongHarness also keeps explicit state, the conclusions with their trace and the evidence
+ledger, and what each round's update did or was refused. The viewer calls this renderer by the
+name the method class declares (`LongHarnessMethod.view`) and never names the method itself.
+It uses the viewer's CSS classes (`index`, `tag`, `evidence`, `query`, `warn`, `meta`) and
+escapes every model-written string: model text is data, never markup.
+
+    html = render(result.record)   # the record eval writes for one sample
+"""
+from __future__ import annotations
+
+import html
+import json
+from typing import Any, Mapping
+
+
+def _esc(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def render_state(round_: Mapping[str, Any]) -> str:
+    """The state after one round (conclusions, then the evidence ledger), what the round's update
+    did and refused, and which items the state budget left out of the lead's view."""
+    state, applied = round_.get("state") or {}, round_.get("applied") or {}
+    hidden = set(round_.get("hidden") or [])
+    rows = ["<div class='state'><b>Conclusions</b><table class='index'>"]
+    for c in state.get("conclusions", []):
+        trace = "; ".join(str(h.get("note") or h.get("status")) + (f" (was: {h['was']})" if h.get("was") else "")
+                          for h in c.get("history", []))
+        rows.append(f"<tr><td>{_esc(c.get('id'))}{' <span class=tag>not shown</span>' if c.get('id') in hidden else ''}</td>"
+                    f"<td><span class='tag'>{_esc(c.get('status'))}</span></td><td>{_esc(c.get('statement'))}</td>"
+                    f"<td>{_esc(', '.join(c.get('evidence', [])))}</td><td class='evidence'>{_esc(trace)}</td></tr>")
+    rows.append("</table><b>Evidence ledger</b><table class='index'>")
+    for e in state.get("evidence", []):
+        status = e.get("status", "")
+        status += f" by {e['superseded_by']}" if e.get("superseded_by") else ""
+        status += f": {e['reason']}" if e.get("reason") else ""
+        rows.append(f"<tr><td>{_esc(e.get('id'))}{' <span class=tag>not shown</span>' if e.get('id') in hidden else ''}</td>"
+                    f"<td><span class='tag'>{_esc(status)}</span></td><td>{_esc(e.get('source'))}</td>"
+                    f"<td class='evidence'>&ldquo;{_esc(e.get('quote'))}&rdquo;</td><td>{_esc(e.get('query'))} → {_esc(e.get('conclusion'))}</td></tr>")
+    rows.append("</table>")
+    for query in applied.get("queries", []):
+        rows.append(f"<div class='query'>query for {_esc(query.get('conclusion'))}: <b>{_esc(query.get('query'))}</b> "
+                    f"<span class='tag'>{_esc(', '.join(query.get('outcomes', [])) or 'nothing came back')}</span></div>")
+    for refusal in applied.get("refused", []) + list(round_.get("problems") or []):
+        rows.append(f"<div class='warn'>refused: {_esc(refusal)}</div>")
+    rows.append(f"<div class='meta'>lead prompt {_esc(round_.get('prompt_tokens'))} tokens · counters "
+                f"{_esc(json.dumps(state.get('counters', {})))}</div></div>")
+    return "\n".join(rows)
+
+
+def render(trace: Mapping[str, Any]) -> str:
+    """The state after each round of one LongHarness sample, in round order ("" if it kept none)."""
+    rounds = (trace.get("longharness") or {}).get("rounds") or []
+    return "\n".join(f"<div class='turn'><b>State after round {i + 1}</b>\n{render_state(round_)}</div>"
+                     for i, round_ in enumerate(rounds))
