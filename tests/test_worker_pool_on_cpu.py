@@ -86,7 +86,7 @@ def test_http_backend_reports_a_garbage_200_as_retryable(api):
             finally:
                 await backend.aclose()
 
-        with pytest.raises(BackendError, match="HTTP 200 but") as error:
+        with pytest.raises(BackendError, match=r"HTTP 200\): the reply is not a") as error:
             asyncio.run(go())
     assert error.value.retryable
 

@@ -2,8 +2,8 @@
 
 Why it exists: to measure what the *client* and the *gateway* cost without a model in the
 way (scatter throughput, `scripts/bench_scatter.py`) and to check routing (does a chunk keep
-landing on the same worker?). Bodies are read and written through `parser.serving.wire`, the types the
-client and `parser.serving.server` use (a body they refuse is a 400 here too). Each request is recorded with the routing-key header, the hash
+landing on the same worker?). Bodies are read and written through `parser.serving.wire.dialect`, the
+objects the client and `parser.serving.server` use (a body they refuse is a 400 here too). Each request is recorded with the routing-key header, the hash
 of the prompt's reusable prefix (what a RadixCache would share: everything before the last
 "Query:", per the subagent prompt's instructions -> chunk -> query order) and this worker's
 id. It answers with the subagent's abstention, or with a finding when the prompt contains
@@ -12,8 +12,8 @@ id. It answers with the subagent's abstention, or with a finding when the prompt
 
 Faults, for retry tests and the router fault table (`scripts/gateway_faults.py`): a delay;
 failing the first N or every K-th request with an HTTP status, by dropping the connection
-without an answer, with `garbage` (HTTP 200 with a body that is no completion: `text` null on
-/generate, an empty `choices` list on the OpenAI paths), or with `hang` (the request is held
+without an answer, with `garbage` (HTTP 200 with a body that is no completion: each dialect's
+`empty_reply`), or with `hang` (the request is held
 for `hang_s` and then dropped, while /health keeps answering: a wedged scheduler behind a live
 HTTP server); and flapping (`flap_period_s`: down for one period, up for the next, and so on,
 where down answers 503 on every path, /health included, as a restarting server does). A
@@ -26,7 +26,7 @@ mid-run); a frozen or killed process is the harness's business (SIGSTOP / SIGKIL
     curl -X POST 127.0.0.1:31001/fault -d '{"fail_every": 1, "fail_mode": "garbage"}'
 
 In-process: `with start_loopback("w1") as h: h.url; h.worker.records`.
-Endpoints: POST /generate, /v1/completions, /v1/chat/completions; GET /health,
+Endpoints: POST each dialect's path (/generate, /v1/completions, /v1/chat/completions); GET /health,
 /health_generate, /server_info, /model_info (and their older /get_ names), /get_load,
 /v1/models, /records; POST /reset, /fault, /hold, /release (hold every request in flight until
 released: a test counts them on /get_load instead of guessing a delay).
@@ -48,14 +48,11 @@ from pydantic import ValidationError
 
 from parser.serving.types import ROUTING_HEADER, Completion
 from parser.serving.server import BACKLOG, ServerHandle, add_worker_header, json_response
-from parser.serving.wire.chat import AssistantMessage, ChatChoice, ChatLogprobs, ChatRequest, ChatResponse, ChatTokenLogprob
-from parser.serving.wire.common import ErrorBody, ModelCard, ModelList, Usage, describe
-from parser.serving.wire.completions import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
-from parser.serving.wire.sglang import GenerateRequest, GenerateResponse
+from parser.serving.wire.common import Bounds, ErrorBody, ModelCard, ModelList, describe
+from parser.serving.wire.dialect import DIALECTS, Dialect
 
 ABSTENTION = '{"answer": "unknown"}'  # parser/engine/prompts/v1/subagent.txt's abstention
 PREFIX_MARKER = "Query:"
-_REQUESTS = {"/generate": GenerateRequest, "/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest}
 FAIL_MODES = ("drop", "garbage", "hang")  # besides an HTTP status like "500"
 MAX_HANG_S = 3600.0  # a held request is dropped after at most this long: nothing waits forever
 # the knobs POST /fault may set, with their types
@@ -148,8 +145,8 @@ class LoopbackWorker:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024**2, middlewares=[self._flap])
         add_worker_header(app, self.worker_id)
-        for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
-            app.router.add_post(path, self.handle)
+        for dialect in DIALECTS.values():
+            app.router.add_post(dialect.path, self.handler(dialect))
         info = {"model_path": "loopback", "tokenizer_path": "loopback", "is_generation": True,
                 "dp_size": 1, "version": "parser-loopback", "worker_id": self.worker_id}
         for path in ("/health", "/health_generate", "/server_info", "/model_info", "/get_model_info",
@@ -184,15 +181,19 @@ class LoopbackWorker:
                                  "answer": self.needle_answer or self.needle}).decode()
         return ABSTENTION
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    def handler(self, dialect: Dialect):
+        """The request handler of one wire format."""
+        return lambda request: self.handle(request, dialect)
+
+    async def handle(self, request: web.Request, dialect: Dialect) -> web.StreamResponse:
         self.count += 1
         n = self.count
-        path = request.path
+        path = dialect.path
         try:
-            body = _REQUESTS[path].model_validate_json(await request.read())
+            body = dialect.read(await request.read(), Bounds())
         except ValidationError as error:
             return json_response(ErrorBody.of(describe(error, path), 400).reply(), 400)
-        prompt = body.template_messages() if isinstance(body, ChatRequest) else body.prompt
+        prompt = dialect.prompt_of(body)
         if self.keep_records:
             self.records.append(RequestRecord(
                 worker_id=self.worker_id, path=path,
@@ -217,8 +218,7 @@ class LoopbackWorker:
                 request.transport.close()  # no status line: the client sees a disconnect
                 raise asyncio.CancelledError
             if self.fail_mode == "garbage":  # "success" that no client can use
-                return json_response({"text": None, "meta_info": {"finish_reason": {"type": "stop"}}}
-                                     if path == "/generate" else {"choices": []})
+                return json_response(dialect.empty_reply())
             if self.fail_mode == "hang":  # held, then dropped: the caller's deadline decides
                 self.held += 1  # reported as waiting by /get_load, as a wedged scheduler's queue grows
                 try:
@@ -230,7 +230,7 @@ class LoopbackWorker:
             status = int(self.fail_mode)
             return json_response(ErrorBody.of(f"loopback {self.worker_id}: injected failure on request {n}", status).reply(),
                                  status)
-        return json_response(_shape(path, self.reply_text(prompt), len(prompt)))
+        return json_response(_reply(dialect, self.reply_text(prompt), len(prompt)))
 
     async def dump_records(self, request: web.Request) -> web.Response:
         return json_response([dataclasses.asdict(r) for r in self.records])
@@ -276,20 +276,11 @@ class LoopbackWorker:
         return json_response({k: getattr(self, k) for k in FAULT_KNOBS})
 
 
-def _shape(path: str, text: str, prompt_len: int) -> dict[str, Any]:
-    """The same answer in the three wire formats. Token ids are byte values (no tokenizer)."""
+def _reply(dialect: Dialect, text: str, prompt_len: int) -> dict[str, Any]:
+    """`text` as `dialect`'s reply, with logprobs. Token ids are byte values (no tokenizer)."""
     ids = list(text.encode())
     comp = Completion(text=text, token_ids=ids, logprobs=[0.0] * len(ids), prompt_tokens=prompt_len)
-    if path == "/generate":
-        return GenerateResponse.of(comp, request_id="loopback", logprobs=True).reply()
-    usage = Usage.of(prompt_len, len(ids), 0)
-    if path == "/v1/completions":
-        logprobs = CompletionLogprobs.of([chr(t) for t in ids], comp.logprobs or [])
-        return CompletionResponse.of("loopback", CompletionChoice(text=text, finish_reason="stop", logprobs=logprobs),
-                                     usage).reply()
-    content = [ChatTokenLogprob(token=chr(t), logprob=0.0) for t in ids]
-    return ChatResponse.of("loopback", ChatChoice(message=AssistantMessage(content=text), finish_reason="stop",
-                                                  logprobs=ChatLogprobs(content=content)), usage).reply()
+    return dialect.reply(comp, model="loopback", logprobs=True, token_text=chr)
 
 
 class LoopbackHandle(ServerHandle):

@@ -4,7 +4,8 @@ Why it exists: the whole serving path (HttpBackend -> sglang-router gateway -> w
 run and be tested on a laptop without a GPU. This puts the in-process `TransformersBackend`
 (or any other Backend) behind the endpoints an SGLang worker exposes, so the gateway and the
 HTTP client see the same wire format as in production (each body's type and checks live in
-`parser.serving.wire`, which the client and the loopback worker use too):
+`parser.serving.wire`; the routes are `parser.serving.wire.dialect.DIALECTS`, which the client, the
+loopback worker and the in-process engine use too):
 
     GET  /health  /health_generate  /get_model_info  /get_server_info  /get_load  /v1/models
     POST /generate              SGLang native schema (text / input_ids, meta_info incl. cached_tokens)
@@ -65,7 +66,6 @@ import asyncio
 import dataclasses
 import threading
 import time
-import uuid
 from typing import Any, Awaitable, Callable
 
 import orjson
@@ -74,10 +74,8 @@ from pydantic import ValidationError
 
 from parser.serving.backends import build_backend
 from parser.serving.types import ROUTING_HEADER, Backend, BackendError, Completion, SamplingParams
-from parser.serving.wire.chat import AssistantMessage, ChatChoice, ChatLogprobs, ChatRequest, ChatResponse, ChatTokenLogprob
-from parser.serving.wire.common import Bounds, ErrorBody, ModelCard, ModelList, Usage, WireModel, describe
-from parser.serving.wire.completions import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
-from parser.serving.wire.sglang import GenerateRequest, GenerateResponse
+from parser.serving.wire.common import Bounds, ErrorBody, ModelCard, ModelList, describe
+from parser.serving.wire.dialect import CHAT, COMPLETIONS, DIALECTS, SGLANG, Dialect
 
 WORKER_HEADER = "X-Worker-Id"
 BACKLOG = 4096  # a scatter round opens up to T connections at once; the default 128 drops SYNs
@@ -199,14 +197,14 @@ class BodyTooLarge(BadRequest):
     """A declared body over MAX_REQUEST_BYTES: a 413 before a byte of it is read."""
 
 
-async def read_request(request: web.Request, kind: type[WireModel], timeout_s: float, bounds: Bounds) -> Any:
-    """The body as `kind` (parser.serving.wire), read within `timeout_s`; a refused one names its fields."""
+async def read_request(request: web.Request, dialect: Dialect, timeout_s: float, bounds: Bounds) -> Any:
+    """The body as `dialect`'s request, read within `timeout_s`; a refused one names its fields."""
     try:
         raw = await asyncio.wait_for(request.read(), timeout_s)
     except asyncio.TimeoutError:
         raise RequestTimeout(f"{request.path}: the request body did not arrive within {timeout_s:g} s") from None
     try:
-        return kind.model_validate_json(raw, context=bounds.context())
+        return dialect.read(raw, bounds)
     except ValidationError as error:
         raise BadRequest(describe(error, request.path)) from None
 
@@ -242,9 +240,9 @@ class ModelServer:
         app.router.add_get("/get_server_info", self.server_info)
         app.router.add_get("/get_load", self.load)
         app.router.add_get("/v1/models", self.models)
-        app.router.add_post("/generate", route(self.generate, GenerateRequest))
-        app.router.add_post("/v1/completions", route(self.completions, CompletionRequest))
-        app.router.add_post("/v1/chat/completions", route(self.chat, ChatRequest))
+        handlers = {SGLANG.name: self.generate, COMPLETIONS.name: self.completions, CHAT.name: self.chat}
+        for dialect in DIALECTS.values():
+            app.router.add_post(dialect.path, route(handlers[dialect.name], dialect))
         app.router.add_post("/flush_cache", self.flush_cache)
         app.on_cleanup.append(self._close_backend)
         return app
@@ -252,8 +250,8 @@ class ModelServer:
     async def _close_backend(self, app: web.Application) -> None:
         await self.backend.aclose()
 
-    def _guarded(self, handler: Callable[..., Awaitable[web.Response]], kind: type[WireModel] | None):
-        """`handler(request, body)` with the body read and checked as `kind` first; a request counts
+    def _guarded(self, handler: Callable[..., Awaitable[web.Response]], kind: Dialect | None):
+        """`handler(request, body)` with the body read and checked as `kind`'s request first; a request counts
         as in flight (`/get_load`) only from then on, and every client error is a 4xx."""
         async def wrapped(request: web.Request) -> web.Response:
             try:
@@ -281,7 +279,7 @@ class ModelServer:
 
         return wrapped
 
-    async def _body(self, request: web.Request, kind: type[WireModel]) -> Any:
+    async def _body(self, request: web.Request, kind: Dialect) -> Any:
         if request.content_length is not None and request.content_length > MAX_REQUEST_BYTES:
             raise BodyTooLarge(f"{request.path}: Content-Length {request.content_length} is over the "
                                f"{MAX_REQUEST_BYTES}-byte bound on a request body; not read")
@@ -383,10 +381,6 @@ class ModelServer:
             return str(token_id)
         return self.tokenizer.decode([token_id])
 
-    def _logprob_block(self, token_ids: list[int], logprobs: list[float | None] | None) -> CompletionLogprobs:
-        """OpenAI completions' `logprobs` object for these tokens (none when the backend gave none)."""
-        return CompletionLogprobs.of([self._token_text(t) for t in token_ids], logprobs if logprobs is not None else [])
-
     # -------------------------------------------------------------- scoring (input logprobs)
     async def _prompt_ids(self, prompt: str | list[int], field: str) -> list[int]:
         """The prompt as checked token ids (a text prompt is tokenised off the event loop)."""
@@ -416,18 +410,16 @@ class ModelServer:
             self.inflight_tokens -= len(ids)
         return [None, *values]
 
-    def _usage(self, comp: Completion) -> Usage:
-        return Usage.of(comp.prompt_tokens, len(comp.token_ids), comp.cached_tokens)
-
-    async def generate(self, request: web.Request, body: GenerateRequest) -> web.Response:
+    async def generate(self, request: web.Request, body: Any) -> web.Response:
+        """SGLANG (`POST /generate`), with SGLang's input logprobs for scoring."""
         sampling = body.params()
-        prompt, field = body.prompt, f"/generate.{body.prompt_field}"
+        prompt, field = body.prompt, f"{SGLANG.path}.{body.prompt_field}"
         start = body.logprob_start_len
         t0 = time.perf_counter()
         input_lps = None
         if body.return_logprob and start >= 0:  # SGLang's input logprobs (-1, its default: none)
             if sampling.temperature != 1.0:  # SGLang scales them by it; the backend scores at 1
-                raise BadRequest("/generate.sampling_params.temperature: input logprobs are given at temperature 1 "
+                raise BadRequest(f"{SGLANG.path}.sampling_params.temperature: input logprobs are given at temperature 1 "
                                  f"only on parser.serving.server, got {sampling.temperature}")
             prompt = await self._prompt_ids(prompt, field)
             scores = await self._input_logprobs(request, prompt, start, field)
@@ -436,36 +428,38 @@ class ModelServer:
             comp = Completion(text="", finish_reason="length", prompt_tokens=len(prompt))
         else:
             comp = await self._run(request, prompt, sampling, field)
-        return json_response(GenerateResponse.of(comp, request_id=uuid.uuid4().hex, logprobs=body.return_logprob,
-                                                 input_logprobs=input_lps, latency=time.perf_counter() - t0).reply())
+        return json_response(SGLANG.reply(comp, model=self.model_name, logprobs=body.return_logprob,
+                                          input_logprobs=input_lps, latency=time.perf_counter() - t0))
 
-    async def completions(self, request: web.Request, body: CompletionRequest) -> web.Response:
+    async def completions(self, request: web.Request, body: Any) -> web.Response:
+        """COMPLETIONS (`POST /v1/completions`), with vLLM's `prompt_logprobs` and OpenAI's `echo` for scoring."""
         sampling = body.params()
-        prompt, field = body.prompt, "/v1/completions.prompt"
+        prompt, field = body.prompt, f"{COMPLETIONS.path}.prompt"
         # input logprobs two ways: vLLM's `prompt_logprobs`, or OpenAI's `echo` with max_tokens 0
-        extra: dict[str, Any] = {}
+        prompt_logprobs = scored = None
         if body.prompt_logprobs is not None or (body.echo and sampling.return_logprobs):
             prompt = await self._prompt_ids(prompt, field)
             scores = await self._input_logprobs(request, prompt, 0, field)
+            scored = (prompt, scores)
             if body.prompt_logprobs is not None:
-                extra["prompt_logprobs"] = [None] + [
+                prompt_logprobs = [None] + [
                     {str(t): {"logprob": lp, "rank": None, "decoded_token": self._token_text(t)}}
                     for t, lp in zip(prompt[1:], scores[1:], strict=True)]
         if body.echo or (body.prompt_logprobs is not None and sampling.max_new_tokens == 0):
             text = prompt if isinstance(prompt, str) else (self.tokenizer.decode(prompt) if self.tokenizer else "")
             comp = Completion(text=text if body.echo else "", finish_reason="length",
                               prompt_tokens=len(prompt) if isinstance(prompt, list) else 0)
-            lp_block = self._logprob_block(prompt, scores) if body.echo and sampling.return_logprobs else None
+            logprobs = body.echo and sampling.return_logprobs  # the echoed prompt's, nothing generated
         else:
             comp = await self._run(request, prompt, sampling, field)
-            lp_block = self._logprob_block(comp.token_ids, comp.logprobs) if sampling.return_logprobs else None
-        if body.return_token_ids:
-            extra["token_ids"] = comp.token_ids
-        choice = CompletionChoice(text=comp.text, logprobs=lp_block, finish_reason=comp.finish_reason, **extra)
-        return json_response(CompletionResponse.of(self.model_name, choice, self._usage(comp)).reply())
+            logprobs, scored = sampling.return_logprobs, None
+        return json_response(COMPLETIONS.reply(comp, model=self.model_name, logprobs=logprobs, token_text=self._token_text,
+                                               token_ids=bool(body.return_token_ids), scored=scored,
+                                               prompt_logprobs=prompt_logprobs))
 
-    async def chat(self, request: web.Request, body: ChatRequest) -> web.Response:
-        where = "/v1/chat/completions"
+    async def chat(self, request: web.Request, body: Any) -> web.Response:
+        """CHAT (`POST /v1/chat/completions`): this server renders its tokenizer's chat template."""
+        where = CHAT.path
         if self.tokenizer is None:
             raise BadRequest(f"{where}: this server has no tokenizer to render chat")
         sampling = body.params()
@@ -478,15 +472,8 @@ class ModelServer:
         except Exception as error:  # noqa: BLE001 - jinja raises TemplateError, but templates raise anything
             raise BadRequest(f"{where}.messages: the chat template refused them: {type(error).__name__}: {error}") from None
         comp = await self._run(request, text, sampling, f"{where}.messages")
-        lp_block = None
-        if sampling.return_logprobs:
-            lps = comp.logprobs if comp.logprobs is not None else []
-            lp_block = ChatLogprobs(content=[ChatTokenLogprob(token=self._token_text(t), logprob=lp)
-                                             for t, lp in zip(comp.token_ids, lps, strict=bool(lps))])
-        choice = ChatChoice(message=AssistantMessage(content=comp.text), logprobs=lp_block,
-                            finish_reason=comp.finish_reason,
-                            token_ids=comp.token_ids if body.return_token_ids else None)
-        return json_response(ChatResponse.of(self.model_name, choice, self._usage(comp)).reply())
+        return json_response(CHAT.reply(comp, model=self.model_name, logprobs=sampling.return_logprobs,
+                                        token_text=self._token_text, token_ids=bool(body.return_token_ids)))
 
 
 def _vocab_size(backend: Backend, tokenizer: Any) -> int | None:

@@ -5,8 +5,9 @@ Why it exists: subagent scatter rounds send hundreds to thousands of concurrent 
 not be the bottleneck, so this is one pooled aiohttp session per event loop with a large
 connection limit and keep-alive, and orjson on both sides of the wire.
 
-Three wire formats, chosen by `api`; each body's type lives in `parser.serving.wire` (the server and the
-loopback worker read and write the same types):
+Three wire formats, chosen by `api`; each is one `parser.serving.wire.dialect.Dialect` (its path,
+body and reply; the server, the loopback worker and the in-process engine use the same objects), so
+this module is only the transport: the pooled session, bounded bodies and error classes.
 - "sglang":      SGLang's native `POST /generate` (text or `input_ids`; token ids and
                  per-token logprobs come back, which the lead agent needs).
 - "completions": OpenAI `POST /v1/completions` (text or token-id prompt). The lead's path on
@@ -63,22 +64,17 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import aiohttp
 import orjson
 
 from parser.serving.types import ROUTING_HEADER, BackendError, Completion, Prompt, SamplingParams
 from parser.serving.backends.scoring import SCORE_TEMPERATURE, check_request
-from parser.serving.wire.chat import ChatRequest, ChatResponse
 from parser.serving.wire.common import ModelList
-from parser.serving.wire.completions import CompletionRequest, CompletionResponse
+from parser.serving.wire.dialect import DIALECTS, Api
 from parser.serving.wire.openai import Server
-from parser.serving.wire.scores import echo_token_logprobs, sglang_input_logprobs, vllm_prompt_logprobs
-from parser.serving.wire.sglang import GenerateRequest, GenerateResponse
 
-Api = Literal["sglang", "completions", "chat"]
-_PATHS = {"sglang": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
 _RETRYABLE_4XX = {408, 429}  # request timeout / queue full at the gateway: try again later
 # OpenAI-style error types that mean "this request is wrong", whatever the status says
 _VALIDATION_ERRORS = {"invalid_request_error", "exceed_context_size_error", "not_supported_error",
@@ -112,14 +108,15 @@ class HttpBackend:
         extra_body: Mapping[str, Any] | None = None,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
     ):
-        if api not in _PATHS:
-            raise ValueError(f"HttpBackend: api={api!r}; expected one of {sorted(_PATHS)}")
+        if api not in DIALECTS:
+            raise ValueError(f"HttpBackend: api={api!r}; expected one of {sorted(DIALECTS)}")
         self.base_url = base_url.rstrip("/")
         self.api = api
+        self.dialect = DIALECTS[api]
         if server not in ("sglang", "vllm", "generic"):
             raise ValueError(f"HttpBackend: server={server!r}; expected sglang, vllm or generic")
         self.server = server
-        self.url = self.base_url + _PATHS[api]
+        self.url = self.base_url + self.dialect.path
         self.model = model  # None: discovered from GET /v1/models on first use (OpenAI APIs)
         self._model_lookup: asyncio.Lock | None = None
         self.timeout_s = timeout_s
@@ -200,18 +197,14 @@ class HttpBackend:
         routing_key: str | None = None,
         request_id: str | None = None,
     ) -> Completion:
-        payload = _BODY[self.api](self, prompt, sampling)
-        if self.api != "sglang":
+        payload = self.dialect.body(prompt, sampling, server=self.server, chat_kwargs=self.chat_template_kwargs)
+        if self.dialect.names_model:
             payload["model"] = await self.served_model()
         if self.extra_body:
             payload.update(self.extra_body)
         meta: dict[str, str | None] = {}
         body = await self._request("POST", self.url, orjson.dumps(payload), self._headers(routing_key, request_id), meta)
-        try:
-            completion = _completion(self.api, body, sampling, self.url)
-        except (IndexError, TypeError, ValueError) as error:  # 200 with a broken body
-            raise BackendError(f"POST {self.url}: HTTP 200 but not a {self.api} completion ({type(error).__name__}: "
-                               f"{_cap(str(error))}): {str(body)[:200]}", retryable=True) from error
+        completion = self.dialect.completion(body, sampling, where=f"POST {self.url} (HTTP 200)")
         completion.worker = meta.get("worker")
         return completion
 
@@ -227,29 +220,13 @@ class HttpBackend:
         """Log-probs of `continuation_ids` after `prompt_ids` (parser.serving.backends.scoring): SGLang's
         input logprobs, vLLM's prompt logprobs, or an OpenAI echo; a chat API cannot score."""
         prompt, continuation = check_request(prompt_ids, continuation_ids, f"HttpBackend({self.url})")
-        ids = prompt + continuation
-        if self.api == "chat":
-            raise BackendError("HttpBackend(api='chat'): a chat server renders the template itself and scores no "
-                               "given tokens; score with api='completions' (vLLM) or api='sglang'", retryable=False)
-        if self.api == "sglang":
-            request: GenerateRequest | CompletionRequest = GenerateRequest.scoring(ids, len(prompt) - 1, SCORE_TEMPERATURE)
-        else:
-            request = CompletionRequest.scoring(ids, self.server, await self.served_model(), SCORE_TEMPERATURE)
-        body = await self._request("POST", self.url, orjson.dumps(request.body()), self._headers(routing_key, request_id))
-        where = f"POST {self.url}"
-        try:
-            if self.api == "sglang":
-                meta = GenerateResponse.model_validate(body[0] if isinstance(body, list) and body else body).meta_info
-                meta.finish_kind(self.url)
-                return sglang_input_logprobs(meta.model_dump(), continuation, where)
-            choice = CompletionResponse.model_validate(body).choices[0]
-            if self.server == "vllm":
-                return vllm_prompt_logprobs(choice.prompt_logprobs, continuation, where)
-            return echo_token_logprobs(choice.logprobs.model_dump() if choice.logprobs else None, len(prompt),
-                                       continuation, where)
-        except ValueError as error:  # 200 with a broken body (pydantic's ValidationError)
-            raise BackendError(f"{where}: HTTP 200 but no scores ({_cap(str(error))}): {str(body)[:200]}",
-                               retryable=True) from error
+        payload = self.dialect.scoring_body(prompt + continuation, len(prompt) - 1, server=self.server,
+                                            temperature=SCORE_TEMPERATURE)
+        if self.dialect.names_model:
+            payload["model"] = await self.served_model()
+        body = await self._request("POST", self.url, orjson.dumps(payload), self._headers(routing_key, request_id))
+        return self.dialect.scores(body, len(prompt), continuation, server=self.server,
+                                   where=f"POST {self.url} (HTTP 200)")
 
     def _headers(self, routing_key: str | None, request_id: str | None) -> Mapping[str, str]:
         """The client's headers plus this request's routing key and request id, when given."""
@@ -326,55 +303,7 @@ async def _read_body(resp: aiohttp.ClientResponse, limit: int, *, truncate: bool
     return bytes(body[:limit])
 
 
-# ---------------------------------------------------------------------- request and response bodies (parser.serving.wire)
-def _token_ids(prompt: Prompt) -> list[int] | None:
-    """Token-id prompts arrive as any int sequence (list, tuple, array)."""
-    if isinstance(prompt, str):
-        return None
-    items = list(prompt)
-    if items and isinstance(items[0], dict):
-        return None
-    return [int(t) for t in items]
-
-
-def _sglang_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[str, Any]:
-    ids = _token_ids(prompt)
-    if ids is None and not isinstance(prompt, str):
-        raise ValueError("HttpBackend(api='sglang'): prompt is a message list; render it to "
-                         "text first or use api='chat'")
-    return GenerateRequest.build(ids if ids is not None else prompt, s).body()  # type: ignore[arg-type]
-
-
-def _completions_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[str, Any]:
-    ids = _token_ids(prompt)
-    if ids is None and not isinstance(prompt, str):
-        raise ValueError("HttpBackend(api='completions'): prompt is a message list; use api='chat'")
-    return CompletionRequest.build(ids if ids is not None else prompt, s, self.server).body()  # type: ignore[arg-type]
-
-
-def _chat_body(self: HttpBackend, prompt: Prompt, s: SamplingParams) -> dict[str, Any]:
-    if isinstance(prompt, str):
-        raise ValueError("HttpBackend(api='chat'): prompt is text, but a chat server renders the chat template "
-                         "itself; send chat messages (SubagentReader does for backends with renders_chat_template), "
-                         "or use api='completions' for text a template has already rendered")
-    if _token_ids(prompt) is not None:
-        raise ValueError("HttpBackend(api='chat'): prompt is token ids (the lead's exact token stream); serve "
-                         "the lead with api='completions' (server: vllm returns the generated ids) or api='sglang'")
-    return ChatRequest.build(list(prompt), s, self.server, self.chat_template_kwargs).body()  # type: ignore[arg-type]
-
-
-_BODY = {"sglang": _sglang_body, "completions": _completions_body, "chat": _chat_body}
-
-
-def _completion(api: Api, body: Any, s: SamplingParams, url: str) -> Completion:
-    """A 200's body read as `api`'s response type (pydantic's ValidationError is a ValueError)."""
-    if api == "sglang":
-        out = body[0] if isinstance(body, list) and body else body  # a server that answers batch-shaped
-        return GenerateResponse.model_validate(out).completion(s.return_logprobs, url)
-    response = CompletionResponse if api == "completions" else ChatResponse
-    return response.model_validate(body).completion(s.return_logprobs)
-
-
+# ---------------------------------------------------------------------- error bodies
 def _error_message(raw: bytes) -> tuple[str, str | None]:
     """(the server's own words, capped at MAX_ERROR_CHARS; its error type if it names one):
     OpenAI `{"error": {"message", "type"}}`, vLLM `{"message", "type"}`, SGLang/FastAPI

@@ -19,9 +19,9 @@ logprobs are SGLang's (after temperature, before top-p/top-k, unless the server 
 SGLANG_RETURN_ORIGINAL_LOGPROB). The engine binds to the first event loop that awaits it:
 use one loop for the backend's lifetime.
 
-The request and its reading are `parser.serving.wire.sglang`'s, the same code as HTTP `/generate`
-(`GenerateRequest.build(...).engine_kwargs()`, `GenerateResponse.completion`): a constraint in
-`SamplingParams` reaches the engine as `sampling_params.json_schema` / `.regex`, and an abort
+The request and its reading are the `SGLANG` dialect's (`parser.serving.wire.dialect`), the same
+code as HTTP `/generate` (`SGLANG.body`, `SGLANG.engine_kwargs`, `SGLANG.completion`): a constraint
+in `SamplingParams` reaches the engine as `sampling_params.json_schema` / `.regex`, and an abort
 follows the one policy of `MetaInfo.finish_kind`. A request the engine refuses up front
 (ValueError, TypeError: what SGLang's HTTP server answers with a 400) is not retried.
 
@@ -34,8 +34,7 @@ from typing import Any, Sequence
 
 from parser.serving.types import BackendError, Completion, Prompt, SamplingParams
 from parser.serving.backends.scoring import SCORE_TEMPERATURE, check_request
-from parser.serving.wire.scores import sglang_input_logprobs
-from parser.serving.wire.sglang import GenerateRequest, GenerateResponse
+from parser.serving.wire.dialect import SGLANG
 
 WHERE = "sglang.Engine"  # how errors name this backend
 
@@ -69,16 +68,8 @@ class SGLangEngineBackend:
         routing_key: str | None = None,
         request_id: str | None = None,
     ) -> Completion:
-        request = GenerateRequest.build(self._prompt(prompt), sampling)
-        # the token ids come back with the logprobs (older engines return no output_ids)
-        request.return_logprob = True
-        out = await self._call(request, request_id or "req")
-        if isinstance(out, list):  # a one-element batch
-            out = out[0] if out else {}
-        try:
-            completion = GenerateResponse.model_validate(out).completion(sampling.return_logprobs, WHERE)
-        except ValueError as error:  # pydantic's ValidationError: not a /generate result
-            raise BackendError(f"{WHERE}: unexpected output {str(out)[:200]!r} ({error})", retryable=True) from error
+        out = await self._call(SGLANG.body(self._prompt(prompt), sampling), request_id or "req")
+        completion = SGLANG.completion(out, sampling, where=WHERE)
         completion.worker = self.name
         return completion
 
@@ -92,23 +83,16 @@ class SGLangEngineBackend:
     ) -> list[float]:
         """Input logprobs of `continuation_ids` (parser.serving.backends.scoring): one prefill, zero new tokens."""
         prompt, continuation = check_request(prompt_ids, continuation_ids, "SGLangEngineBackend")
-        request = GenerateRequest.scoring(prompt + continuation, len(prompt) - 1, SCORE_TEMPERATURE)
-        out = await self._call(request, request_id or "score")
-        if isinstance(out, list):
-            out = out[0] if out else {}
-        try:
-            meta = GenerateResponse.model_validate(out).meta_info
-        except ValueError as error:
-            raise BackendError(f"{WHERE}: unexpected scoring output {str(out)[:200]!r}", retryable=True) from error
-        meta.finish_kind(WHERE)
-        return sglang_input_logprobs(meta.model_dump(), continuation, WHERE)
+        body = SGLANG.scoring_body(prompt + continuation, len(prompt) - 1, server="sglang", temperature=SCORE_TEMPERATURE)
+        out = await self._call(body, request_id or "score")
+        return SGLANG.scores(out, len(prompt), continuation, server="sglang", where=WHERE)
 
-    async def _call(self, request: GenerateRequest, rid_prefix: str) -> Any:
-        """`async_generate` with the request's fields; the engine's own failures as `BackendError`."""
+    async def _call(self, body: dict[str, Any], rid_prefix: str) -> Any:
+        """`async_generate` with `POST /generate`'s body; the engine's own failures as `BackendError`."""
         # rid must be unique per in-flight request; keep the trajectory id in it for tracing.
         rid = f"{rid_prefix}-{uuid.uuid4().hex[:12]}"
         try:
-            return await self.engine.async_generate(**request.engine_kwargs(), rid=rid)
+            return await self.engine.async_generate(**SGLANG.engine_kwargs(body), rid=rid)
         except (ValueError, TypeError) as e:  # the engine validated the request and refused it
             raise BackendError(f"{WHERE} rejected the request: {e}", retryable=False) from e
         except Exception as e:  # the engine's subprocesses died or timed out

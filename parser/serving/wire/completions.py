@@ -59,11 +59,12 @@ class CompletionRequest(OpenAIRequest):
         return cls.model_construct(prompt=prompt, **fields)
 
     @classmethod
-    def scoring(cls, ids: list[int], server: Server, model: str, temperature: float) -> "CompletionRequest":
-        """log p of given tokens: vLLM's prompt_logprobs (it samples one token it then drops), else an echo."""
+    def scoring(cls, ids: list[int], server: Server, temperature: float) -> "CompletionRequest":
+        """log p of given tokens: vLLM's prompt_logprobs (it samples one token it then drops), else an echo.
+        The client names the served model, as for generation."""
         fields: dict[str, Any] = ({"prompt_logprobs": 0, "max_tokens": 1} if server == "vllm"
                                   else {"echo": True, "logprobs": 0, "max_tokens": 0})
-        return cls.model_construct(prompt=ids, temperature=temperature, top_p=1.0, model=model, **fields)
+        return cls.model_construct(prompt=ids, temperature=temperature, top_p=1.0, **fields)
 
 
 class CompletionLogprobs(WireModel):

@@ -99,18 +99,6 @@ class GenerateRequest(WireModel):
         params = SglangSampling.model_construct(temperature=temperature, top_p=1.0, top_k=-1, max_new_tokens=0)
         return cls.model_construct(input_ids=ids, return_logprob=True, logprob_start_len=start, sampling_params=params)
 
-    def engine_kwargs(self) -> dict[str, Any]:
-        """This request as `sglang.Engine.async_generate` keywords: the engine takes the body of
-        `POST /generate` with `text` named `prompt`, so the in-process engine gets every field the
-        HTTP client sends (a constraint included) from this one builder."""
-        body = self.body()
-        if "text" in body:
-            body["prompt"] = body.pop("text")
-        params = body.get("sampling_params")
-        if params and "stop" in params:
-            params["stop"] = list(params["stop"])
-        return body
-
 
 class MetaInfo(WireModel):
     id: str | None = None
@@ -122,19 +110,19 @@ class MetaInfo(WireModel):
     output_token_logprobs: list[Triple] | None = None
     input_token_logprobs: list[Triple] | None = None
 
-    def finish_kind(self, url: str) -> str | None:
+    def finish_kind(self, where: str) -> str | None:
         """SGLang's finish-reason type; an abort raises, retryable whatever its status_code: SGLang
         validates a request (a prompt over the context: HTTP 400, or ValueError from the in-process
         `sglang.Engine`) before it accepts it, so an abort in a result is this worker giving up on a
         request it took (memory, a restart, a fault), which another worker may serve
         (`parser.serving.backends.pool` moves the chunk). The HTTP client and the engine adapter both read
-        aborts here: one policy."""
+        aborts here (`parser.serving.wire.dialect.SGLANG`): one policy."""
         reason = self.finish_reason
         kind = reason.get("type") if isinstance(reason, dict) else reason
         if kind == "abort":
             code = reason.get("status_code") if isinstance(reason, dict) else None
             raise BackendError(
-                f"POST {url}: request aborted by the server: "
+                f"{where}: request aborted by the server: "
                 f"{reason.get('message') if isinstance(reason, dict) else reason}",
                 retryable=True,
                 status=code,
@@ -159,9 +147,9 @@ class GenerateResponse(WireModel):
             meta.output_token_logprobs = [(lp, t, None) for lp, t in zip(lps, comp.token_ids, strict=bool(lps))]
         return cls(text=comp.text, output_ids=comp.token_ids, meta_info=meta)
 
-    def completion(self, return_logprobs: bool, url: str) -> Completion:
+    def completion(self, return_logprobs: bool, where: str) -> Completion:
         meta = self.meta_info
-        kind = meta.finish_kind(url)
+        kind = meta.finish_kind(where)
         triples = meta.output_token_logprobs or []
         return Completion(
             text=self.text,
