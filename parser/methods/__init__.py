@@ -14,25 +14,19 @@ a method (tests/test_import_graph_on_cpu.py).
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, Mapping
 
 from parser.serving.backends.models import Models
 from parser.base.config import compose_preset
+from parser.base.instantiate import build, locate
 from parser.methods.base import Method, MethodResult, Sample
 
 __all__ = ["Method", "MethodResult", "Sample", "build_method", "method_class", "method_config"]
 
-NOT_ARGUMENTS = ("_target_", "name", "label")  # a method config's keys that are about the method, not passed to it
-
 
 def method_class(target: str) -> type:
     """The class a `_target_` path (`parser.methods.rag.AgenticRAGMethod`) names."""
-    module, _, name = target.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as error:
-        raise ImportError(f"method _target_ {target!r}: cannot import {name!r} from {module!r} ({error})") from error
+    return locate(target, where="method _target_")
 
 
 def build_method(cfg: Mapping[str, Any], models: Models) -> Method:
@@ -41,8 +35,7 @@ def build_method(cfg: Mapping[str, Any], models: Models) -> Method:
     if "_target_" not in cfg:
         raise ValueError(f"method config {cfg.get('name', '?')!r} has no _target_ (configs/method/<name>.yaml "
                          "names its class, e.g. _target_: parser.methods.rag.AgenticRAGMethod)")
-    kwargs = {k: v for k, v in cfg.items() if k not in NOT_ARGUMENTS}
-    return method_class(cfg["_target_"])(models=models, **kwargs)
+    return build(cfg, where=f"method config {cfg.get('name', '?')!r}", models=models)
 
 
 def method_config(name: str, **overrides: Any) -> dict[str, Any]:
