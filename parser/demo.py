@@ -28,6 +28,7 @@ import orjson
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.synthetic_world import build_synthetic_eval
+from parser.serving.backends import in_process
 from parser.serving.backends.models import build_models
 from parser.base.config import check_episode_keys, episode_preset
 from parser.base import hydra_help
@@ -62,7 +63,7 @@ def choose_backend(requested: str) -> tuple[str, str]:
 def needs_cpu_budgets(models_cfg: dict[str, Any]) -> bool:
     """Every role runs in process (transformers) and there is no CUDA GPU: the paper's budgets
     would take hours, so the CPU preset's apply (the demo and parser.ask)."""
-    if not all(s.get("type") == "transformers" or s.get("same_as") for s in models_cfg.values() if isinstance(s, dict)):
+    if not all(s.get("same_as") or in_process(s) for s in models_cfg.values() if isinstance(s, dict)):
         return False
     import torch
 
@@ -150,9 +151,9 @@ def start_subagent_workers(models_cfg: dict[str, Any], num: int, log_dir: Path) 
     processes (real HTTP on 127.0.0.1) and point the subagent role at them; each chunk is pinned
     to one worker, with failover. Rewrites `models_cfg["subagent"]` in place."""
     sub = models_cfg["lead"] if models_cfg["subagent"].get("same_as") == "lead" else models_cfg["subagent"]
-    if sub.get("type") != "transformers":
+    if not in_process(sub, "models.subagent"):
         raise ValueError("workers > 0 serves an in-process (transformers) subagent model; this preset's is remote")
-    launches = worker_launches({"kind": "parser_serve", "num": num, "cpu_model": sub["model"]})
+    launches = worker_launches({"_target_": "parser.serving.gateway.parser_serve_worker", "num": num, "cpu_model": sub["model"]})
     group = ProcessGroup(log_dir)
     try:
         for launch in launches:
@@ -164,7 +165,8 @@ def start_subagent_workers(models_cfg: dict[str, Any], num: int, log_dir: Path) 
         raise
     urls = [launch.url for launch in launches]
     print(f"subagents: {num} parser.serving.server workers at {', '.join(urls)} (logs in {log_dir})")
-    models_cfg["subagent"] = {"type": "http", "api": "sglang", "base_urls": urls, "tokenizer": sub["model"]}
+    models_cfg["subagent"] = {"_target_": "parser.serving.backends.http_backend", "api": "sglang", "base_urls": urls,
+                              "tokenizer": sub["model"]}
     return group
 
 

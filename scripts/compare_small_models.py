@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from data_prep.synthetic_world import build_synthetic_eval
+from parser.serving.backends import TRANSFORMERS
 from parser.serving.backends.models import build_models
 from parser.base.config import episode_preset
 from parser.records.jsonl import JsonlStore
@@ -132,9 +133,9 @@ async def run_model(lead: str, readers: str | None, samples: list[Sample], episo
                     out: Path, probe: bool = False) -> Row:
     label = lead if readers in (None, lead) else f"{lead}+{readers}"
     row = Row(label, probe=probe)
-    subagent = {"same_as": "lead"} if readers in (None, lead) else {"type": "transformers", "model": readers}
+    subagent = {"same_as": "lead"} if readers in (None, lead) else {"_target_": TRANSFORMERS, "model": readers}
     try:
-        models = build_models({"lead": {"type": "transformers", "model": lead}, "subagent": subagent})
+        models = build_models({"lead": {"_target_": TRANSFORMERS, "model": lead}, "subagent": subagent})
     except ValueError as exc:  # a model build_models refuses (it says why): a row, not a crash
         print(f"[compare] {label}: unusable: {exc}", flush=True)
         return dataclasses.replace(row, unusable=str(exc))

@@ -44,8 +44,8 @@ def base_model_dir(tmp_path_factory) -> Path:
 
 
 def test_a_role_without_a_chat_template_is_refused_at_build_naming_role_and_model(base_model_dir):
-    tiny = {"type": "transformers", "model": "tiny-qwen3"}
-    base = {"type": "transformers", "model": str(base_model_dir)}
+    tiny = {"_target_": "parser.serving.backends.transformers.TransformersBackend.from_config", "model": "tiny-qwen3"}
+    base = {"_target_": "parser.serving.backends.transformers.TransformersBackend.from_config", "model": str(base_model_dir)}
     with pytest.raises(ValueError, match=f"models.lead: '{base_model_dir}' .*without a chat template"):
         build_models({"lead": base, "subagent": {"same_as": "lead"}})
     with pytest.raises(ValueError, match=f"models.subagent: '{base_model_dir}' .*without a chat template"):

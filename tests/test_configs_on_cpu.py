@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from parser.base.config import EpisodeConfig
+from parser.serving.backends import TYPE_ALIASES
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -43,11 +44,12 @@ def test_eval_episode_is_train_plus_inference_changes():
 
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (CONFIGS / "backend").glob("*.yaml")))
-def test_backend_presets_name_known_types(preset):
+def test_backend_presets_name_known_targets(preset):
     cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / "backend" / f"{preset}.yaml"))
-    assert cfg["lead"]["type"] in {"transformers", "http", "sglang_engine"}
+    known = set(TYPE_ALIASES["type"].values())
+    assert cfg["lead"]["_target_"] in known
     sub = cfg.get("subagent", {})
-    assert sub.get("same_as") == "lead" or sub.get("type") in {"transformers", "http", "sglang_engine"}
+    assert sub.get("same_as") == "lead" or sub.get("_target_") in known
 
 
 def test_demo_config_composes():

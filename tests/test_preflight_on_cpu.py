@@ -68,7 +68,7 @@ class ModelList:
 
 
 def openai_section(url: str, **extra) -> dict:
-    return {"type": "http", "base_url": url, "api": "completions", "server": "auto", "model": None, "tokenizer": None, **extra}
+    return {"_target_": "parser.serving.backends.http_backend", "base_url": url, "api": "completions", "server": "auto", "model": None, "tokenizer": None, **extra}
 
 
 @pytest.mark.parametrize("owned_by,dialect", [("vllm", "vllm"), ("sglang", "sglang"), ("parser", "vllm"),
@@ -91,10 +91,10 @@ def test_a_server_that_is_down_fails_at_once_naming_its_url():
 def test_a_pool_starts_when_one_worker_answers_and_fails_when_none_does(capsys):
     dead = f"http://127.0.0.1:{free_port()}"
     with ModelList("tiny-qwen3.5", "sglang") as live:
-        pool, _ = build_backend({"type": "http", "api": "completions", "base_urls": [live.url, dead], "tokenizer": "tiny-qwen3.5"})
+        pool, _ = build_backend({"_target_": "parser.serving.backends.http_backend", "api": "completions", "base_urls": [live.url, dead], "tokenizer": "tiny-qwen3.5"})
     assert len(pool.backends) == 2 and dead in capsys.readouterr().out
     with pytest.raises(ServerUnavailable, match=dead):
-        build_backend({"type": "http", "api": "completions", "base_urls": [dead], "tokenizer": "tiny-qwen3.5"})
+        build_backend({"_target_": "parser.serving.backends.http_backend", "api": "completions", "base_urls": [dead], "tokenizer": "tiny-qwen3.5"})
 
 
 def test_offline_a_served_model_this_machine_lacks_names_the_tokenizer_setting(monkeypatch):
@@ -118,4 +118,4 @@ def test_offline_an_unknown_model_name_is_refused_with_the_offline_names(monkeyp
     with pytest.raises(ConfigError, match=r"'tiny-qwen35' is not a local path, not an offline name \(.*tiny-qwen3\.5"):
         load_tokenizer("tiny-qwen35")
     with pytest.raises(ConfigError, match="smollm2"):
-        build_backend({"type": "transformers", "model": "smolm2"})
+        build_backend({"_target_": "parser.serving.backends.transformers.TransformersBackend.from_config", "model": "smolm2"})

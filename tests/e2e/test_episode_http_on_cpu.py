@@ -73,7 +73,7 @@ def _document(n):
 
 def _run(urls, procs, *, pool, kill_turn=2):
     if pool:  # the config path users take: `base_urls` builds a WorkerPool
-        subagents, tokenizer = build_backend({"type": "http", "api": "sglang", "base_urls": urls, "cooldown_s": 60,
+        subagents, tokenizer = build_backend({"_target_": "parser.serving.backends.http_backend", "api": "sglang", "base_urls": urls, "cooldown_s": 60,
                                               "timeout_s": 60, "tokenizer": "tiny-qwen3.5"})
         assert isinstance(subagents, WorkerPool)
     else:

@@ -16,6 +16,7 @@ import pytest
 
 from eval.ruler import build_ruler_report, ruler_score, string_match_all, task_of
 from eval.store import RESULTS, read_jsonl
+from parser.serving.backends import TRANSFORMERS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,7 +97,7 @@ def test_shipped_configs_compose():
         tiny = compose(config_name="ruler_tiny_cpu", overrides=hydra_path)
     assert full.method.episode.chunk_size == 8192 and len(full.ruler.tasks) == 10
     assert list(full.ruler.lengths) == [8192, 16384, 32768, 65536, 131072, 262144, 524288]
-    assert tiny.models.lead.type == "transformers" and tiny.ruler.generate_missing
+    assert tiny.models.lead._target_ == TRANSFORMERS and tiny.ruler.generate_missing
     with initialize_config_dir(config_dir=str(ROOT / "configs" / "data"), version_base="1.3"):
         data = compose(config_name="ruler")
     assert list(data.tasks) == list(full.ruler.tasks) and data.num_samples == 128

@@ -1,6 +1,7 @@
 """`Models`: the backends a method runs on, built once from the `models` config section.
 
-    models = build_models({"lead": {"type": "transformers", "model": "tiny-qwen3.5"},
+    models = build_models({"lead": {"_target_": "parser.serving.backends.transformers.TransformersBackend.from_config",
+                                    "model": "tiny-qwen3.5"},
                            "subagent": {"same_as": "lead"}})
 
 ParSer uses both roles; full-context and MemAgent use only `lead`; agentic RAG and the chunk

@@ -78,7 +78,7 @@ import dataclasses
 import math
 import operator
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -205,6 +205,19 @@ class TransformersBackend:
 
         model, tok = load_model_and_tokenizer(path_or_name, dtype=dtype, **kwargs.pop("model_kwargs", {}))
         return cls(model.to(device), tokenizer or tok, **kwargs)
+
+    @classmethod
+    def from_config(cls, model: str, *, model_kwargs: Mapping[str, Any] | None = None, role: str = "models",
+                    **kwargs: Any) -> tuple["TransformersBackend", Any]:
+        """(backend, tokenizer) for a config section, `_target_:
+        parser.serving.backends.transformers.TransformersBackend.from_config` (configs/backend/tiny_cpu.yaml):
+        `model` a hub name, a path or an offline name; `model_kwargs` go to `from_pretrained`
+        (e.g. `device_map: cuda`); the other keys are this class's. `role` names the section in errors."""
+        from parser.serving.backends.loading import load_model_and_tokenizer, require_loadable
+
+        require_loadable(model, f"{role}.model")
+        loaded, tokenizer = load_model_and_tokenizer(model, **dict(model_kwargs or {}))
+        return cls(loaded, tokenizer, **kwargs), tokenizer
 
     # ------------------------------------------------------------------ Backend protocol
     async def generate(
