@@ -123,7 +123,7 @@ def test_coa_hands_each_unit_to_the_next_worker_in_the_chosen_order(samples, tin
 
     sample = samples[(36, 0)]
     model = ScriptedModel(lambda p, i: f"unit {i}" if "<part>" in p else "from the notes: \\boxed{Criamorburg}")
-    method = ChainOfAgentsMethod(models_for(model, tiny_tokenizer), chunk_size=700, order="chow_liu", scorer={"type": "bm25"})
+    method = ChainOfAgentsMethod(models_for(model, tiny_tokenizer), chunk_size=700, order="chow_liu", scorer={"_target_": "parser.engine.scorers.BM25Scorer.from_config"})
     result = run(method.run(sample))
     chunks = method.chunks(sample.context)
     order = order_by_scores("chow_liu", *BM25Scorer().scores(sample.question, chunks))
@@ -146,7 +146,7 @@ def test_memagent_reads_in_the_configured_order_and_document_order_needs_no_scor
 
     sample = samples[(36, 1)]
     model = ScriptedModel(lambda p, i: f"memory {i}" if "<section>" in p else "\\boxed{x}")
-    dense = MemAgentMethod(models_for(model, tiny_tokenizer), chunk_size=700, order="dense", scorer={"type": "bm25"})
+    dense = MemAgentMethod(models_for(model, tiny_tokenizer), chunk_size=700, order="dense", scorer={"_target_": "parser.engine.scorers.BM25Scorer.from_config"})
     result = run(dense.run(sample))
     chunks = dense.chunks(sample.context)
     order = order_by_scores("dense", *BM25Scorer().scores(sample.question, chunks))

@@ -49,12 +49,12 @@ METHODS = {
     "memagent": (MemAgentMethod, {"chunk_size": 1500, "max_memory_tokens": 12, "max_answer_tokens": 8}),
     "rememr1": (ReMemR1Method, {"chunk_size": 1500, "max_memory_tokens": 12, "max_answer_tokens": 8}),
     "coa_cl": (ChainOfAgentsMethod, {"chunk_size": 1500, "max_summary_tokens": 12, "max_answer_tokens": 8, "order": "chow_liu",
-                                     "scorer": {"type": "embedder", "embedder": {"model": "minilm"}}}),
+                                     "scorer": {"embedder": {"model": "minilm"}}}),
     "rag": (AgenticRAGMethod, {"chunk_size": 1024, "embedder": {"model": "minilm"}, "episode": method_config("rag", episode={"max_turns": 2, **SHORT})["episode"]}),
     "dci": (DCIAgentMethod, {"episode": episode_section("dci", max_turns=2, **SHORT)}),
-    "parser_thinking": (ParSerMethod, {"episode": PARSER_EPISODE, "reader": {"type": "thinking", "max_new_tokens": 12}}),
+    "parser_thinking": (ParSerMethod, {"episode": PARSER_EPISODE, "reader": {"_target_": "parser.engine.readers.ThinkingReader", "max_new_tokens": 12}}),
     "parser_dci": (ParSerMethod, {"episode": PARSER_EPISODE,
-                                  "reader": {"type": "dci", "episode": episode_section("dci_reader", max_turns=1, **SHORT)}}),
+                                  "reader": {"_target_": "parser.engine.readers.DCIReader", "episode": episode_section("dci_reader", max_turns=1, **SHORT)}}),
 }
 SEQUENTIAL_CLASSES = {"memagent": MemAgentMethod, "coa": ChainOfAgentsMethod}
 
@@ -74,7 +74,7 @@ def test_each_method_runs_end_to_end_with_a_tiny_model(label, samples, models):
 SEQUENTIAL = {
     "memagent": {"max_memory_tokens": 8},
     "coa": {"max_summary_tokens": 8},
-    "coa_cl": {"max_summary_tokens": 8, "order": "chow_liu", "scorer": {"type": "bm25"}},
+    "coa_cl": {"max_summary_tokens": 8, "order": "chow_liu", "scorer": {"_target_": "parser.engine.scorers.BM25Scorer.from_config"}},
 }
 
 

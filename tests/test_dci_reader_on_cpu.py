@@ -49,7 +49,7 @@ def test_parser_with_dci_subagents_finds_the_right_chunks(sample, tiny_tokenizer
     model = ScriptedModel(script, tiny_tokenizer, sent="ids")
     models = Models(model, tiny_tokenizer, model, tiny_tokenizer)
     method = ParSerMethod(models, episode={"chunk_size": 600, "max_turns": 3, "lead_temperature": 0.0},
-                          reader={"type": "dci", "episode": episode_section("dci_reader")})
+                          reader={"_target_": "parser.engine.readers.DCIReader", "episode": episode_section("dci_reader")})
     result = asyncio.run(method.run(sample))
     chunks = chunk_document(sample.context, tiny_tokenizer, 600)
     holding = {c.index for c in chunks if name in c.text}

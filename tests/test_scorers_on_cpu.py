@@ -97,8 +97,8 @@ def test_bm25_relevance_and_similarity():
 
 
 def test_build_scorer_says_what_is_missing():
-    assert isinstance(build_scorer({"type": "bm25"}), BM25Scorer)
+    assert isinstance(build_scorer({"_target_": "parser.engine.scorers.BM25Scorer.from_config"}), BM25Scorer)
     with pytest.raises(ValueError, match="scorer.embedder"):
-        build_scorer({"type": "embedder"}, models=None)
-    with pytest.raises(ValueError, match="'embedder' or 'bm25'"):
-        build_scorer({"type": "tfidf"})
+        build_scorer({}, models=None)  # the default scorer embeds
+    with pytest.raises(ValueError, match="scorer: cannot import _target_ 'parser.engine.scorers.TfIdf'"):
+        build_scorer({"_target_": "parser.engine.scorers.TfIdf"})

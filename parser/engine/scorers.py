@@ -4,25 +4,36 @@
 dense embedder or from BM25 (the CL paper compares both scorers). A scorer sees the question
 and the chunks of one document and never calls a language model.
 
-    scorer = build_scorer({"type": "embedder", "embedder": {"model": "minilm"}}, models)
+    scorer = build_scorer({"_target_": EMBEDDER, "embedder": {"model": "minilm"}}, models)
     relevance, similarity = scorer.scores(question, chunks)
     order = order_by_scores("chow_liu", relevance, similarity)
 
-- `embedder`: cosines of L2-normalised embeddings (`parser.serving.backends.embedder`: MiniLM on CPU,
+- `EmbeddingScorer.from_config` (the default): cosines of L2-normalised embeddings (`parser.serving.backends.embedder`: MiniLM on CPU,
   Qwen3-Embedding on GPU presets). The question is embedded as a query (with the model's query
   instruction), chunks as passages; a chunk longer than the embedder's window is embedded window
   by window and pooled (token-weighted mean of the windows' unit vectors). The models config's
   embedder is used if it has one, else the scorer's own `embedder` section.
-- `bm25` (bm25s, Lucene's BM25 with English stop words): relevance = BM25(question, chunk i);
+- `BM25Scorer.from_config` (bm25s, Lucene's BM25 with English stop words): relevance = BM25(question, chunk i);
   similarity S_ij = BM25 of chunk j with chunk i as the query, divided by chunk i's score against
   itself (so a long chunk's many terms do not outweigh a short one's), then averaged over the
   two directions. A chunk with no indexable words scores 0 against everything.
+
+A method config's `scorer:` names one by `_target_` (configs/method/coa.yaml); every scorer is built
+as `from_config(models=..., embedder=..., **its settings)`, since the method configs compose an
+`embedder` section into `scorer`. The old `type: embedder | bm25` still builds for one release,
+with a FutureWarning.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping, Protocol
 
 import numpy as np
+
+from parser.base.instantiate import build
+
+EMBEDDER = "parser.engine.scorers.EmbeddingScorer.from_config"
+# The old `type:` of a scorer section -> its `_target_` (kept for one release).
+TYPE_ALIASES = {"type": {"embedder": EMBEDDER, "bm25": "parser.engine.scorers.BM25Scorer.from_config"}}
 
 
 class Scorer(Protocol):
@@ -34,6 +45,19 @@ class Scorer(Protocol):
 class EmbeddingScorer:
     def __init__(self, embedder: Any):
         self.embedder = embedder
+
+    @classmethod
+    def from_config(cls, *, models: Any = None, embedder: Mapping[str, Any] | None = None) -> "EmbeddingScorer":
+        """Over the models config's embedder if it has one, else this section's `embedder` (e.g. {model: minilm})."""
+        shared = getattr(models, "embedder", None)
+        if shared is not None:
+            return cls(shared)
+        if not embedder:
+            raise ValueError("scorer: EmbeddingScorer needs an embedder: set models.embedder or the method's "
+                             "scorer.embedder (e.g. {model: minilm})")
+        from parser.serving.backends.embedder import build_embedder
+
+        return cls(build_embedder(embedder))
 
     def scores(self, question: str, chunks: list[str]) -> tuple[np.ndarray, np.ndarray]:
         vectors = np.asarray(self.embedder(chunks), dtype=np.float64)
@@ -47,6 +71,12 @@ class BM25Scorer:
         import bm25s  # the `baselines` extra
 
         self.bm25s, self.k1, self.b, self.stopwords = bm25s, k1, b, stopwords
+
+    @classmethod
+    def from_config(cls, *, models: Any = None, embedder: Mapping[str, Any] | None = None, **settings: Any) -> "BM25Scorer":
+        """BM25 reads no model: `models` and the `embedder` section the method configs compose in are
+        not its (`method.scorer._target_=parser.engine.scorers.BM25Scorer.from_config` is the whole switch)."""
+        return cls(**settings)
 
     def _tokens(self, texts: list[str]) -> list[list[str]]:
         return self.bm25s.tokenize(texts, stopwords=self.stopwords, return_ids=False, show_progress=False)
@@ -69,19 +99,6 @@ class BM25Scorer:
 
 
 def build_scorer(cfg: Mapping[str, Any] | None, models: Any = None) -> Scorer:
-    """`{type: embedder, embedder: {...}}` or `{type: bm25, k1:, b:}`; see the module docstring."""
-    cfg = dict(cfg or {"type": "embedder"})
-    kind = cfg.pop("type", "embedder")
-    if kind == "bm25":
-        return BM25Scorer(**cfg)
-    if kind != "embedder":
-        raise ValueError(f"scorer: type must be 'embedder' or 'bm25', got {kind!r}")
-    embedder = getattr(models, "embedder", None)
-    if embedder is None:
-        if not cfg.get("embedder"):
-            raise ValueError("scorer: type embedder needs an embedder: set models.embedder or the method's "
-                             "scorer.embedder (e.g. {model: minilm})")
-        from parser.serving.backends.embedder import build_embedder
-
-        embedder = build_embedder(cfg["embedder"])
-    return EmbeddingScorer(embedder)
+    """The scorer a method's `scorer:` section names (`_target_`; none: the embedding scorer), built
+    with the method's `models`; see the module docstring."""
+    return build(cfg or {"_target_": EMBEDDER}, where="scorer", aliases=TYPE_ALIASES, models=models)

@@ -7,7 +7,7 @@ chunk by `parser.engine.sandbox.tools.Sandbox`. The final reply is the same JSON
 (`{"evidence": ..., "answer": ...}` or `{"answer": "unknown"}`), so `parser.engine.gather` and the lead
 are unchanged.
 
-    reader = build_reader({"type": "dci", "episode": episode_section("dci_reader")}, models)   # parser.base.config
+    reader = build_reader({"_target_": "parser.engine.readers.DCIReader", "episode": episode_section("dci_reader")}, models)
     python -m eval.run method=parser_dci
 """
 from __future__ import annotations
@@ -28,6 +28,13 @@ from parser.engine.tools import ReaderReply
 class DCIReader:
     """`sandbox` holds the `SandboxLimits` of every chunk's sandbox; `sandbox.max_processes`
     bounds the commands running at once over *all* chunks (one scatter round reads them all)."""
+
+    kind = "dci"  # what `Protocol.check_reader` is asked
+
+    @staticmethod
+    def episode_defaults(episode: Any, protocol: Any) -> dict[str, Any]:
+        """None: its agent runs its own episode section (`reader.episode`, configs/episode/dci_reader.yaml)."""
+        return {}
 
     def __init__(self, backend: Backend, tokenizer: Any, *, sandbox: Mapping[str, Any] | None = None, workdir: str | None = None,
                  episode: Mapping[str, Any] | None = None, prompt_version: str = prompts.DEFAULT_VERSION):

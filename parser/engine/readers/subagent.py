@@ -35,6 +35,16 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], **template_kwarg
 class SubagentReader:
     """The frozen subagent of the paper, over any `Backend` (gateway, in-process model, ...)."""
 
+    kind = "subagent"  # what `Protocol.check_reader` is asked (the release protocol has only this reader)
+
+    @staticmethod
+    def episode_defaults(episode: EpisodeConfig, protocol: Protocol) -> dict[str, Any]:
+        """The episode config's subagent settings (temperature, reply budget, prompt version, JSON
+        constraint) and the protocol whose subagent prompt it renders, as this reader's defaults."""
+        return {"temperature": episode.subagent_temperature, "max_new_tokens": episode.subagent_max_tokens,
+                "prompt_version": episode.prompt_version, "protocol": protocol,
+                "json_constrained": episode.constrain_subagents}
+
     def __init__(
         self,
         backend: Backend,

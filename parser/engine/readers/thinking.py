@@ -20,6 +20,14 @@ from parser.engine.tools import ReaderReply
 
 
 class ThinkingReader:
+    kind = "thinking"  # what `Protocol.check_reader` is asked
+
+    @staticmethod
+    def episode_defaults(episode: Any, protocol: Any) -> dict[str, Any]:
+        """None: it samples as a thinking model (its own temperature and budget), not as the
+        episode's direct subagent."""
+        return {}
+
     def __init__(self, backend: Backend, tokenizer: Any, *, temperature: float = 0.6, max_new_tokens: int = 4096,
                  prompt_version: str = prompts.DEFAULT_VERSION):
         self.inner = SubagentReader(backend, tokenizer, temperature=temperature, max_new_tokens=max_new_tokens,
