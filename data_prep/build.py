@@ -6,8 +6,10 @@
     python -m data_prep.build --config-name hotpotqa_train knowledge_filter.backend.base_url=http://127.0.0.1:30000
     python -m data_prep.build --config-name controlled_position source=synthetic_source
 
-Every config names its `recipe` (a function in `data_prep.recipes`); the other keys are that
-function's arguments. `tokenizer` (a name or path, optional) adds token statistics to cards.
+Every config names its recipe by `_target_` (a function in `data_prep.recipes`, e.g.
+`_target_: data_prep.recipes.eval_grid`; the old `recipe: eval_grid` still builds for one release);
+the other keys are that function's arguments. `tokenizer` (a name or path, optional) adds token
+statistics to cards.
 """
 from __future__ import annotations
 
@@ -19,18 +21,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep import recipes
 from data_prep.records import DataError
+from parser.base.instantiate import build, locate, with_target
 from parser.base.resources import config_dir
 
 
 def run(cfg: dict[str, Any]) -> Any:
-    cfg = dict(cfg)
-    recipe = getattr(recipes, cfg.pop("recipe"))
+    cfg = with_target(cfg, where="data config", aliases=recipes.RECIPE_ALIASES)
     tokenizer_name = cfg.pop("tokenizer", None)
-    if tokenizer_name and recipe is recipes.eval_grid:
+    deps: dict[str, Any] = {"name": cfg["name"]} if "name" in cfg else {}  # train_set's: its files', not the config's
+    if tokenizer_name and locate(cfg.get("_target_"), where="data config") is recipes.eval_grid:
         from transformers import AutoTokenizer
 
-        cfg.update(tokenizer=AutoTokenizer.from_pretrained(tokenizer_name), tokenizer_name=tokenizer_name)
-    return recipe(**cfg)
+        deps.update(tokenizer=AutoTokenizer.from_pretrained(tokenizer_name), tokenizer_name=tokenizer_name)
+    return build(cfg, where="data config", **deps)
 
 
 @hydra.main(config_path=str(config_dir("data")), config_name="synthetic_eval", version_base="1.3")

@@ -1,7 +1,9 @@
 """The recipes behind ``configs/data/*.yaml``: source -> questions -> packed sets -> files + cards.
 
-Each recipe is a plain function of config values, so tests call it directly and
-`data_prep.build` (Hydra) only forwards the config. Outputs land in `out_dir`:
+Each recipe is a plain function of config values, named by a data config's `_target_` (e.g.
+`_target_: data_prep.recipes.eval_grid`), so tests call it directly and `data_prep.build` (Hydra)
+only forwards the config. A recipe that can name its files before running declares them with
+`@writes(...)` (what `planned_outputs` returns). Outputs land in `out_dir`:
 
 | recipe | writes |
 |---|---|
@@ -15,15 +17,56 @@ from __future__ import annotations
 import asyncio
 import random
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from data_prep import controlled as ctl
+from parser.base.instantiate import locate, with_target
 from data_prep.files import write_card
 from parser.records.jsonl import atomic_path, read_records, write_records
 from data_prep.packing import build_grid
 from data_prep.records import Corpus, DataError, Question
 from data_prep.sources import load_2wiki, load_hotpotqa, read_2wiki, read_hotpotqa
 from data_prep.verl_parquet import AGENT_NAME, write_rl_parquet
+
+
+# The old `recipe:` of a data config -> its `_target_` (kept for one release).
+RECIPE_ALIASES = {"recipe": {name: f"data_prep.recipes.{name}"
+                             for name in ("eval_grid", "train_set", "controlled", "fetch_released", "learn_sets")}}
+
+Outputs = Callable[[Mapping[str, Any]], list[Path]]
+
+
+def writes(outputs: Outputs) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare the files a recipe writes, as a function of its config (see `planned_outputs`)."""
+    def declare(recipe: Callable[..., Any]) -> Callable[..., Any]:
+        recipe.outputs = outputs  # type: ignore[attr-defined]
+        return recipe
+    return declare
+
+
+def _grid_files(cfg: Mapping[str, Any]) -> list[Path]:
+    names = [f"eval_{length}.json" for length in cfg["lengths"]]
+    if cfg.get("parquet"):
+        names += [f"eval_{length}.parquet" for length in cfg["lengths"]]
+    return [Path(cfg["out_dir"]) / n for n in names]
+
+
+def _released_files(cfg: Mapping[str, Any]) -> list[Path]:
+    if cfg.get("which") == "train":
+        from data_prep.sources import TRAIN_FILE
+
+        return [Path(cfg["out_dir"]) / Path(TRAIN_FILE).name]
+    return _grid_files(cfg)
+
+
+def _train_files(cfg: Mapping[str, Any]) -> list[Path]:
+    out, name = Path(cfg["out_dir"]), cfg.get("name", "train")
+    return [out / f"{name}.parquet"] + ([out / f"{name}.json"] if cfg.get("write_eval_json") else [])
+
+
+def _learn_files(cfg: Mapping[str, Any]) -> list[Path]:
+    return [Path(cfg["out_dir"]) / n for n in ("train.parquet", "warmup.json", "val.parquet",
+                                               *(f"heldout_{length}.json" for length in cfg["heldout_lengths"]))]
 
 
 def load_source(name: str, split: str | None = None, path: str | None = None, revision: str | None = None,
@@ -101,6 +144,7 @@ def _write_eval(out_dir: Path, name: str, rows: list[dict[str, Any]], *, recipe:
     return path
 
 
+@writes(_grid_files)
 def eval_grid(*, source: dict[str, Any], out_dir: str, lengths: Sequence[int], num_questions: int | None = 128,
               seed: int = 0, compat: bool = False, select_mode: str = "random", same_questions: bool = True,
               workers: int = 0, parquet: bool = False, tokenizer: Any = None, tokenizer_name: str | None = None,
@@ -128,6 +172,7 @@ def eval_grid(*, source: dict[str, Any], out_dir: str, lengths: Sequence[int], n
     return out
 
 
+@writes(_train_files)
 def train_set(*, source: dict[str, Any], out_dir: str, name: str = "train", length: int = 200, keep: int | None = 32768,
               seed: int = 0, compat: bool = False, workers: int = 0, knowledge_filter: dict[str, Any] | None = None,
               write_eval_json: bool = False, split: str = "train", agent_name: str = AGENT_NAME) -> Path:
@@ -227,6 +272,7 @@ def controlled(*, kind: str, source: dict[str, Any], out_dir: str, num_questions
             for k, rows in sets.items()}
 
 
+@writes(_released_files)
 def fetch_released(*, out_dir: str, which: str = "memagent", lengths: Sequence[int] = (50, 100, 200, 400, 800, 1600, 3200, 6400),
                    revision: str | None = None) -> dict[int, Path]:
     """Download MemAgent's (`which="memagent"`) or the authors' ("hqa_val" / "2wiki_val") eval files by name,
@@ -251,6 +297,7 @@ def fetch_released(*, out_dir: str, which: str = "memagent", lengths: Sequence[i
     return out
 
 
+@writes(_learn_files)
 def learn_sets(*, out_dir: str, train_world: dict[str, Any], heldout_world: dict[str, Any], types: Sequence[str],
                num_train: int = 128, num_warmup: int = 512, num_heldout: int = 48, train_length: int = 20,
                heldout_lengths: Sequence[int] = (20, 50), seed: int = 0, lexicon: int | None = None,
@@ -297,30 +344,18 @@ def learn_sets(*, out_dir: str, train_world: dict[str, Any], heldout_world: dict
     return written
 
 
-def planned_outputs(cfg: dict[str, Any]) -> list[Path]:
+def planned_outputs(cfg: Mapping[str, Any]) -> list[Path]:
     """The files a data config (`configs/data/*.yaml`, composed) writes, named without running it:
     what README's data commands produce, so a test can check that every training recipe's default
     files come from one of them (tests/test_training_data_on_cpu.py, which also checks these names
-    against what the recipes really write). `controlled` is not covered: its file names carry the
+    against what the recipes really write). `controlled` declares none: its file names carry the
     source's dataset label, known only once the source is read."""
-    recipe, out = cfg["recipe"], Path(cfg["out_dir"])
-    if recipe == "fetch_released" and cfg.get("which") == "train":
-        from data_prep.sources import TRAIN_FILE
-
-        return [out / Path(TRAIN_FILE).name]
-    if recipe in ("eval_grid", "fetch_released"):
-        names = [f"eval_{length}.json" for length in cfg["lengths"]]
-        if cfg.get("parquet"):
-            names += [f"eval_{length}.parquet" for length in cfg["lengths"]]
-        return [out / n for n in names]
-    if recipe == "train_set":
-        name = cfg.get("name", "train")
-        return [out / f"{name}.parquet"] + ([out / f"{name}.json"] if cfg.get("write_eval_json") else [])
-    if recipe == "learn_sets":
-        return [out / n for n in ("train.parquet", "warmup.json", "val.parquet",
-                                  *(f"heldout_{length}.json" for length in cfg["heldout_lengths"]))]
-    raise ValueError(f"planned_outputs: recipe {recipe!r} names its files from the source it reads; "
-                     "known: eval_grid, fetch_released, train_set, learn_sets")
+    cfg = with_target(cfg, where="data config", aliases=RECIPE_ALIASES)
+    outputs = getattr(locate(cfg.get("_target_"), where="data config"), "outputs", None)
+    if outputs is None:
+        raise ValueError(f"planned_outputs: {cfg['_target_']} names its files from the source it reads "
+                         "(it declares no @writes)")
+    return outputs(cfg)
 
 
 def _title(paragraph: str) -> str:

@@ -267,7 +267,7 @@ async def _drive(backend: RecordingBackend, args: argparse.Namespace, fault: str
 
 def run_one(fault: str, setup: str, args: argparse.Namespace, log_root: Path) -> Row:
     group = ProcessGroup(log_root / f"{fault}-{setup}")
-    workers = worker_launches({"kind": "module", "module": "parser.serving.loopback", "num": 3,
+    workers = worker_launches({"_target_": "parser.serving.gateway.module_worker", "module": "parser.serving.loopback", "num": 3,
                                "local_args": {"delay_s": args.delay_s}})
     try:
         for w in workers:

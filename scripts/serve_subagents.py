@@ -14,7 +14,7 @@ binds 127.0.0.1 unless the config says otherwise. Logs: one file per process in 
     python scripts/serve_subagents.py --config-name lead                # the lead agent
     python scripts/serve_subagents.py --config-name yarn_full_context   # ~1M-token baselines
     # CPU, no model: 3 zero-compute loopback workers
-    python scripts/serve_subagents.py workers.kind=module workers.module=parser.serving.loopback workers.num=3 workers.base_port=0
+    python scripts/serve_subagents.py workers._target_=parser.serving.gateway.module_worker workers.module=parser.serving.loopback workers.num=3 workers.base_port=0
 
 Then point the subagent backend at the printed URL (`configs/backend/qwen35_gateway.yaml`) and
 check locality / balance / prefix reuse with `scripts/gateway_report.py` (the command is printed).

@@ -20,6 +20,7 @@ from data_prep.build import run
 from parser.records.jsonl import JsonlStore, write_json
 from data_prep.knowledge_filter import is_correct, last_boxed, parametric_filter
 from data_prep.verl_parquet import AGENT_NAME, write_rl_parquet
+from parser.base.instantiate import locate
 from parser.serving.types import SamplingParams
 from scripted_lead import ScriptedModel
 
@@ -111,7 +112,7 @@ def test_every_data_config_composes_and_fits_its_recipe(name):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = OmegaConf.to_container(compose(config_name=name), resolve=True)
     cfg.pop("hydra", None)
-    recipe = getattr(recipes, cfg.pop("recipe"))
+    recipe = locate(cfg.pop("_target_"), where=name)
     cfg.pop("tokenizer", None)
     inspect.signature(recipe).bind(**cfg)  # every key is an argument of the recipe
     if "source" in cfg:
@@ -140,7 +141,7 @@ def test_train_set_recipe_with_filter_on_the_tiny_model(tmp_path):
     path = recipes.train_set(
         source={"name": "synthetic", "num_questions": 8, "seed": 3, "num_paragraphs": 400}, out_dir=str(tmp_path),
         name="syn_train", length=30, keep=5, knowledge_filter={
-            "backend": {"type": "transformers", "model": "tiny-qwen3.5"}, "samples": 1, "concurrency": 4,
+            "backend": {"_target_": "parser.serving.backends.transformers.TransformersBackend.from_config", "model": "tiny-qwen3.5"}, "samples": 1, "concurrency": 4,
             "sampling": {"max_new_tokens": 4}})
     table = pq.read_table(path).to_pylist()
     card = json.loads(Path(str(path) + ".card.json").read_text())

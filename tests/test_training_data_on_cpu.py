@@ -24,6 +24,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from data_prep import recipes
+from data_prep.build import run as build_data
 from data_prep.records import DataError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +84,7 @@ def produced() -> dict[Path, str]:
     out: dict[Path, str] = {}
     for where, name, overrides in documented_builds():
         cfg = data_config(name, overrides)
-        if cfg["recipe"] == "controlled":  # file names carry the source's label (planned_outputs says why)
+        if cfg["_target_"] == "data_prep.recipes.controlled":  # file names carry the source's label (planned_outputs says why)
             continue
         for path in recipes.planned_outputs(cfg):
             out.setdefault(Path(os.path.normpath(path)), f"{where}: --config-name {name} {' '.join(overrides)}")
@@ -158,7 +159,7 @@ def test_every_documented_data_command_composes():
     assert {"hotpotqa_train", "hotpotqa_val", "memagent_train", "memagent_val", "release_train", "learn_cpu"} <= \
         {name for _, name, _ in builds}
     for where, name, overrides in builds:
-        assert data_config(name, overrides)["recipe"], where
+        assert data_config(name, overrides)["_target_"], where
 
 
 def test_planned_outputs_are_what_the_recipes_write(tmp_path):
@@ -172,7 +173,7 @@ def test_planned_outputs_are_what_the_recipes_write(tmp_path):
     }
     for name, overrides in cases.items():
         cfg = data_config(name, [f"out_dir={tmp_path / name}", *overrides])
-        recipes.__dict__[cfg["recipe"]](**{k: v for k, v in cfg.items() if k not in ("recipe", "tokenizer")})
+        build_data(cfg)
         written = {p for p in (tmp_path / name).iterdir() if not p.name.endswith((".card.json", ".filter.jsonl"))}
         assert written == set(recipes.planned_outputs(cfg)), name
 
@@ -191,7 +192,7 @@ def test_the_knowledge_filter_without_its_server_stops_before_reading_the_source
     cfg = data_config("hotpotqa_train", [f"knowledge_filter.backend.base_url=http://127.0.0.1:{port}",
                                          "source.path=/nonexistent/hotpot.json", "out_dir=/nonexistent"])
     with pytest.raises(DataError) as error:  # a source read first would fail on the missing file instead
-        recipes.train_set(**{k: v for k, v in cfg.items() if k != "recipe"})
+        recipes.train_set(**{k: v for k, v in cfg.items() if k != "_target_"})
     message = str(error.value)
     assert f"127.0.0.1:{port}" in message and "Qwen3.5-9B" in message and "knowledge_filter.enabled=false" in message
     # and README says it at the command

@@ -137,7 +137,7 @@ class LocalWorkers:
     def __init__(self, model: str, num: int, threads: int, log_dir: str | Path):
         from parser.serving.gateway import ProcessGroup, worker_launches
 
-        self.launches = worker_launches({"kind": "parser_serve", "num": num, "cpu_model": model,
+        self.launches = worker_launches({"_target_": "parser.serving.gateway.parser_serve_worker", "num": num, "cpu_model": model,
                                          "env": {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}})
         self.group = ProcessGroup(log_dir)
 

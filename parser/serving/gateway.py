@@ -52,10 +52,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from parser.serving.types import ROUTING_HEADER
+from parser.base.instantiate import locate, with_target
 from parser.base.resources import config_dir
 
 ROUTER_KINDS = ("smg", "sglang_router")
-WORKER_KINDS = ("sglang", "parser_serve", "module")
+# The old `workers.kind` -> the function that writes one worker's command line (kept for one release).
+WORKER_ALIASES = {"kind": {kind: f"parser.serving.gateway.{kind}_worker" for kind in ("sglang", "parser_serve", "module")}}
 # Policies that choose the worker from the routing-key header instead of the prompt text.
 HEADER_KEYED_POLICIES = ("consistent_hashing", "manual")
 # The module each router kind is started with (`python -m MODULE [launch] ...`).
@@ -123,19 +125,15 @@ class Launch:
 
 
 def worker_launches(workers: Mapping[str, Any], python: str = sys.executable) -> list[Launch]:
-    """The worker processes of `workers` (the `workers:` block of a serve config).
+    """The worker processes of `workers` (the `workers:` block of a serve config), one per `num`.
 
-    sglang: one `python -m sglang.launch_server` per `gpus_per_worker` GPUs (CUDA_VISIBLE_DEVICES
-    set per worker, tensor parallel over them); `args` are SGLang server flags. Set `num: 1` and
-    `args.dp_size: 8` to let one SGLang process own all GPUs instead (the router sees one worker).
-    parser_serve: the project's CPU server; module: `python -m <workers.module>`, any server that
-    takes `--host --port --worker-id` as `parser.serving.server` does (the zero-compute loopback
-    worker, `parser.serving.loopback`). One per `num`, with `local_args` as
-    their flags (`args` are SGLang's and are not passed to them).
+    `workers._target_` names the function that writes one worker's command line
+    (`sglang_worker`, the default; `parser_serve_worker`; `module_worker`); the old
+    `kind: sglang | parser_serve | module` still works for one release, with a FutureWarning.
     """
-    kind = _get(workers, "kind", "sglang")
-    if kind not in WORKER_KINDS:
-        raise ValueError(f"workers.kind={kind!r}; expected one of {WORKER_KINDS}")
+    workers = with_target({k: v for k, v in workers.items() if v is not None}, where="workers",
+                          aliases=WORKER_ALIASES, default="parser.serving.gateway.sglang_worker")
+    command = locate(workers["_target_"], where="workers")
     num = int(_get(workers, "num", 1))
     if num < 1:
         raise ValueError(f"workers.num={num}; need at least one worker")
@@ -144,36 +142,53 @@ def worker_launches(workers: Mapping[str, Any], python: str = sys.executable) ->
     base_port = int(_get(workers, "base_port", 0))
     if ports and len(ports) != num:
         raise ValueError(f"workers.ports has {len(ports)} entries for workers.num={num}")
+    launches = []
+    for i in range(num):
+        port = int(ports[i]) if ports else (base_port + i if base_port else free_port(host))
+        argv, env = command(workers, index=i, host=host, port=port, python=python)
+        env = {**{str(k): str(v) for k, v in _get(workers, "env", {}).items()}, **env}
+        launches.append(Launch(f"worker{i}", argv, http_url(host, port), env))
+    return launches
+
+
+def sglang_worker(workers: Mapping[str, Any], *, index: int, host: str, port: int,
+                  python: str) -> tuple[list[str], dict[str, str]]:
+    """`python -m sglang.launch_server` on `gpus_per_worker` GPUs of its own (CUDA_VISIBLE_DEVICES,
+    tensor parallel over them); `args` are SGLang server flags. Set `num: 1` and `args.dp_size: 8`
+    to let one SGLang process own all GPUs instead (the router sees one worker)."""
+    model = _get(workers, "model_path")
+    if not model:
+        raise ValueError("workers.model_path is required for workers._target_=parser.serving.gateway.sglang_worker")
     args = dict(_get(workers, "args", {}))
-    local_args = flags(_get(workers, "local_args", {}), "workers.local_args")
     per = int(_get(workers, "gpus_per_worker", 1))
     if per > 1:
         args.setdefault("tp_size", per)
     first = int(_get(workers, "first_gpu", 0))
-    launches = []
-    for i in range(num):
-        port = int(ports[i]) if ports else (base_port + i if base_port else free_port(host))
-        env = {str(k): str(v) for k, v in _get(workers, "env", {}).items()}
-        if kind == "sglang":
-            model = _get(workers, "model_path")
-            if not model:
-                raise ValueError("workers.model_path is required for workers.kind=sglang")
-            argv = [python, "-m", "sglang.launch_server", "--model-path", str(model),
-                    "--host", host, "--port", str(port), *flags(args, "workers.args")]
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + i * per + g) for g in range(per))
-        elif kind == "parser_serve":
-            model = _get(workers, "cpu_model", "tiny-qwen3.5")
-            argv = [python, "-m", "parser.serving.server", "--model", str(model), "--host", host,
-                    "--port", str(port), "--worker-id", f"w{i}", *local_args]
-        else:
-            module = _get(workers, "module")
-            if not module:
-                raise ValueError("workers.module is required for workers.kind=module "
-                                 "(a module run as `python -m MODULE --host H --port P --worker-id wI`)")
-            argv = [python, "-m", str(module), "--host", host, "--port", str(port),
-                    "--worker-id", f"w{i}", *local_args]
-        launches.append(Launch(f"worker{i}", argv, http_url(host, port), env))
-    return launches
+    argv = [python, "-m", "sglang.launch_server", "--model-path", str(model),
+            "--host", host, "--port", str(port), *flags(args, "workers.args")]
+    return argv, {"CUDA_VISIBLE_DEVICES": ",".join(str(first + index * per + g) for g in range(per))}
+
+
+def parser_serve_worker(workers: Mapping[str, Any], *, index: int, host: str, port: int,
+                        python: str) -> tuple[list[str], dict[str, str]]:
+    """The project's CPU server (`python -m parser.serving.server`) on `cpu_model`, `local_args` as
+    its flags (`args` are SGLang's and are not passed)."""
+    model = _get(workers, "cpu_model", "tiny-qwen3.5")
+    return [python, "-m", "parser.serving.server", "--model", str(model), "--host", host, "--port", str(port),
+            "--worker-id", f"w{index}", *flags(_get(workers, "local_args", {}), "workers.local_args")], {}
+
+
+def module_worker(workers: Mapping[str, Any], *, index: int, host: str, port: int,
+                  python: str) -> tuple[list[str], dict[str, str]]:
+    """`python -m <workers.module>`: any server that takes `--host --port --worker-id` as
+    `parser.serving.server` does (the zero-compute loopback worker, `parser.serving.loopback`),
+    `local_args` as its flags."""
+    module = _get(workers, "module")
+    if not module:
+        raise ValueError("workers.module is required for workers._target_=parser.serving.gateway.module_worker "
+                         "(a module run as `python -m MODULE --host H --port P --worker-id wI`)")
+    return [python, "-m", str(module), "--host", host, "--port", str(port), "--worker-id", f"w{index}",
+            *flags(_get(workers, "local_args", {}), "workers.local_args")], {}
 
 
 def router_preset(kind: str) -> dict[str, Any]:

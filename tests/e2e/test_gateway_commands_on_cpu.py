@@ -60,7 +60,7 @@ def test_every_router_flag_of_every_serve_config_is_in_the_binarys_help(name, ki
 
 @pytest.mark.parametrize("kind", ROUTER_KINDS)
 def test_a_flag_the_binary_does_not_know_fails_before_anything_starts(kind, tmp_path):
-    cfg = _config("default", [f"router={kind}", "workers.kind=module", "workers.module=parser.serving.loopback", "workers.num=1", "workers.base_port=0",
+    cfg = _config("default", [f"router={kind}", "workers._target_=parser.serving.gateway.module_worker", "workers.module=parser.serving.loopback", "workers.num=1", "workers.base_port=0",
                               f"log_dir={tmp_path}", "+router.args.routing_key_overide=true"])
     gateway = Gateway.from_config(cfg)
     with pytest.raises(ValueError, match="--routing-key-overide is not a flag"):
@@ -136,14 +136,14 @@ def test_flags_spell_values_like_the_servers_expect():
 
 
 def test_bad_worker_config_is_named():
-    with pytest.raises(ValueError, match="workers.kind"):
-        worker_launches({"kind": "vllm"})
+    with pytest.raises(ValueError, match="workers: cannot import _target_ 'parser.serving.gateway.vllm_worker'"):
+        worker_launches({"_target_": "parser.serving.gateway.vllm_worker"})
     with pytest.raises(ValueError, match="workers.model_path"):
-        worker_launches({"kind": "sglang", "num": 1})
+        worker_launches({"num": 1})  # the default: SGLang workers
     with pytest.raises(ValueError, match="workers.ports"):
-        worker_launches({"kind": "module", "module": "parser.serving.loopback", "num": 2, "ports": [1]})
+        worker_launches({"_target_": "parser.serving.gateway.module_worker", "module": "parser.serving.loopback", "num": 2, "ports": [1]})
     with pytest.raises(ValueError, match="workers.module"):
-        worker_launches({"kind": "module", "num": 1})
+        worker_launches({"_target_": "parser.serving.gateway.module_worker", "num": 1})
 
 
 def test_serve_script_dry_run_prints_commands_and_starts_nothing(tmp_path):

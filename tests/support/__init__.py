@@ -15,4 +15,4 @@ from __future__ import annotations
 
 def loopback_workers(num: int, **local_args) -> dict:
     """A serve config's `workers:` block of `num` loopback workers (`parser.serving.gateway`'s `module` kind)."""
-    return {"kind": "module", "module": "parser.serving.loopback", "num": num, "local_args": local_args}
+    return {"_target_": "parser.serving.gateway.module_worker", "module": "parser.serving.loopback", "num": num, "local_args": local_args}
