@@ -15,6 +15,7 @@ only forwards the config. A recipe that can name its files before running declar
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -83,21 +84,33 @@ def load_source(name: str, split: str | None = None, path: str | None = None, re
 
 def _load_source(name: str, split: str | None, path: str | None, revision: str | None, compat: bool,
                  **synthetic: Any) -> tuple[list[Question], Corpus, dict[str, Any]]:
-    if name == "synthetic":
-        from data_prep.synthetic_world import synthetic_source
+    return SOURCES.get(name, _dataset_source)(name, split, path, revision, compat, **synthetic)
 
-        questions, corpus = synthetic_source(**synthetic)
-        return questions, corpus, {"name": "synthetic", **synthetic}
+
+def _synthetic_source(name: str, split: str | None, path: str | None, revision: str | None, compat: bool,
+                      **world: Any) -> tuple[list[Question], Corpus, dict[str, Any]]:
+    from data_prep.synthetic_world import synthetic_source
+
+    questions, corpus = synthetic_source(**world)
+    return questions, corpus, {"name": "synthetic", **world}
+
+
+def _dataset_source(name: str, split: str | None, path: str | None, revision: str | None, compat: bool,
+                    **_: Any) -> tuple[list[Question], Corpus, dict[str, Any]]:
+    """A local file (read in its dataset's format; any other name: FlashRAG's, as 2Wiki's) or the hub."""
     if path:
-        rows = _read_rows(path)
-        reader = read_hotpotqa if name == "hotpotqa" else read_2wiki
-        questions, corpus = reader(rows, source=str(path), compat=compat)
+        questions, corpus = READERS.get(name, read_2wiki)(_read_rows(path), source=str(path), compat=compat)
         return questions, corpus, {"name": name, "path": str(path)}
-    if name == "hotpotqa":
-        return (*load_hotpotqa(split or "validation", revision, compat), {"name": "hotpotqa/hotpot_qa:distractor", "split": split, "revision": revision})
-    if name == "2wiki":
-        return (*load_2wiki(split or "dev", revision, compat), {"name": "RUC-NLPIR/FlashRAG_datasets:2wikimultihopqa", "split": split, "revision": revision})
-    raise ValueError(f"unknown source {name!r}; known: hotpotqa, 2wiki, synthetic")
+    if name not in HUB:
+        raise ValueError(f"unknown source {name!r}; known: {', '.join([*HUB, *SOURCES])}")
+    load, default_split, label = HUB[name]
+    return (*load(split or default_split, revision, compat), {"name": label, "split": split, "revision": revision})
+
+
+SOURCES = {"synthetic": _synthetic_source}  # a source with its own loader; any other name is a dataset
+READERS = {"hotpotqa": read_hotpotqa, "2wiki": read_2wiki}  # a local file's format, by dataset
+HUB = {"hotpotqa": (load_hotpotqa, "validation", "hotpotqa/hotpot_qa:distractor"),  # loader, default split, label
+       "2wiki": (load_2wiki, "dev", "RUC-NLPIR/FlashRAG_datasets:2wikimultihopqa")}
 
 
 def _read_rows(path: str) -> list[dict[str, Any]]:
@@ -249,27 +262,41 @@ def controlled(*, kind: str, source: dict[str, Any], out_dir: str, num_questions
                distances: Sequence[int] = (0, 200, 800, 1600, 2400, 3200), pad: int = 1600,
                qtype: str | None = "bridge_comparison") -> dict[str, Path]:
     """Position / order / distance sets (see `data_prep.controlled`), one file per variant."""
+    if kind not in CONTROLS:
+        raise ValueError(f"kind must be {', '.join(CONTROLS)}; got {kind!r}")
     questions, corpus, provenance = load_source(**source)
     dataset = questions[0].dataset if questions else "empty"
-    if kind == "position":
-        sets = ctl.position_sets(select(questions, num_questions, seed, select_mode), corpus, length=length, seed=seed, starts=starts)
-        names = {k: f"eval_{dataset}_{length}_position_{k}" for k in sets}
-    elif kind == "order":
-        eligible = [q for q in questions if (not qtype or q.qtype == qtype) and len(q.gold) >= 2 and q.evidences]
-        sets = ctl.order_sets(select(eligible, num_questions, seed, select_mode), corpus, length=length, seed=seed, qtype=qtype)
-        names = {k: f"eval_{dataset}_{length}_{k}" for k in sets}
-    elif kind == "distance":
-        eligible = [q for q in questions if len(q.gold) == 2]
-        sets = ctl.distance_sets(select(eligible, num_questions, seed, select_mode), corpus, distances=distances, pad=pad, seed=seed)
-        names = {k: f"eval_{dataset}_distance_{k}" for k in sets}
-    else:
-        raise ValueError(f"kind must be position, order or distance; got {kind!r}")
+    pick = functools.partial(select, n=num_questions, seed=seed, mode=select_mode)
+    sets, names = CONTROLS[kind](questions, corpus, pick, dataset=dataset, length=length, seed=seed, starts=starts,
+                                 distances=distances, pad=pad, qtype=qtype)
     if not any(sets.values()):
         raise DataError(f"no {dataset} question qualifies for the {kind} control")
     config = {"kind": kind, "num_questions": num_questions, "length": length, "seed": seed, "starts": list(starts),
               "distances": list(distances), "pad": pad, "qtype": qtype}
     return {k: _write_eval(Path(out_dir), names[k], rows, recipe=f"controlled/{kind}/{dataset}", config=config, source=provenance)
             for k, rows in sets.items()}
+
+
+def _position(questions: list[Question], corpus: Corpus, pick: Callable[..., list[Question]], *, dataset: str,
+              length: int, seed: int, starts: Sequence[int], **_: Any) -> tuple[dict[Any, list], dict[Any, str]]:
+    sets = ctl.position_sets(pick(questions), corpus, length=length, seed=seed, starts=starts)
+    return sets, {k: f"eval_{dataset}_{length}_position_{k}" for k in sets}
+
+
+def _order(questions: list[Question], corpus: Corpus, pick: Callable[..., list[Question]], *, dataset: str,
+           length: int, seed: int, qtype: str | None, **_: Any) -> tuple[dict[Any, list], dict[Any, str]]:
+    eligible = [q for q in questions if (not qtype or q.qtype == qtype) and len(q.gold) >= 2 and q.evidences]
+    sets = ctl.order_sets(pick(eligible), corpus, length=length, seed=seed, qtype=qtype)
+    return sets, {k: f"eval_{dataset}_{length}_{k}" for k in sets}
+
+
+def _distance(questions: list[Question], corpus: Corpus, pick: Callable[..., list[Question]], *, dataset: str,
+              seed: int, distances: Sequence[int], pad: int, **_: Any) -> tuple[dict[Any, list], dict[Any, str]]:
+    sets = ctl.distance_sets(pick([q for q in questions if len(q.gold) == 2]), corpus, distances=distances, pad=pad, seed=seed)
+    return sets, {k: f"eval_{dataset}_distance_{k}" for k in sets}
+
+
+CONTROLS = {"position": _position, "order": _order, "distance": _distance}  # controlled(kind=...): its sets and file names
 
 
 @writes(_released_files)

@@ -154,7 +154,7 @@ def test_memagent_reads_in_the_configured_order_and_document_order_needs_no_scor
     assert all(chunks[index] in model.prompts[k] for k, index in enumerate(order))
     document = MemAgentMethod(models_for(model, tiny_tokenizer), scorer={"type": "no such scorer"})
     assert document.scorer is None  # today's behaviour: nothing is embedded or scored
-    with pytest.raises(ValueError, match="'embedder' or 'bm25'"):
+    with pytest.raises(ValueError, match=r"scorer: unknown type 'no such scorer' \(expected one of embedder, bm25"):
         MemAgentMethod(models_for(model, tiny_tokenizer), order="chow_liu", scorer={"type": "no such scorer"})
     with pytest.raises(ValueError, match="unknown chunk order 'reverse'"):
         ReMemR1Method(models_for(model, tiny_tokenizer), order="reverse")

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Protocol
 
 import numpy as np
 
-from parser.base.instantiate import build
+from parser.base.instantiate import build, with_target
 
 EMBEDDER = "parser.engine.scorers.EmbeddingScorer.from_config"
 # The old `type:` of a scorer section -> its `_target_` (kept for one release).
@@ -101,4 +101,5 @@ class BM25Scorer:
 def build_scorer(cfg: Mapping[str, Any] | None, models: Any = None) -> Scorer:
     """The scorer a method's `scorer:` section names (`_target_`; none: the embedding scorer), built
     with the method's `models`; see the module docstring."""
-    return build(cfg or {"_target_": EMBEDDER}, where="scorer", aliases=TYPE_ALIASES, models=models)
+    cfg = with_target(cfg or {}, where="scorer", aliases=TYPE_ALIASES, default=EMBEDDER)
+    return build(cfg, where="scorer", models=models)

@@ -63,6 +63,7 @@ HEADER_KEYED_POLICIES = ("consistent_hashing", "manual")
 # The module each router kind is started with (`python -m MODULE [launch] ...`).
 ROUTER_MODULES = {"smg": ("smg", "launch"), "sglang_router": ("sglang_router.launch_router",)}
 ROUTER_PRESETS = config_dir("serve", "router")
+ROUTER_EXTRAS = {"smg": "gateway", "sglang_router": "sglang-router"}  # the package extra that installs each router
 
 
 # ---------------------------------------------------------------------------- small helpers
@@ -239,7 +240,7 @@ def router_help(kind: str, python: str = sys.executable) -> str:
     except (OSError, subprocess.TimeoutExpired) as error:
         raise RuntimeError(f"{shlex.join(argv)}: {error}") from error
     if done.returncode != 0 or "--worker-urls" not in done.stdout:
-        extra = "pip install 'parser-agents[gateway]'" if kind == "smg" else "pip install 'parser-agents[sglang-router]'"
+        extra = f"pip install 'parser-agents[{ROUTER_EXTRAS[kind]}]'"
         raise RuntimeError(f"{shlex.join(argv)} failed (exit {done.returncode}; is it installed? {extra}):\n"
                            f"{(done.stderr or done.stdout)[-2000:]}")
     return done.stdout
