@@ -2,12 +2,23 @@
 
 Training reads the token view (`prompt_ids`, `response_ids`, `response_mask`,
 `response_logprobs`); eval, the report and the trajectory viewer read the turns, findings,
-timings and failures. `to_dict()` is the JSONL row format (token view optional).
+timings and failures. `to_dict()` is the JSONL row format (token view optional); `from_dict()`
+reads it back (an eval row's trace, `parser.records.trace.load_trace`).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar, Mapping
+
+from parser.records.trace import Trace
+
+ABSTAIN_COUNT = "abstain_count"  # on disk a query's abstentions are one row with their count
+
+
+def _known(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of `d` that are fields of `cls` (rows keep keys a later version dropped)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
 
 
 @dataclasses.dataclass
@@ -49,6 +60,19 @@ class QueryRecord:
     def failures(self) -> int:
         return sum(c.status == "failed" for c in self.calls)
 
+    @classmethod
+    def from_dict(cls, q: Mapping[str, Any]) -> QueryRecord:
+        """A query as `dataclasses.asdict` or `Trajectory.to_dict` wrote it (abstentions counted:
+        each comes back as a call of chunk -1)."""
+        calls: list[SubagentCall] = []
+        for c in q.get("calls", []):
+            if c.get("status") == ABSTAIN_COUNT:
+                calls += [SubagentCall(chunk_index=-1, status="abstain") for _ in range(int(c.get("count", 0)))]
+            else:
+                calls.append(SubagentCall(**_known(SubagentCall, c)))
+        return cls(**{**_known(cls, q), "findings": [Finding(**_known(Finding, f)) for f in q.get("findings", [])],
+                      "calls": calls})
+
 
 @dataclasses.dataclass
 class Turn:
@@ -69,7 +93,12 @@ class Turn:
 
 
 @dataclasses.dataclass
-class Trajectory:
+class Trajectory(Trace):
+    """One episode (trace kind "episode"). `extras`: a method's own part, written beside the
+    engine's keys (LongHarness's `longharness` rounds, RAG's `index_s`, DCI's `tool_calls`)."""
+
+    kind: ClassVar[str] = "episode"
+
     question: str
     doc_id: str
     num_chunks: int
@@ -90,6 +119,7 @@ class Trajectory:
     response_logprobs: list[float] = dataclasses.field(default_factory=list)
     # [start, end) in response_ids of each invalid turn's generated tokens (for a protocol's mask rule)
     invalid_turn_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    extras: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def mask_invalid_turns(self, trainable: bool) -> None:
         """Invalid turns' tokens are trained (mask 1) if `trainable`, else masked out
@@ -133,14 +163,35 @@ class Trajectory:
 
     def to_dict(self, with_tokens: bool = False) -> dict[str, Any]:
         row = dataclasses.asdict(self)
+        extras = row.pop("extras")
         if not with_tokens:
             for key in ("prompt_ids", "response_ids", "response_mask", "response_logprobs"):
                 row.pop(key)
         for turn in row["turns"]:
             for query in turn["queries"]:  # keep failures and findings, drop bulky abstention rows
                 query["calls"] = [c for c in query["calls"] if c["status"] != "abstain"] + [
-                    {"status": "abstain_count", "count": sum(c["status"] == "abstain" for c in query["calls"])}
+                    {"status": ABSTAIN_COUNT, "count": sum(c["status"] == "abstain" for c in query["calls"])}
                 ]
         row["stats"] = self.stats()
         row["failures"] = self.failures
-        return row
+        return {**row, **extras}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Trajectory:
+        """Read `to_dict`'s object back. Abstentions were kept only as a count, and their tokens
+        only in the stored `stats` totals: each comes back as a call of chunk -1, the first one
+        carrying those tokens, so `stats()` and `to_dict()` give what was written."""
+        derived = {"stats", "failures", "kind"}
+        fields = {f.name for f in dataclasses.fields(cls)}
+        turns = [Turn(**{**_known(Turn, t), "queries": [QueryRecord.from_dict(q) for q in t.get("queries", [])]})
+                 for t in d.get("turns", [])]
+        trajectory = cls(**{**_known(cls, d), "turns": turns,
+                            "invalid_turn_spans": [tuple(span) for span in d.get("invalid_turn_spans", [])],
+                            "extras": {k: v for k, v in d.items() if k not in fields and k not in derived}})
+        abstained = [c for t in turns for q in t.queries for c in q.calls if c.status == "abstain"]
+        if abstained and d.get("stats"):
+            unseen = {name: int(d["stats"].get(f"subagent_{name}", 0)) for name in ("prompt_tokens", "completion_tokens", "cached_tokens")}
+            kept = trajectory.stats()
+            for name, total in unseen.items():
+                setattr(abstained[0], name, total - int(kept[f"subagent_{name}"]))
+        return trajectory
