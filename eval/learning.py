@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import json
+from operator import methodcaller
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -51,7 +52,7 @@ def rl_tables(rows: Sequence[ResultRow]) -> dict[str, dict[str, Any]]:
     tables: dict[str, dict[str, Any]] = {}
     cells: dict[tuple, dict[int, float]] = collections.defaultdict(dict)
     for (dataset, backbone, method, variant, length), members in groups.items():
-        cells[(dataset, backbone, method, variant)][length] = 100 * _run_averaged(members, PRIMARY)
+        cells[(dataset, backbone, method, variant)][length] = 100 * _run_averaged(members, methodcaller("score", PRIMARY))
     order = {WITHOUT: 0, WITH: 1}
     for (dataset, backbone, method, variant), values in sorted(cells.items(), key=lambda kv: (*kv[0][:3], order.get(kv[0][3], 2), kv[0][3])):
         table = tables.setdefault(dataset, {"lengths": set(), "lines": []})
@@ -131,7 +132,7 @@ def summary(rows: Sequence[ResultRow], steps: dict[int, dict[str, float]]) -> di
         by_length: dict[int, list[ResultRow]] = collections.defaultdict(list)
         for r in members:
             by_length[r.length].append(r)
-        return round(100 * _mean([_run_averaged(v, PRIMARY) for v in by_length.values()]), 2)
+        return round(100 * _mean([_run_averaged(v, methodcaller("score", PRIMARY)) for v in by_length.values()]), 2)
 
     questions = {v: {r.question for r in members} for v, members in by_variant.items()}
     if questions[WITHOUT] != questions[WITH]:

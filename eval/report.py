@@ -47,6 +47,7 @@ import json
 import math
 import re
 import statistics
+from operator import methodcaller
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -56,6 +57,8 @@ from parser.records.metrics import mean as _mean
 from eval.provenance import ManifestDamaged, read_manifest
 from eval.store import RESULTS, read_results, read_timings
 from parser.records.result import ResultRow, TimingLine
+from parser.records.trace import SequentialTrace
+from parser.records.trajectory import Trajectory
 
 MARKERS = ("o", "s", "^", "D", "v", "x", "P", "*")
 DASHES = ("-", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1)))
@@ -157,9 +160,9 @@ def accuracy_cells(rows: Sequence[ResultRow], metric: str = PRIMARY) -> dict[tup
     cells: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = collections.defaultdict(dict)
     for (dataset, backbone, row, length), members in sorted(groups.items()):
         runs = sorted({m.run for m in members})
-        per_run = [run_averaged([m for m in members if m.run == run], metric) for run in runs]
+        per_run = [run_averaged([m for m in members if m.run == run], methodcaller("score", metric)) for run in runs]
         cells[(dataset, backbone, row)][length] = {
-            "value": scale * run_averaged(members, metric), "n": len(members) // max(len(runs), 1), "runs": len(runs),
+            "value": scale * run_averaged(members, methodcaller("score", metric)), "n": len(members) // max(len(runs), 1), "runs": len(runs),
             "std": scale * statistics.stdev(per_run) if len(per_run) > 1 else None}
     return dict(cells)
 
@@ -343,12 +346,11 @@ def token_table(rows: Sequence[ResultRow]) -> list[dict[str, Any]]:
 def lead_prompt_table(rows: Sequence[ResultRow]) -> list[dict[str, Any]]:
     """The lead's prompt per turn, from saved records (`Turn.prompt_tokens`): how it grows with
     the rounds (ParSer's appended history) or stays within a budget (LongHarness's state).
-    Rows without a record are left out; groups with none are not listed."""
+    Rows without an episode's trace are left out; groups with none are not listed."""
     groups: dict[tuple, list[list[int]]] = collections.defaultdict(list)
     for r in rows:
-        turns = (r.record or {}).get("turns") or []
-        if r.condition is None and turns:
-            groups[(r.dataset, r.backbone, r.row, int(r.length))].append([int(t.get("prompt_tokens", 0)) for t in turns])
+        if r.condition is None and isinstance(r.trace, Trajectory) and r.trace.turns:
+            groups[(r.dataset, r.backbone, r.row, int(r.length))].append([t.prompt_tokens for t in r.trace.turns])
     table = []
     for (d, b, m, L), samples in sorted(groups.items()):
         depth = max(len(s) for s in samples)
@@ -386,7 +388,7 @@ def controlled_table(rows: Sequence[ResultRow]) -> dict[str, dict[str, Any]]:
     for (d, b, m, cond), members in groups.items():
         table = out.setdefault(d, {"analysis": analysis_of(d, by_dataset[d]), "conditions": sorted(order[d], key=order[d].get),
                                    "lines": {}})
-        table["lines"].setdefault((b, m), {})[cond] = (100 if BY_NAME[PRIMARY].percent else 1) * run_averaged(members, PRIMARY)
+        table["lines"].setdefault((b, m), {})[cond] = (100 if BY_NAME[PRIMARY].percent else 1) * run_averaged(members, methodcaller("score", PRIMARY))
     for table in out.values():
         table["spread"] = {line: max_delta_avg(list(values.values()))[0] for line, values in table["lines"].items()}
     rank = list(ANALYSES)  # the paper's panel order: position, order, distance
@@ -413,19 +415,19 @@ def evidence_reading(rows: Sequence[ResultRow]) -> list[dict[str, Any]]:
     groups: dict[tuple, list[tuple[float, float, int, float]]] = collections.defaultdict(list)
     chunks: dict[tuple, list[int]] = collections.defaultdict(list)
     for r in rows:
-        record, gold = r.record or {}, r.meta.get("gold_paragraph_ids")
-        if "reading_order" not in record or "chunk_paragraphs" not in record or not gold:
+        trace, gold = r.trace, r.meta.get("gold_paragraph_ids")
+        if not isinstance(trace, SequentialTrace) or not gold:
             continue
-        step = {chunk: k for k, chunk in enumerate(record["reading_order"])}
-        holder = {pid: c for c, pids in enumerate(record["chunk_paragraphs"]) for pid in pids}
+        step = {chunk: k for k, chunk in enumerate(trace.reading_order)}
+        holder = {pid: c for c, pids in enumerate(trace.chunk_paragraphs) for pid in pids}
         steps = sorted(step[holder[g]] for g in gold if g in holder)
         if not steps:
             continue
-        last_step = max(len(record["reading_order"]) - 1, 1)
+        last_step = max(len(trace.reading_order) - 1, 1)
         chain = [step[holder[g]] for g in (r.meta.get("evidence_order") or gold) if g in holder]
         key = (r.dataset, r.backbone, r.row, r.condition)
         groups[key].append((steps[0] / last_step, steps[-1] / last_step, steps[-1] - steps[0], float(chain == sorted(chain))))
-        chunks[key].append(len(record["reading_order"]))
+        chunks[key].append(len(trace.reading_order))
     return [{"dataset": d, "backbone": b, "row": m, "condition": c, "samples": len(v), "chunks": _mean(chunks[(d, b, m, c)]),
              "first": _mean([x[0] for x in v]), "last": _mean([x[1] for x in v]), "gap": _mean([x[2] for x in v]),
              "in_order": _mean([x[3] for x in v])}

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import math
 import sys
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -100,7 +101,7 @@ def score_table(scored: Sequence[Scored]) -> dict[str, Any]:
         groups[(s.row.backbone, s.row.row, s.task, s.row.length)].append(s)
     table: dict[str, Any] = {}
     for (backbone, label, task, length), rs in sorted(groups.items()):
-        cell = {"value": 100 * run_averaged(rs, "ruler_score"), "samples": len(rs), "runs": len({s.run for s in rs})}
+        cell = {"value": 100 * run_averaged(rs, attrgetter("ruler_score")), "samples": len(rs), "runs": len({s.run for s in rs})}
         table.setdefault(f"{backbone} / {label}", {}).setdefault(task, {})[length] = cell
     return table
 

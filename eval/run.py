@@ -57,6 +57,7 @@ from parser.base.config import ConfigError, check_episode_keys, preset_spelling
 from parser.methods import Method, MethodResult, Sample, build_method
 from parser.base.resources import config_dir
 from parser.records.result import Key, ResultRow, TimingLine
+from parser.records.trace import dump_trace
 
 
 def seed_everything(seed: int) -> None:
@@ -98,7 +99,7 @@ def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, c
         question=sample.question,
         answers=sample.answers,
         prediction=result.answer,
-        **score(result.answer, sample.answers, completion_text(result.record)),
+        scores=score(result.answer, sample.answers, completion_text(result.trace)),
         steps=result.steps,
         wall_s=round(result.wall_s, 4),
         lead_output_tokens=result.lead_output_tokens,
@@ -108,7 +109,7 @@ def result_row(subset: Subset, run: int, sample: Sample, result: MethodResult, c
         finished_at=round(time.time(), 3),  # with `session`: times a subset whose session was killed
         session=session,
         concurrency=int(cfg.concurrency),
-        record=result.record if save_record else None,
+        trace=result.trace if save_record else None,
     )
 
 
@@ -183,7 +184,7 @@ async def run_subset(method: Method, subset: Subset, run: int, store: ResultsSto
                 log_failure(sample, repr(err), traceback=traceback.format_exc())
                 return
         if result.failed:  # no fair run (e.g. the subagents' gateway was down): not a wrong answer
-            log_failure(sample, result.failed, record=result.record)
+            log_failure(sample, result.failed, record=dump_trace(result.trace) if result.trace is not None else None)
             return
         row = result_row(subset, run, sample, result, cfg, bool(cfg.save_records), session)
         tally.streak = 0

@@ -25,7 +25,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 from eval.store import read_results
 from parser.methods import method_class, method_config
+from parser.records.metrics import PRIMARY
 from parser.records.result import ResultRow
+from parser.records.trace import SequentialTrace
+from parser.records.trajectory import Trajectory
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#1d1d1f;background:#fafafa}
@@ -54,51 +57,49 @@ def _mark(score: float | None) -> str:
     return '<span class="ok">✓</span>' if score >= 1 else '<span class="bad">✗</span>'
 
 
-def render_trajectory(record: dict[str, Any]) -> str:
+def render_trajectory(trajectory: Trajectory) -> str:
     parts = []
-    for turn in record.get("turns", []):
-        parts.append(f'<div class="turn"><div><b>Round {esc(int(turn.get("index", 0)) + 1)}</b>'
-                     f'<span class="tag">{esc(turn.get("lead_tokens", 0))} lead tokens</span>'
-                     f'<span class="tag">{esc(round(float(turn.get("lead_latency_s", 0)), 2))} s lead</span>'
-                     f'<span class="tag">{esc(round(float(turn.get("scatter_latency_s", 0)), 2))} s scatter</span>'
-                     + ('<span class="tag warn">cut at token limit</span>' if turn.get("finish_reason") == "length" else "")
+    for turn in trajectory.turns:
+        parts.append(f'<div class="turn"><div><b>Round {esc(turn.index + 1)}</b>'
+                     f'<span class="tag">{esc(turn.lead_tokens)} lead tokens</span>'
+                     f'<span class="tag">{esc(round(float(turn.lead_latency_s), 2))} s lead</span>'
+                     f'<span class="tag">{esc(round(float(turn.scatter_latency_s), 2))} s scatter</span>'
+                     + ('<span class="tag warn">cut at token limit</span>' if turn.finish_reason == "length" else "")
                      + "</div>")
-        if turn.get("thinking"):
-            parts.append(f'<div class="think">{esc(turn["thinking"])}</div>')
-        if turn.get("action_error"):
-            parts.append(f'<div class="warn">invalid action: {esc(turn["action_error"])}</div>'
-                         f'<pre>{esc(turn.get("text", ""))}</pre>')
-        for q in turn.get("queries", []):
-            calls = q.get("calls", [])
-            abstained = sum(c.get("count", 0) for c in calls if c.get("status") == "abstain_count")
-            failed = [c for c in calls if c.get("status") == "failed"]
-            findings = q.get("findings", [])
-            parts.append(f'<div class="query">query_agents: <b>{esc(q.get("query"))}</b>'
-                         f'<span class="tag">{len(findings)} finding(s)</span><span class="tag">{abstained} abstained</span>'
+        if turn.thinking:
+            parts.append(f'<div class="think">{esc(turn.thinking)}</div>')
+        if turn.action_error:
+            parts.append(f'<div class="warn">invalid action: {esc(turn.action_error)}</div>'
+                         f'<pre>{esc(turn.text)}</pre>')
+        for q in turn.queries:
+            abstained = sum(c.status == "abstain" for c in q.calls)
+            failed = [c for c in q.calls if c.status == "failed"]
+            parts.append(f'<div class="query">query_agents: <b>{esc(q.query)}</b>'
+                         f'<span class="tag">{len(q.findings)} finding(s)</span><span class="tag">{abstained} abstained</span>'
                          + (f'<span class="tag bad">{len(failed)} failed</span>' if failed else "")
-                         + (f'<span class="tag warn">{esc(q.get("omitted"))} cut by budget</span>' if q.get("omitted") else "")
+                         + (f'<span class="tag warn">{esc(q.omitted)} cut by budget</span>' if q.omitted else "")
                          + "</div>")
-            for f in findings:
-                agents = [f.get("agent")] + list(f.get("merged_agents") or [])
-                parts.append(f'<div class="finding"><b>{esc(", ".join(a for a in agents if a))}</b>: {esc(f.get("answer"))}'
-                             + (f'<div class="evidence">evidence: {esc(f.get("evidence"))}</div>' if f.get("evidence") else "")
+            for f in q.findings:
+                agents = [f.agent, *f.merged_agents]
+                parts.append(f'<div class="finding"><b>{esc(", ".join(a for a in agents if a))}</b>: {esc(f.answer)}'
+                             + (f'<div class="evidence">evidence: {esc(f.evidence)}</div>' if f.evidence else "")
                              + "</div>")
             for c in failed:
-                parts.append(f'<div class="failed">chunk {esc(c.get("chunk_index"))} failed after {esc(c.get("attempts"))} '
-                             f'attempt(s): {esc(c.get("error"))}</div>')
-        if turn.get("answer") is not None:
-            parts.append(f'<div class="answer">answer: {esc(turn["answer"])}</div>')
+                parts.append(f'<div class="failed">chunk {esc(c.chunk_index)} failed after {esc(c.attempts)} '
+                             f'attempt(s): {esc(c.error)}</div>')
+        if turn.answer is not None:
+            parts.append(f'<div class="answer">answer: {esc(turn.answer)}</div>')
         parts.append("</div>")
-    stop = record.get("stop_reason")
-    if stop and stop != "answer":
-        parts.append(f'<div class="warn">stopped: {esc(stop)}</div>')
+    if trajectory.stop_reason and trajectory.stop_reason != "answer":
+        parts.append(f'<div class="warn">stopped: {esc(trajectory.stop_reason)}</div>')
     return "\n".join(parts)
 
 
 @functools.lru_cache(maxsize=None)
 def method_view(name: str) -> Callable[[dict[str, Any]], str] | None:
     """The renderer a method declares for what this page does not show (`view = "module:function"`
-    on the class its configs/method/<name>.yaml names), or None: the page names no method."""
+    on the class its configs/method/<name>.yaml names; it is given the trajectory's `extras`, the
+    method's own part), or None: the page names no method."""
     try:
         target = method_config(name)["_target_"]
     except FileNotFoundError:  # a row whose method has no config here (an old or a renamed one)
@@ -111,36 +112,36 @@ def method_view(name: str) -> Callable[[dict[str, Any]], str] | None:
 
 
 def render_sample(row: ResultRow, anchor: str, open_: bool = False) -> str:
-    score = row.sub_em
-    record = row.record or {}
+    score, trace = row.scores.get(PRIMARY), row.trace
+    num_chunks = trace.num_chunks if isinstance(trace, (Trajectory, SequentialTrace)) else None
     summary = (f'{_mark(score)} <code>{esc(row.sample_id)}</code> · L={esc(row.length)} · run {esc(row.run)}'
                + (f' · {esc(row.condition)}' if row.condition else "")
                + f' — {esc(row.question)}')
     body = [f'<p><b>Question:</b> {esc(row.question)}</p>',
             f'<p><b>Prediction:</b> {esc(row.prediction) or "<i>(no answer)</i>"} {_mark(score)} &nbsp; <b>Gold:</b> '
             f'{esc(" | ".join(row.answers))}</p>',
-            f'<p class="meta">Sub_EM {esc(score)} · EM {esc(row.em)} · {esc(row.steps)} steps · '
+            f'<p class="meta">Sub_EM {esc(score)} · EM {esc(row.scores.get("em"))} · {esc(row.steps)} steps · '
             f'{esc(row.wall_s)} s · lead {esc(row.lead_output_tokens)} / subagents '
             f'{esc(row.subagent_output_tokens)} output tokens'
-            + (f' · {esc(record.get("num_chunks"))} chunks' if record.get("num_chunks") is not None else "") + "</p>"]
-    if record.get("turns") is not None:
-        body.append(render_trajectory(record))
+            + (f' · {esc(num_chunks)} chunks' if num_chunks is not None else "") + "</p>"]
+    if isinstance(trace, Trajectory):
+        body.append(render_trajectory(trace))
         view = method_view(row.method)
         if view is not None:
-            body.append(view(record))
-    elif record:
-        body.append(f"<pre>{esc(json.dumps(record, indent=1, ensure_ascii=False, default=str))}</pre>")
+            body.append(view(trace.extras))
+    elif trace is not None:
+        body.append(f"<pre>{esc(json.dumps(trace.to_dict(), indent=1, ensure_ascii=False, default=str))}</pre>")
     return f'<details class="sample" id="{anchor}"{" open" if open_ else ""}><summary>{summary}</summary>\n' + "\n".join(body) + "\n</details>"
 
 
 def render_page(rows: Sequence[ResultRow], title: str) -> str:
     rows = sorted(rows, key=lambda r: (r.dataset, r.length, r.condition or "", r.run, r.sample_id))
-    correct = sum(r.sub_em or 0 for r in rows)
+    correct = sum(r.scores.get(PRIMARY) or 0 for r in rows)
     index = ["<table class='index'><tr><th></th><th>sample</th><th>L</th><th>run</th><th>prediction</th><th>gold</th><th>steps</th></tr>"]
     samples = []
     for i, r in enumerate(rows):
         anchor = f"s{i}"
-        index.append(f'<tr><td>{_mark(r.sub_em)}</td><td><a href="#{anchor}">{esc(r.sample_id)}</a></td>'
+        index.append(f'<tr><td>{_mark(r.scores.get(PRIMARY))}</td><td><a href="#{anchor}">{esc(r.sample_id)}</a></td>'
                      f'<td>{esc(r.length)}</td><td>{esc(r.run)}</td><td>{esc(r.prediction or "—")}</td>'
                      f'<td>{esc(" | ".join(r.answers))}</td><td>{esc(r.steps)}</td></tr>')
         samples.append(render_sample(r, anchor, open_=i == 0))  # the first one open: the page shows a trajectory
@@ -154,7 +155,7 @@ def render_page(rows: Sequence[ResultRow], title: str) -> str:
 
 
 def select(rows: Iterable[ResultRow], only_wrong: bool = False, max_samples: int | None = None) -> list[ResultRow]:
-    chosen = [r for r in rows if not only_wrong or not r.sub_em]
+    chosen = [r for r in rows if not only_wrong or not r.scores.get(PRIMARY)]
     return chosen[:max_samples] if max_samples else chosen
 
 

@@ -33,6 +33,8 @@ from parser.engine import progress
 from parser.text.chunking import Chunk, render_paragraphs
 from parser.base.config import ConfigError, check_episode_keys, preset_spelling
 from parser.base.resources import config_dir
+from parser.records.trace import Trace
+from parser.records.trajectory import Trajectory
 from parser.text.reward import normalize_answer
 
 CONFIG_DIR = config_dir()
@@ -57,7 +59,7 @@ class Reply:
     question: str
     answer: str | None
     evidence: list[Evidence]
-    record: dict[str, Any]  # the method's trace (ParSer: the trajectory)
+    record: dict[str, Any]  # the method's result as a JSON row (`MethodResult.to_dict`: its trace under `record`)
 
 
 def read_document(path: str | Path) -> str:
@@ -85,25 +87,27 @@ def read_document(path: str | Path) -> str:
     return text
 
 
-def evidence_for(answer: str | None, record: dict[str, Any], chunks: Sequence[Chunk]) -> list[Evidence]:
+def evidence_for(answer: str | None, trace: Trace | None, chunks: Sequence[Chunk]) -> list[Evidence]:
     """The findings that agree with `answer` (normalised, one containing the other), each quote
-    checked against its chunk; none agreeing: every finding of the episode, so nothing read is hidden."""
-    findings = [f for turn in record.get("turns", []) for q in turn.get("queries", []) for f in q.get("findings", [])]
+    checked against its chunk; none agreeing: every finding of the episode, so nothing read is hidden.
+    A method that runs no episode (its trace is not a `Trajectory`) has no findings."""
+    turns = trace.turns if isinstance(trace, Trajectory) else []
+    findings = [f for turn in turns for q in turn.queries for f in q.findings]
     if not findings:
         return []
     target = normalize_answer(answer or "")
-    agreeing = [f for f in findings if target and _agrees(normalize_answer(f["answer"]), target)]
+    agreeing = [f for f in findings if target and _agrees(normalize_answer(f.answer), target)]
     texts = {chunk.index: chunk.text for chunk in chunks}
     seen, out = set(), []
     for finding in agreeing or findings:
-        for agent in [finding["agent"], *finding.get("merged_agents", [])]:
+        for agent in [finding.agent, *finding.merged_agents]:
             index = int(agent.rsplit("_", 1)[-1])
-            key = (index, finding["answer"], finding.get("evidence", ""))
+            key = (index, finding.answer, finding.evidence)
             if key in seen:
                 continue
             seen.add(key)
-            quote = finding.get("evidence", "") or ""
-            out.append(Evidence(index, agent, finding["answer"], quote, bool(quote) and quote in texts.get(index, "")))
+            quote = finding.evidence or ""
+            out.append(Evidence(index, agent, finding.answer, quote, bool(quote) and quote in texts.get(index, "")))
     return out
 
 
@@ -164,9 +168,9 @@ async def ask_async(document: str, questions: Iterable[str], cfg: Any, echo: boo
             sample = Sample(id=f"ask-{number}", question=question.strip(), answers=[], context=document)
             if echo:
                 print(f"\n=== {sample.question}", flush=True)
-            with progress.listening(lambda _doc, turn: print_turn(dataclasses.asdict(turn), len(chunks)) if echo else None):
+            with progress.listening(lambda _doc, turn: print_turn(turn, len(chunks)) if echo else None):
                 result = await method.run(sample)
-            reply = Reply(sample.question, result.answer, evidence_for(result.answer, result.record, chunks), result.to_dict())
+            reply = Reply(sample.question, result.answer, evidence_for(result.answer, result.trace, chunks), result.to_dict())
             if echo:
                 print_reply(reply)
             replies.append(reply)

@@ -36,6 +36,7 @@ from parser.engine import progress
 from parser.serving.gateway import ProcessGroup, worker_launches
 from parser.methods import MethodResult, Sample
 from parser.methods.parser import ParSerMethod
+from parser.records.trajectory import QueryRecord, Trajectory, Turn
 from parser.base.resources import config_dir
 from parser.text.reward import sub_em
 
@@ -81,40 +82,40 @@ def print_header(sample: Sample, chunks: int) -> None:
     print(f"    gold: {sample.answers}   the document: {chunks} chunks, each read by its own subagent", flush=True)
 
 
-def print_turn(turn: dict[str, Any], chunks: int) -> None:
+def print_turn(turn: Turn, chunks: int) -> None:
     """One line per round, read as the method: the lead's query -> how many of the T chunks'
     subagents answered -> what they answered; or the lead's answer. Printed as the turn ends."""
-    lead = f"turn {turn['index'] + 1} (lead {turn['lead_latency_s']:.1f} s)"
-    if turn["action_error"]:
-        print(f"  {lead}: invalid action ({turn['action_error']})", flush=True)
-    for query in turn["queries"]:
-        print(f"  {lead}: {query['query']!r} -> {round_summary(query, chunks)}", flush=True)
-    if turn["answer"] is not None:
-        print(f"  {lead}: answer {turn['answer']!r}", flush=True)
+    lead = f"turn {turn.index + 1} (lead {turn.lead_latency_s:.1f} s)"
+    if turn.action_error:
+        print(f"  {lead}: invalid action ({turn.action_error})", flush=True)
+    for query in turn.queries:
+        print(f"  {lead}: {query.query!r} -> {round_summary(query, chunks)}", flush=True)
+    if turn.answer is not None:
+        print(f"  {lead}: answer {turn.answer!r}", flush=True)
 
 
 def print_result(sample: Sample, result: MethodResult, score: float) -> None:
     """The sample's closing line (its turns were printed as they ended: `print_turn`)."""
-    record = result.record
-    reading = sum(t["scatter_latency_s"] for t in record["turns"])
-    print(f"  answer: {result.answer!r}   Sub_EM: {score:.0f}   stop: {record['stop_reason']}   latency: {result.wall_s:.1f} s "
+    trajectory = result.trace
+    reading = sum(t.scatter_latency_s for t in trajectory.turns)
+    print(f"  answer: {result.answer!r}   Sub_EM: {score:.0f}   stop: {trajectory.stop_reason}   latency: {result.wall_s:.1f} s "
           f"(reading {reading:.1f} s)   sequential steps: {result.steps}")
     if result.failed:  # eval would count this sample as failed, not score it
         print(f"  FAILED: {result.failed}")
 
 
-def round_summary(query: dict[str, Any], chunks: int, shown: int = 4) -> str:
+def round_summary(query: QueryRecord, chunks: int, shown: int = 4) -> str:
     """"k of T chunks answered in S s: 'A' (agent_2, agent_5), 'B' (agent_9), ..." for one scatter round."""
-    findings = query["findings"]
-    answered = sum(1 + len(f["merged_agents"]) for f in findings)
-    failed = sum(c["status"] == "failed" for c in query["calls"])
-    answers = ", ".join(f"{f['answer'][:40]!r} ({', '.join([f['agent'], *f['merged_agents']][:3])})" for f in findings[:shown])
+    findings = query.findings
+    answered = sum(1 + len(f.merged_agents) for f in findings)
+    answers = ", ".join(f"{f.answer[:40]!r} ({', '.join([f.agent, *f.merged_agents][:3])})" for f in findings[:shown])
     more = f", +{len(findings) - shown} more" if len(findings) > shown else ""
-    failures = f", {failed} failed" if failed else ""
-    return f"{answered} of {chunks} chunks answered in {query['latency_s']:.1f} s{failures}" + (f": {answers}{more}" if answers else "")
+    failures = f", {query.failures} failed" if query.failures else ""
+    return f"{answered} of {chunks} chunks answered in {query.latency_s:.1f} s{failures}" + (f": {answers}{more}" if answers else "")
 
 
-async def run_demo(cfg: DictConfig, log_dir: Path) -> list[dict[str, Any]]:
+async def run_demo(cfg: DictConfig, log_dir: Path) -> list[tuple[dict[str, Any], Trajectory]]:
+    """Each sample's JSON row (written to `cfg.output`) and its trajectory (read for the summary)."""
     preset, reason = choose_backend(cfg.models)
     print(f"models: {preset} ({reason})")
     models_cfg = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "backend" / f"{preset}.yaml"))
@@ -133,11 +134,12 @@ async def run_demo(cfg: DictConfig, log_dir: Path) -> list[dict[str, Any]]:
             for sample in samples:
                 chunks = len(method.protocol.chunk(sample.context, method.models.subagent_tokenizer))
                 print_header(sample, chunks)
-                with progress.listening(lambda _doc, turn: print_turn(dataclasses.asdict(turn), chunks)):
+                with progress.listening(lambda _doc, turn: print_turn(turn, chunks)):
                     result = await method.run(sample)
                 score = sub_em(result.answer, sample.answers)
                 print_result(sample, result, score)
-                rows_out.append({"id": sample.id, "question": sample.question, "answers": sample.answers, "sub_em": score, **result.to_dict()})
+                row = {"id": sample.id, "question": sample.question, "answers": sample.answers, "sub_em": score, **result.to_dict()}
+                rows_out.append((row, result.trace))
         finally:
             await method.aclose()
     finally:
@@ -175,13 +177,13 @@ hydra_help.register()
 
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="demo")
 def main(cfg: DictConfig) -> None:
-    rows = asyncio.run(run_demo(cfg, Path(HydraConfig.get().runtime.output_dir) / "workers"))
+    done = asyncio.run(run_demo(cfg, Path(HydraConfig.get().runtime.output_dir) / "workers"))
     output = Path(hydra.utils.get_original_cwd()) / cfg.output
-    output.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
-    accuracy = sum(r["sub_em"] for r in rows) / max(len(rows), 1)
-    print(f"\nSub_EM {accuracy:.2f} over {len(rows)} samples; trajectories written to {output}")
-    rounds = sum(len(turn["queries"]) for r in rows for turn in r["record"]["turns"])
-    constraints = sorted({c for r in rows for c in r["record"]["constraints"]})
+    output.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row, _ in done))
+    accuracy = sum(row["sub_em"] for row, _ in done) / max(len(done), 1)
+    print(f"\nSub_EM {accuracy:.2f} over {len(done)} samples; trajectories written to {output}")
+    rounds = sum(len(turn.queries) for _, trajectory in done for turn in trajectory.turns)
+    constraints = sorted({c for _, trajectory in done for c in trajectory.constraints})
     if constraints:
         print(f"constrained decoding: {', '.join(constraints)} (the paper's configs leave it off)")
     if not rounds:

@@ -49,6 +49,8 @@ from parser.serving.backends import TRANSFORMERS
 from parser.serving.backends.models import build_models
 from parser.base.config import episode_preset
 from parser.records.jsonl import JsonlStore
+from parser.records.trace import load_trace
+from parser.records.trajectory import QueryRecord, Trajectory
 from parser.methods import Sample
 from parser.methods.parser import ParSerMethod
 from parser.text.reward import normalize_answer, sub_em
@@ -92,20 +94,28 @@ class Row:
 
     def count(self, line: dict[str, Any], chunks: dict[int, str]) -> None:
         """Add one sample's stored line: its findings checked against the chunks they came from."""
-        queries = line["queries"] if self.probe else [q for turn in line["record"]["turns"] for q in turn["queries"]]
+        queries = line_queries(line, self.probe)
         for query in queries:
             self.rounds += 1
-            for finding in query["findings"]:
-                for agent in [finding["agent"], *finding["merged_agents"]]:
+            for finding in query.findings:
+                for agent in [finding.agent, *finding.merged_agents]:
                     self.findings += 1
-                    self.grounded += grounded(finding["answer"], chunks[int(agent.split("_")[1])])
+                    self.grounded += grounded(finding.answer, chunks[int(agent.split("_")[1])])
         self.samples += 1
         if self.probe:
-            self.gold_found += any(sub_em(f["answer"], line["answers"]) for q in queries for f in q["findings"])
+            self.gold_found += any(sub_em(f.answer, line["answers"]) for q in queries for f in q.findings)
         else:
             self.answered += bool(line["answer"])
             self.sub_em += line["sub_em"]
             self.episode_s += line["wall_s"]
+
+
+def line_queries(line: dict[str, Any], probe: bool) -> list[QueryRecord]:
+    """A stored line's scatter rounds: the probe's one round, or every round of the episode's trajectory."""
+    if probe:
+        return [QueryRecord.from_dict(q) for q in line["queries"]]
+    trajectory = load_trace(line["record"])
+    return [q for turn in trajectory.turns for q in turn.queries] if isinstance(trajectory, Trajectory) else []
 
 
 def grounded(answer: str, chunk_text: str) -> bool:
@@ -161,7 +171,7 @@ async def run_model(lead: str, readers: str | None, samples: list[Sample], episo
         store.append(line)
         ran += 1
         row.count(line, {c.index: c.text for c in chunks})
-        told = "findings " + str(len(line["queries"][0]["findings"])) if probe else f"answer {line['answer']!r}"
+        told = f"findings {len(line_queries(line, probe)[0].findings)}" if probe else f"answer {line['answer']!r}"
         print(f"[compare] {label} {sample.id}: {told} (gold {sample.answers[0]!r}) {line['wall_s']:.1f} s; "
               f"load {os.getloadavg()[0]:.1f}", flush=True)
 

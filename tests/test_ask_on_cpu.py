@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from parser.ask import evidence_for, main, read_document
+from parser.records.trajectory import Finding, QueryRecord, Trajectory, Turn
 from parser.text.chunking import Chunk
 from parser.base.config import ConfigError
 
@@ -46,17 +47,18 @@ def test_evidence_is_the_agreeing_findings_with_each_quote_checked_against_its_c
     chunks = [Chunk(0, "Zorvan is a film directed by Miro Tal.", (1,), 9), Chunk(1, "The Aurel's captain: Ines Varo.", (2,), 8)]
 
     def finding(agent, answer, evidence, merged=()):
-        return {"agent": agent, "chunk_index": int(agent[6:]), "answer": answer, "evidence": evidence, "merged_agents": list(merged)}
+        return Finding(agent, int(agent[6:]), answer, evidence, list(merged))
 
-    record = {"turns": [{"queries": [{"findings": [
-        finding("agent_0", "Miro Tal", "directed by Miro Tal", merged=["agent_1"]),
-        finding("agent_1", "Ines Varo", "captained by Ines Varo"),  # paraphrased: not verbatim in chunk 1
-    ]}]}]}
+    query = QueryRecord("who?", [finding("agent_0", "Miro Tal", "directed by Miro Tal", merged=["agent_1"]),
+                                 finding("agent_1", "Ines Varo", "captained by Ines Varo")],  # paraphrased: not verbatim in chunk 1
+                        calls=[], observation="")
+    record = Trajectory("who?", "d", 2, turns=[Turn(0, "", "", [query], None, None, 1, "stop", 0.1)])
     evidence = evidence_for("Miro Tal.", record, chunks)
     assert [(e.chunk_index, e.agent, e.in_chunk) for e in evidence] == [(0, "agent_0", True), (1, "agent_1", False)]
     everything = evidence_for("Someone else", record, chunks)  # none agrees: every finding, nothing hidden
     assert [(e.chunk_index, e.answer) for e in everything] == [(0, "Miro Tal"), (1, "Miro Tal"), (1, "Ines Varo")]
-    assert evidence_for("Miro Tal", {"turns": []}, chunks) == []
+    assert evidence_for("Miro Tal", Trajectory("who?", "d", 2), chunks) == []
+    assert evidence_for("Miro Tal", None, chunks) == []  # a method without an episode has no findings
 
 
 def test_the_command_prints_each_round_and_the_answer_and_writes_the_trajectory(tmp_path, capsys):

@@ -72,11 +72,11 @@ def test_full_context_overflow_is_said_clearly(samples, tiny_tokenizer):
     small = dict(max_context_tokens=3000, max_new_tokens=200, followup_max_new_tokens=20)
     skipped = run(FullContextMethod(models_for(model, tiny_tokenizer), **small).run(sample))
     assert skipped.answer is None and model.prompts == []
-    assert "document is" in skipped.record["error"] and "YaRN" in skipped.record["error"]
+    assert "document is" in skipped.trace.fields["error"] and "YaRN" in skipped.trace.fields["error"]
     with pytest.raises(ContextOverflow, match="max_context_tokens=3000"):
         run(FullContextMethod(models_for(model, tiny_tokenizer), on_overflow="error", **small).run(sample))
     cut = run(FullContextMethod(models_for(model, tiny_tokenizer), on_overflow="truncate_middle", **small).run(sample))
-    assert cut.record["overflow"] and len(tiny_tokenizer.encode(model.prompts[0])) <= 3000
+    assert cut.trace.fields["overflow"] and len(tiny_tokenizer.encode(model.prompts[0])) <= 3000
     assert sample.context[:200] in model.prompts[0] and sample.context[-200:] in model.prompts[0]
 
 
@@ -94,7 +94,7 @@ def test_memagent_threads_memory_through_chunks_in_order(samples, tiny_tokenizer
         assert f"<memory>\nmemory after update {i - 1}\n</memory>" in model.prompts[i]
         assert chunks[i] in model.prompts[i]
     assert "<section>" not in model.prompts[-1] and f"memory after update {len(chunks) - 1}" in model.prompts[-1]
-    assert result.answer == "Vrystork" and result.record["extracted_by"] == "recurrent"  # MemAgent's run scripts' mode
+    assert result.answer == "Vrystork" and result.trace.extracted_by == "recurrent"  # MemAgent's run scripts' mode
 
 
 def test_rememr1_recalls_the_most_similar_past_memory(samples, tiny_tokenizer):
@@ -113,7 +113,7 @@ def test_rememr1_recalls_the_most_similar_past_memory(samples, tiny_tokenizer):
     recall_turn = len(notes)  # the first update that asks for a recall; the next prompt shows the memory
     assert f"<recalled_memory>\n<thinking>t</thinking>{notes[0]}\n</recalled_memory>" in model.prompts[recall_turn + 1]
     assert "No memory was recalled." in model.prompts[1]
-    assert result.answer == "1905" and result.record["updates"][recall_turn]["recalled"] is True
+    assert result.answer == "1905" and result.trace.updates[recall_turn]["recalled"] is True
 
 
 def test_coa_hands_each_unit_to_the_next_worker_in_the_chosen_order(samples, tiny_tokenizer):
@@ -127,7 +127,7 @@ def test_coa_hands_each_unit_to_the_next_worker_in_the_chosen_order(samples, tin
     result = run(method.run(sample))
     chunks = method.chunks(sample.context)
     order = order_by_scores("chow_liu", *BM25Scorer().scores(sample.question, chunks))
-    assert result.record["reading_order"] == order != list(range(len(chunks))) and sorted(order) == list(range(len(chunks)))
+    assert result.trace.reading_order == order != list(range(len(chunks))) and sorted(order) == list(range(len(chunks)))
     assert result.steps == len(chunks) + 1 == len(model.prompts)  # workers, then the manager
     assert NO_UNIT in model.prompts[0] and f"Question: {sample.question}" in model.prompts[0]
     for k, index in enumerate(order):
@@ -136,8 +136,8 @@ def test_coa_hands_each_unit_to_the_next_worker_in_the_chosen_order(samples, tin
             assert f"<notes>\nunit {k - 1}\n</notes>" in model.prompts[k]
     manager = model.prompts[-1]
     assert "<part>" not in manager and f"<notes>\nunit {len(chunks) - 1}\n</notes>" in manager
-    assert result.answer == "Criamorburg" and result.record["final_unit"] == f"unit {len(chunks) - 1}"
-    assert [u["chunk"] for u in result.record["updates"]] == order
+    assert result.answer == "Criamorburg" and result.trace.extras["final_unit"] == f"unit {len(chunks) - 1}"
+    assert [u["chunk"] for u in result.trace.updates] == order
 
 
 def test_memagent_reads_in_the_configured_order_and_document_order_needs_no_scorer(samples, tiny_tokenizer):
@@ -150,7 +150,7 @@ def test_memagent_reads_in_the_configured_order_and_document_order_needs_no_scor
     result = run(dense.run(sample))
     chunks = dense.chunks(sample.context)
     order = order_by_scores("dense", *BM25Scorer().scores(sample.question, chunks))
-    assert [u["chunk"] for u in result.record["updates"]] == order and result.steps == len(chunks) + 1
+    assert [u["chunk"] for u in result.trace.updates] == order and result.steps == len(chunks) + 1
     assert all(chunks[index] in model.prompts[k] for k, index in enumerate(order))
     document = MemAgentMethod(models_for(model, tiny_tokenizer), scorer={"type": "no such scorer"})
     assert document.scorer is None  # today's behaviour: nothing is embedded or scored
@@ -188,7 +188,7 @@ def test_rag_retrieves_the_gold_paragraph_top3(samples, tiny_tokenizer, minilm):
     model = ScriptedModel(lambda p, i: ("plan</think>" + call) if i == 0 else "done</think><answer>x</answer>", tiny_tokenizer, sent="ids")
     method = AgenticRAGMethod(models_for(model, tiny_tokenizer, embedder=minilm), chunk_size=600, episode=method_config("rag")["episode"])
     result = run(method.run(sample))
-    assert result.answer == "x" and result.steps == 2 and result.record["stop_reason"] == "answer"
+    assert result.answer == "x" and result.steps == 2 and result.trace.stop_reason == "answer"
     observation = model.prompts[1].rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>")[0]
     payload = json.loads(observation)
     assert payload["query"] == query and [r["rank"] for r in payload["results"]] == [1, 2, 3]
@@ -215,19 +215,19 @@ def test_dci_agent_searches_reads_and_answers(samples, tiny_tokenizer):
     script = ["look</think>" + calls, "hmm</think>" + escape, "ok</think>\nThe answer is Lake Y."]
     model = ScriptedModel(lambda p, i: script[i], tiny_tokenizer, sent="ids")
     result = run(DCIAgentMethod(models_for(model, tiny_tokenizer), episode=episode_section("dci")).run(sample))
-    assert result.steps == 3 and result.record["stop_reason"] == "plain_reply" and result.answer == "The answer is Lake Y."
+    assert result.steps == 3 and result.trace.stop_reason == "plain_reply" and result.answer == "The answer is Lake Y."
     assert "./doc_00001.txt" in model.prompts[1] and f"     2\t{first_title}" in model.prompts[1]
     assert "Error: refused: pipes (|)" in model.prompts[2]
-    assert result.record["tool_calls"] == 3
+    assert result.trace.extras["tool_calls"] == 3
 
 
 def test_dci_agent_finalizes_when_turns_run_out(samples, tiny_tokenizer):
     loop = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
     model = ScriptedModel(lambda p, i: "still looking</think>" + loop if "You have used all your turns" not in p else "</think><answer>Anna</answer>", tiny_tokenizer, sent="ids")
     result = run(DCIAgentMethod(models_for(model, tiny_tokenizer), episode=episode_section("dci", max_turns=3)).run(samples[(12, 0)]))
-    assert result.answer == "Anna" and result.steps == 4 and result.record["stop_reason"] == "finalize"
+    assert result.answer == "Anna" and result.steps == 4 and result.trace.stop_reason == "finalize"
     assert "<tools>" not in model.prompts[-1]  # the finalize turn offers no tools
-    assert "<tools>" in model.prompts[0] and result.record["token_view_valid"] is False  # eval-only: no token view
+    assert "<tools>" in model.prompts[0] and result.trace.token_view_valid is False  # eval-only: no token view
 
 
 def test_engine_compacts_old_results_and_continues_cut_turns(tiny_tokenizer):

@@ -87,8 +87,8 @@ def test_sequential_steps_grow_with_chunks_parser_steps_do_not(label, samples, m
     for length, sample in samples.items():
         seq = asyncio.run(sequential.run(sample))
         par = asyncio.run(parser.run(sample))
-        assert sorted(seq.record["reading_order"]) == list(range(seq.record["num_chunks"]))  # every chunk once
-        rows[length] = (seq.record["num_chunks"], seq.steps, par.record["num_chunks"], par.steps)
+        assert sorted(seq.trace.reading_order) == list(range(seq.trace.num_chunks))  # every chunk once
+        rows[length] = (seq.trace.num_chunks, seq.steps, par.trace.num_chunks, par.steps)
     (c_short, m_short, pc_short, p_short), (c_long, m_long, pc_long, p_long) = rows[10], rows[40]
     assert c_long >= 3 * c_short and pc_long >= 3 * pc_short  # 4x the paragraphs, ~4x the chunks
     assert m_short == c_short + 1 and m_long == c_long + 1  # one sequential step per chunk, plus the answer

@@ -53,10 +53,10 @@ def test_parser_with_dci_subagents_finds_the_right_chunks(sample, tiny_tokenizer
     result = asyncio.run(method.run(sample))
     chunks = chunk_document(sample.context, tiny_tokenizer, 600)
     holding = {c.index for c in chunks if name in c.text}
-    query = result.record["turns"][0]["queries"][0]
+    query = result.trace.turns[0].queries[0]
     assert result.answer == "done" and result.steps == 2 and len(chunks) > 2
     assert 0 < len(holding) < len(chunks)  # some chunks hold the name, others must stay silent
-    reported = {int(a.split("_")[1]) for f in query["findings"] for a in [f["agent"], *f["merged_agents"]]}
+    reported = {int(a.split("_")[1]) for f in query.findings for a in [f.agent, *f.merged_agents]}
     assert reported == holding
     subagent_keys = {k for k, p in zip(model.routing_keys, model.prompts, strict=True) if "query_agents" not in p}
     assert subagent_keys == {f"{sample.id}:{c.index}" for c in chunks}  # each chunk's turns pinned to its key

@@ -21,7 +21,7 @@ def _row(variant, length, run, sid, sub, steps) -> ResultRow:
     return ResultRow(dataset="synthetic_heldout", length=length, run=run, sample_id=f"{sid}_L{length}",
                      condition=None, condition_index=None, method="parser", row=f"ParSer {variant}",
                      variant=variant, backbone="tiny", question=sid + "?", answers=["a"], prediction="a",
-                     sub_em=sub, em=sub, sub_em_compat=sub, em_compat=sub, steps=steps, wall_s=1.0,
+                     scores={"sub_em": sub, "em": sub, "sub_em_compat": sub, "em_compat": sub}, steps=steps, wall_s=1.0,
                      lead_output_tokens=10, subagent_output_tokens=20, meta={})
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import string
+from operator import methodcaller
 
 import pytest
 
@@ -118,7 +119,7 @@ def test_metrics_declare_direction_and_the_report_reads_it(monkeypatch):
 
 
 def test_table_aggregation_averages_runs_then_reports_range():
-    rows = [ResultRow("d", 50, run, f"q{i}", sub_em=sub)
+    rows = [ResultRow("d", 50, run, f"q{i}", scores={"sub_em": sub})
             for i, (run, sub) in enumerate([(0, 1.0), (0, 0.0), (1, 1.0), (1, 1.0), (1, 1.0), (1, 0.0)])]
-    assert run_averaged(rows, "sub_em") == pytest.approx((0.5 + 0.75) / 2)  # per-run mean, then mean of runs
+    assert run_averaged(rows, methodcaller("score", "sub_em")) == pytest.approx((0.5 + 0.75) / 2)  # per-run mean, then mean of runs
     assert max_delta_avg([85.68, 84.64, 83.60, 85.68, 85.42, 83.07, 83.07, 85.42]) == pytest.approx((2.61, 84.5725))

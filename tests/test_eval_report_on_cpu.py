@@ -16,12 +16,14 @@ from eval.report import build_report, max_delta_avg
 from eval.store import RESULTS, ResultsStore, read_jsonl, read_timings
 from eval.viewer import render_page
 from parser.records.result import ResultRow, TimingLine
+from parser.records.trace import SequentialTrace
+from parser.records.trajectory import Trajectory
 
 
 def _row(dataset="synthetic", length=50, run=0, sid="q0", row="ParSer", sub=1.0, steps=3, **kw) -> ResultRow:
     return ResultRow(**{"dataset": dataset, "length": length, "run": run, "sample_id": sid, "condition": None,
                         "condition_index": None, "method": row.lower(), "row": row, "backbone": "tiny", "question": "q?",
-                        "answers": ["a"], "prediction": "a", "sub_em": sub, "em": sub, "sub_em_compat": sub, "em_compat": sub,
+                        "answers": ["a"], "prediction": "a", "scores": {"sub_em": sub, "em": sub, "sub_em_compat": sub, "em_compat": sub},
                         "steps": steps, "wall_s": 1.0, "lead_output_tokens": 10, "subagent_output_tokens": 20, "meta": {},
                         **kw})
 
@@ -126,11 +128,13 @@ def test_evidence_reading_says_when_each_order_read_the_gold_chunks():
     from eval.report import evidence_reading
 
     # five chunks; gold paragraphs 3 and 9 sit in chunks 1 and 4; the reasoning needs 3 before 9
-    record = {"chunk_paragraphs": [[1, 2], [3, 4], [5, 6], [7, 8], [9]]}
+    paragraphs = [[1, 2], [3, 4], [5, 6], [7, 8], [9]]
     meta = {"gold_paragraph_ids": [3, 9], "evidence_order": [3, 9]}
-    rows = [_row(row="CoA (document)", condition="d0", meta=meta, record={**record, "reading_order": [0, 1, 2, 3, 4]}),
-            _row(row="CoA (CL-order)", condition="d0", meta=meta, record={**record, "reading_order": [4, 1, 0, 2, 3]}),
-            _row(row="ParSer", condition="d0", meta=meta, record={"turns": []})]
+    rows = [_row(row="CoA (document)", condition="d0", meta=meta,
+                 trace=SequentialTrace(5, reading_order=[0, 1, 2, 3, 4], chunk_paragraphs=paragraphs)),
+            _row(row="CoA (CL-order)", condition="d0", meta=meta,
+                 trace=SequentialTrace(5, reading_order=[4, 1, 0, 2, 3], chunk_paragraphs=paragraphs)),
+            _row(row="ParSer", condition="d0", meta=meta, trace=Trajectory("q?", "q0", 5))]
     got = {e["row"]: (e["first"], e["last"], e["gap"], e["in_order"], e["chunks"]) for e in evidence_reading(rows)}
     assert got == {"CoA (document)": (0.25, 1.0, 3, 1.0, 5), "CoA (CL-order)": (0.0, 0.25, 1, 0.0, 5)}  # ParSer: no order
 
@@ -144,8 +148,8 @@ def test_viewer_escapes_model_text():
                                                     "merged_agents": ["agent_7"]}],
                                       "calls": [{"status": "failed", "chunk_index": 1, "attempts": 4, "error": evil},
                                                 {"status": "abstain_count", "count": 6}]}]}],
-              "stop_reason": "max_turns", "num_chunks": 8}
-    page = render_page([_row(prediction=evil, record=record, question=evil)], "t")
+              "question": evil, "doc_id": "q0", "stop_reason": "max_turns", "num_chunks": 8}
+    page = render_page([_row(prediction=evil, trace=Trajectory.from_dict(record), question=evil)], "t")
     assert "<script>" not in page
     assert "&lt;script&gt;" in page
     assert "agent_3, agent_7" in page and "6 abstained" in page and "1 failed" in page

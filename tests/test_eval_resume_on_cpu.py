@@ -27,6 +27,7 @@ from eval.run import evaluate
 from eval.store import ERRORS, RESULTS, read_jsonl
 from parser.methods import MethodResult, Sample
 from parser.records.result import ResultRow
+from parser.records.trajectory import Trajectory, Turn
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -45,7 +46,7 @@ class Recorder:
         self.asked.append(sample.id)
         if sample.id in self.fail:
             raise RuntimeError(f"injected failure on {sample.id}")
-        return MethodResult(answer=sample.answers[0], steps=1, wall_s=0.0, record={})
+        return MethodResult(answer=sample.answers[0], steps=1, wall_s=0.0)
 
     async def aclose(self) -> None:
         pass
@@ -120,7 +121,7 @@ def test_rows_are_keyed_by_condition_too(tmp_path):
     from eval.store import ResultsStore
 
     store = ResultsStore(tmp_path)
-    row = {"dataset": "d", "length": 50, "run": 0, "sample_id": "q0", "sub_em": 1.0}
+    row = {"dataset": "d", "length": 50, "run": 0, "sample_id": "q0", "scores": {"sub_em": 1.0}}
     assert store.append(ResultRow(**row, condition="ordered"))
     assert store.append(ResultRow(**row, condition="reverse_ordered"))  # the same id under another condition
     assert not store.append(ResultRow(**row, condition="ordered"))
@@ -274,7 +275,9 @@ class Surrogates(Recorder):
 
     async def run(self, sample: Sample) -> MethodResult:
         await super().run(sample)
-        return MethodResult(answer=f"{sample.answers[0]} \ud83d", steps=1, wall_s=0.0, record={"turns": [{"text": "\udc80"}]})
+        turn = Turn(0, "\udc80", "", [], None, None, 1, "stop", 0.0)
+        return MethodResult(answer=f"{sample.answers[0]} \ud83d", steps=1, wall_s=0.0,
+                            trace=Trajectory(sample.question, sample.id, 1, turns=[turn]))
 
 
 def test_a_lone_surrogate_in_a_result_row_is_written_escaped_and_the_run_finishes(tmp_path):

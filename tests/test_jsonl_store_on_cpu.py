@@ -193,16 +193,16 @@ def test_the_results_store_reopens_after_a_failed_append(tmp_path):
         from eval.store import ResultsStore
         from parser.records.result import ResultRow
         store = ResultsStore({str(tmp_path)!r})
-        store.append(ResultRow(**{result("a")!r}))
+        store.append(ResultRow.from_dict({result("a")!r}))
         size = os.path.getsize(store.results_path)
         soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
         resource.setrlimit(resource.RLIMIT_FSIZE, (size + 64, hard))
         try:
-            store.append(ResultRow(**{{**{result("big")!r}, "record": {{"r": "r" * 200000}}}}))
+            store.append(ResultRow.from_dict({{**{result("big")!r}, "record": {{"r": "r" * 200000}}}}))
         except OSError:
             print("append failed")
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        print("acknowledged", store.append(ResultRow(**{result("b")!r})))
+        print("acknowledged", store.append(ResultRow.from_dict({result("b")!r})))
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

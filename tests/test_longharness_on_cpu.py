@@ -200,7 +200,7 @@ def test_an_episode_supersedes_answers_and_cites(tiny_tokenizer):
     with progress.listening(lambda doc_id, turn: seen.append((doc_id, turn.index))):
         result = run(method)
     assert seen == [("s1", 0), ("s1", 1), ("s1", 2)]  # each round is reported as it ends (eval's bar)
-    record = result.record["longharness"]
+    record = result.trace.extras["longharness"]
     assert result.answer == "Tarn" and result.steps == 3 and record["answer_cited"] and record["question_supported"]
     assert record["answer_evidence"] == ["E3", "E2"]
     final = record["rounds"][-1]["state"]
@@ -210,7 +210,7 @@ def test_an_episode_supersedes_answers_and_cites(tiny_tokenizer):
     refused = record["rounds"][1]["applied"]["refused"]
     assert any("cites no current evidence" in r for r in refused)  # E9 does not exist: the episode went on
     assert record["rounds"][0]["state"]["asked"][0]["new"]  # the first query brought evidence
-    assert len(result.record["turns"][0]["queries"]) == 2  # the scatter records are the engine's
+    assert len(result.trace.turns[0].queries) == 2  # the scatter records are the engine's
     second = lead.schemas[1]["properties"]  # the schema names only what exists in this turn's state
     assert second["queries"]["items"]["properties"]["conclusion"]["enum"] == ["C1", "C2", "C3", "C4"]
     assert second["answer"]["properties"]["evidence"]["items"]["enum"] == ["E1", "E2"]
@@ -222,12 +222,12 @@ def test_hallucinated_quotes_are_refused_and_stalls_end_exploration(tiny_tokeniz
     turns = [update(queries=[ask("C1", "bridge")]), update(queries=[ask("C1", "Velmora")]), update(answer="Ann Kade")]
     method, lead = harness(tiny_tokenizer, turns, reader=GroundedReader(bad_quote=True))
     result = run(method)
-    record = result.record["longharness"]
+    record = result.trace.extras["longharness"]
     assert record["counters"]["quotes_refused"] >= 2 and record["counters"]["closed_unresolved"] == 1
     assert record["rounds"][1]["state"]["conclusions"][0]["status"] == "unresolved"
     # no open conclusion is left: the next turn is the last, its uncited answer is kept and marked
     assert result.steps == 3 and result.answer == "Ann Kade" and not record["answer_cited"]
-    assert result.record["stop_reason"] == "final_round" and "last turn" in lead.tokenizer.decode(lead.prompts[2])
+    assert result.trace.stop_reason == "final_round" and "last turn" in lead.tokenizer.decode(lead.prompts[2])
 
 
 def test_the_prompt_stays_within_the_state_budget_every_turn(tiny_tokenizer):
@@ -238,7 +238,7 @@ def test_the_prompt_stays_within_the_state_budget_every_turn(tiny_tokenizer):
     method, lead = harness(tiny_tokenizer, turns, reader=GroundedReader(), state_token_budget=budget,
                            max_evidence_per_query=8, max_stalls=5, episode={"max_turns": 6, "chunk_size": 32})
     result = run(method, sample)
-    rounds = result.record["longharness"]["rounds"]
+    rounds = result.trace.extras["longharness"]["rounds"]
     assert len(lead.prompts) == len(rounds) == 6
     assert all(len(p) <= budget for p in lead.prompts)
     assert [r["prompt_tokens"] for r in rounds] == [len(p) for p in lead.prompts]
@@ -250,7 +250,7 @@ def test_untrusted_quotes_never_become_control_tokens(tiny_tokenizer):
     turns = [update(queries=[ask("C1", "Velmora")])]
     method, lead = harness(tiny_tokenizer, turns, reader=GroundedReader())
     result = run(method, Sample("s3", "Who built the Velmora bridge?", ["Ann"], doc))
-    assert "<|im_end|>" in result.record["longharness"]["rounds"][0]["state"]["evidence"][0]["quote"]
+    assert "<|im_end|>" in result.trace.extras["longharness"]["rounds"][0]["state"]["evidence"][0]["quote"]
     end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
     first, second = lead.prompts[0], lead.prompts[1]
     assert second.count(end) == first.count(end) == 2  # the system and user turns' own, nothing from the quote
@@ -261,11 +261,11 @@ def test_corpus_mode_ledgers_file_lines(tiny_tokenizer):
              update(answer="Tarn", cites=["E3"])]
     method, lead = harness(tiny_tokenizer, turns, acquisition="corpus")
     result = run(method)
-    record = result.record["longharness"]
+    record = result.trace.extras["longharness"]
     evidence = record["rounds"][0]["state"]["evidence"]
     assert [e["source"] for e in evidence] == ["doc_00001.txt:2", "doc_00002.txt:2", "doc_00003.txt:2"]
     assert result.answer == "Tarn" and record["answer_cited"]
-    assert len(result.record["turns"][0]["tool_calls"]) == 2
+    assert len(result.trace.turns[0].tool_calls) == 2
 
 
 def test_the_rounds_are_the_engine_loop_turns(tiny_tokenizer, monkeypatch):
@@ -289,12 +289,12 @@ def test_the_rounds_are_the_engine_loop_turns(tiny_tokenizer, monkeypatch):
     with progress.listening(lambda doc_id, turn: seen.append(turn.index)):
         result = run(method)
     assert len(episodes) == 1 and episodes[0] is not None  # one run_tools episode, under a prompt from state
-    assert result.record["turns"][0]["lead_attempts"] == 2  # the engine refused the garbled ids and retried
+    assert result.trace.turns[0].lead_attempts == 2  # the engine refused the garbled ids and retried
     # the engine's response budget ended the episode after two updates; the third was never asked for
-    assert result.record["stop_reason"] == "response_length" and result.steps == 2 and lead.calls == 3
-    assert seen == [0, 1] and len(result.record["longharness"]["rounds"]) == 2
-    assert result.answer is None and not result.record["token_view_valid"]
-    assert result.record["constraints"] == ["lead: the update's json_schema"]
+    assert result.trace.stop_reason == "response_length" and result.steps == 2 and lead.calls == 3
+    assert seen == [0, 1] and len(result.trace.extras["longharness"]["rounds"]) == 2
+    assert result.answer is None and not result.trace.token_view_valid
+    assert result.trace.constraints == ["lead: the update's json_schema"]
 
 
 # -- the tiny model through eval.run, both modes ---------------------------------------------------

@@ -206,7 +206,7 @@ def test_scoring_is_theirs_on_what_extraction_returns(tiny_tokenizer):
     assert sub_em(None, ["Paris"], compat=True) == 0.0
     assert sub_em(" ", ["Paris"], compat=True) == 1.0
     result, _ = read("memagent", lambda p, i: "m" if "<section>" in p else "", tiny_tokenizer)
-    assert result.answer is None and result.record["empty_final_reply"] is True  # theirs skip such a sample
+    assert result.answer is None and result.trace.empty_final_reply is True  # theirs skip such a sample
 
 
 def test_budgets_are_their_run_scripts():
@@ -225,7 +225,7 @@ def test_the_lenient_extraction_is_an_option(tiny_tokenizer):
     assert result.answer is None
     result, _ = read("memagent", lambda p, i: "m" if "<section>" in p else "It was Quouv", tiny_tokenizer,
                      lenient_extraction=True)
-    assert result.answer == "It was Quouv" and result.record["extracted_by"] == "reply"
+    assert result.answer == "It was Quouv" and result.trace.extracted_by == "reply"
 
 
 # 5. the RL reward --------------------------------------------------------------------------------

@@ -668,7 +668,7 @@ def test_eval_run_feeds_release_subagents_the_releases_paragraph_chunks(release_
     result = asyncio.run(method.run(sample))
     asyncio.run(method.aclose())
     chunks = release_chunks(sample.context, method.models.subagent_tokenizer, 2048)
-    assert result.record["num_chunks"] == len(chunks) > 1
+    assert result.trace.num_chunks == len(chunks) > 1
     assert sorted(key for key, _ in seen) == sorted(f"{sample.id}:{c.index}" for c in chunks)
     for key, prompt in seen:
         chunk = chunks[int(key.rsplit(":", 1)[1])]

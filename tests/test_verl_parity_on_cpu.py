@@ -154,7 +154,7 @@ def test_eval_and_training_give_the_lead_the_same_first_prompt(protocol_paths, t
     valid = out.batch["attention_mask"][0, : out.batch["prompts"].shape[1]].bool()
     assert out.batch["prompts"][0][valid].tolist() == first
     shown = tiny_tokenizer.decode(first)  # the protocol's own system and user turn (the template trims them)
-    assert protocol.lead_system().strip() in shown and protocol.lead_user(result.record["question"]).strip() in shown
+    assert protocol.lead_system().strip() in shown and protocol.lead_user(result.trace.question).strip() in shown
     assert ("STAND-IN lead system prompt" in shown) == ("## Question" in shown) == (name == "release")
     assert result.answer == out.non_tensor_batch[ANSWER_KEY][0] == ANSWER
     print(f"[{name}] first lead prompt: {len(first)} token ids, identical in eval and training")

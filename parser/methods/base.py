@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any, Protocol
 
 from parser.records.sample import Record
+from parser.records.trace import Trace, dump_trace
 
 
 @dataclasses.dataclass
@@ -43,13 +44,15 @@ class MethodResult:
     wall_s: float
     lead_output_tokens: int = 0
     subagent_output_tokens: int = 0
-    record: dict[str, Any] = dataclasses.field(default_factory=dict)  # method-specific trace (e.g. a trajectory)
+    trace: Trace | None = None  # what the method did (an episode's trajectory, a sequential pass, its calls)
     # Set when the sample got no fair run (ParSer: every subagent call failed): eval counts it as
-    # failed, not as a wrong answer, keeps `record` in errors.jsonl and retries it on re-run.
+    # failed, not as a wrong answer, keeps the trace in errors.jsonl and retries it on re-run.
     failed: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """One JSON row: the fields, the trace as `record` (its object on disk, `dump_trace`)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "trace"}
+        return {**out, "record": dump_trace(self.trace) if self.trace is not None else None}
 
 
 class Method(Protocol):

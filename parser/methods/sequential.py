@@ -41,6 +41,7 @@ from parser.serving.backends.models import Models
 from parser.text.chat_format import CHATML
 from parser.text.chunking import chunk_document, split_paragraphs
 from parser.methods.base import MethodResult, Sample
+from parser.records.trace import SequentialTrace
 from parser.engine.ordering import check_strategy, order_by_scores
 from parser.serving.retry import RetryingBackend, RetryPolicy
 from parser.engine.scorers import build_scorer
@@ -190,7 +191,7 @@ class SequentialMethod:
         raise NotImplementedError
 
     def final_record(self, state: dict[str, Any]) -> dict[str, Any]:
-        """What the final call answered from, for the sample's record (e.g. `final_memory`)."""
+        """What the final call answered from, kept in the trace's `extras` (e.g. `final_memory`)."""
         raise NotImplementedError
 
     # -- the loop ------------------------------------------------------------------------
@@ -202,11 +203,11 @@ class SequentialMethod:
         order = self.reading_order(sample.question, chunks)
         order_s = time.perf_counter() - started
         state = self.new_state()
-        trace, tokens = [], 0
+        updates, tokens = [], 0
         for index in order:
             reply, n = await self._call(self.update_prompt(sample.question, chunks[index], state), self.update_sampling, sample.id)
             tokens += n
-            trace.append({"chunk": index, "tokens": n, **self.absorb(self.visible(reply), state)})
+            updates.append({"chunk": index, "tokens": n, **self.absorb(self.visible(reply), state)})
         reply, n = await self._call(self.final_prompt(sample.question, state), self.final_sampling, sample.id)
         tokens += n
         answer, how = self.extract(reply)
@@ -215,10 +216,9 @@ class SequentialMethod:
             steps=len(chunks) + 1,
             wall_s=time.perf_counter() - started,
             lead_output_tokens=tokens,
-            record={"num_chunks": len(chunks), "order": self.order, "reading_order": order, "order_s": round(order_s, 4),
-                    "chunk_paragraphs": [paragraphs_in(c) for c in chunks],
-                    **self.final_record(state), "final_reply": reply, "extracted_by": how,
-                    "empty_final_reply": reply == "", "updates": trace},
+            trace=SequentialTrace(num_chunks=len(chunks), order=self.order, reading_order=order, order_s=round(order_s, 4),
+                                  chunk_paragraphs=[paragraphs_in(c) for c in chunks], final_reply=reply, extracted_by=how,
+                                  empty_final_reply=reply == "", updates=updates, extras=self.final_record(state)),
         )
 
     async def aclose(self) -> None:

@@ -1,4 +1,5 @@
-"""Which metrics an eval row carries, how they aggregate, and which direction is better.
+"""Which metrics an eval row carries, how they aggregate, and which direction is better: the one
+list of metric names (`ResultRow.scores` is keyed by it, the report reads `higher_is_better`).
 
 The definitions live in `parser.text.reward` (one for training and eval); this file only declares
 what eval reports. `sub_em` is the paper's table metric. The `_compat` variants reproduce the
@@ -18,8 +19,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
+from parser.records.trace import Trace
+from parser.records.trajectory import Trajectory
 from parser.text.release import strip_trailing_markers
 from parser.text.reward import exact_match, release_sub_em, sub_em
 
@@ -53,11 +56,12 @@ PRIMARY = "sub_em"
 BY_NAME = {m.name: m for m in METRICS}
 
 
-def completion_text(record: Mapping[str, Any] | None) -> str | None:
+def completion_text(trace: Trace | None) -> str | None:
     """The lead's whole completion as the release decodes it (turns joined, end markers stripped);
-    None for records without turns."""
-    turns = (record or {}).get("turns")
-    return "".join(strip_trailing_markers(t["text"]) for t in turns) if turns else None
+    None for a trace without turns."""
+    if not isinstance(trace, Trajectory) or not trace.turns:
+        return None
+    return "".join(strip_trailing_markers(t.text) for t in trace.turns)
 
 
 def score(prediction: str | None, golds: Sequence[str], completion: str | None = None) -> dict[str, float]:
@@ -68,10 +72,10 @@ def mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
-def run_averaged(rows: Sequence[Any], field: str) -> float:
+def run_averaged(rows: Sequence[Any], value: Callable[[Any], float]) -> float:
     """Mean over samples within each run, then over runs (the paper's "average of 3 runs"), of
-    the attribute `field` of each row (`parser.records.result.ResultRow`, or any row with `run`)."""
+    `value(row)` for each row with a `run` (`methodcaller("score", PRIMARY)` on a `ResultRow`)."""
     by_run: dict[int, list[float]] = collections.defaultdict(list)
     for r in rows:
-        by_run[r.run].append(float(getattr(r, field)))
+        by_run[r.run].append(float(value(r)))
     return mean([mean(v) for v in by_run.values()])

@@ -9,15 +9,21 @@ added later has the default an older row implies (no `session`/`finished_at`: a 
 cannot time by session; no `sub_em_release`: not scored that way). A row that cannot be read is
 refused with `DataError` naming the file, line and field, and the store skips it.
 
+The metrics are `row.scores`, keyed by the names of `parser.records.metrics.METRICS` (the one
+list); on disk each is still a top-level key. The method's trace is `row.trace`, a typed
+`parser.records.trace.Trace`; on disk it is still the `record` object.
+
     row = ResultRow.from_dict(json_object, source="run/results.jsonl:7")
-    row.key, row.sub_em, row.score("em"), row.to_dict()
+    row.key, row.score("sub_em"), row.scores, row.trace, row.to_dict()
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Mapping
 
+from parser.records.metrics import METRICS
 from parser.records.sample import DataError
+from parser.records.trace import Trace, dump_trace, load_trace
 
 Key = tuple[str, int, "str | None", int, str]  # ResultRow.key: (dataset, length, condition, run, sample_id)
 
@@ -83,12 +89,8 @@ class ResultRow:
     question: str = ""
     answers: list[str] = dataclasses.field(default_factory=list)
     prediction: str | None = None
-    # The metrics of `parser.records.metrics.METRICS`, one field each (None: the row predates the metric).
-    sub_em: float | None = None
-    em: float | None = None
-    sub_em_compat: float | None = None
-    em_compat: float | None = None
-    sub_em_release: float | None = None
+    # by the names of `parser.records.metrics.METRICS`; a metric the row predates is absent
+    scores: dict[str, float] = dataclasses.field(default_factory=dict)
     steps: int = 0  # sequential model rounds on the critical path
     wall_s: float = 0.0
     lead_output_tokens: int = 0
@@ -98,7 +100,7 @@ class ResultRow:
     finished_at: float | None = None  # epoch seconds; with `session`, times a subset whose session was killed
     session: str = ""  # "{pid}@{start}": one process's pass over one subset
     concurrency: int | None = None
-    record: dict[str, Any] | None = None  # the method's trace (a trajectory), with `save_records`
+    trace: Trace | None = None  # the method's trace, with `save_records` (on disk: `record`)
 
     @property
     def key(self) -> Key:
@@ -107,16 +109,23 @@ class ResultRow:
 
     def score(self, metric: str) -> float:
         """The value of one metric by name (`parser.records.metrics.PRIMARY`, ...); a row without it is an error."""
-        value = getattr(self, metric)
-        if not isinstance(value, float):
+        if metric not in self.scores:
             raise KeyError(f"result row {self.key} has no {metric!r} score")
-        return value
+        return self.scores[metric]
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object on disk: every field in declaration order, `record` only when kept."""
-        out = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        if out["record"] is None:
-            del out["record"]
+        """The JSON object on disk: every field in declaration order, each metric a key of its own
+        (null where the row predates it), the trace as `record` only when kept."""
+        out: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "scores":
+                out.update({m.name: value.get(m.name) for m in METRICS})
+            elif field.name == "trace":
+                if value is not None:
+                    out["record"] = dump_trace(value)
+            else:
+                out[field.name] = value
         return out
 
     @classmethod
@@ -142,7 +151,7 @@ class ResultRow:
             question=_str(row, "question", source, ""),
             answers=[str(a) for a in answers],
             prediction=_str(row, "prediction", source, None),
-            **{metric: _float(row, metric, source, None) for metric in SCORES},
+            scores={m.name: score for m in METRICS if (score := _float(row, m.name, source, None)) is not None},
             steps=_int(row, "steps", source, 0),
             wall_s=_float(row, "wall_s", source, 0.0),
             lead_output_tokens=_int(row, "lead_output_tokens", source, 0),
@@ -152,11 +161,18 @@ class ResultRow:
             finished_at=_float(row, "finished_at", source, None),
             session=_str(row, "session", source, ""),
             concurrency=_int(row, "concurrency", source, None),
-            record=_dict(row, "record", source),
+            trace=_trace(row, source),
         )
 
 
-SCORES = ("sub_em", "em", "sub_em_compat", "em_compat", "sub_em_release")  # ResultRow's metric fields
+def _trace(row: Mapping[str, Any], source: str) -> Trace | None:
+    record = _dict(row, "record", source)
+    if record is None:
+        return None
+    try:
+        return load_trace(record)
+    except (TypeError, ValueError, KeyError, AttributeError) as error:  # a trace of no known shape
+        raise DataError(f"{source}: field 'record' is not a trace: {error}"[:300]) from None
 
 
 def _missing(field: str, source: str) -> Any:

@@ -69,9 +69,9 @@ async def record_conversations(method_settings: dict[str, Any], tokenizer: Any) 
         lead = RecordingLead(server, tokenizer)
         method = build_method(config, Models(lead=lead, lead_tokenizer=tokenizer))
         result = await method.run(Sample(id=f"record-{answer}", question=QUESTION, answers=[ANSWER], context=document()))
-        if result.answer != answer or FACT not in result.record.get("final_memory", ""):
+        if result.answer != answer or FACT not in result.trace.extras.get("final_memory", ""):
             raise RuntimeError(f"recording the memory-agent read failed: answer {result.answer!r}, memory "
-                               f"{result.record.get('final_memory')!r}")
+                               f"{result.trace.extras.get('final_memory')!r}")
         sequences += [(c.prompt_ids + c.response_ids, [0] * len(c.prompt_ids) + [1] * len(c.response_ids))
                       for c in lead.conversations]
     return sequences

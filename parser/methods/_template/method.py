@@ -17,6 +17,7 @@ from parser.serving.types import SamplingParams
 from parser.serving.backends.models import Models
 from parser.text.chat_format import CHATML
 from parser.methods.base import MethodResult, Sample
+from parser.records.trace import CallTrace
 from parser.engine.prompts import DEFAULT_VERSION, PromptSet
 from parser.serving.retry import RetryingBackend, RetryPolicy
 
@@ -43,7 +44,7 @@ class ClosedBookMethod:
         reply = await self.lead.generate(prompt, self.sampling, request_id=sample.id)
         _, answer = split_thinking(CHATML.strip_end(reply.text))
         return MethodResult(answer=answer.strip() or None, steps=1, wall_s=time.perf_counter() - started,
-                            lead_output_tokens=len(reply.token_ids), record={"reply": reply.text, "finish_reason": reply.finish_reason})
+                            lead_output_tokens=len(reply.token_ids), trace=CallTrace({"reply": reply.text, "finish_reason": reply.finish_reason}))
 
     async def aclose(self) -> None:
         await self.models.aclose()

@@ -17,6 +17,7 @@ sandbox's (`parser.engine.sandbox.tools`, shared with ParSer's DCI reader).
 """
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from typing import Any, Mapping
@@ -54,7 +55,7 @@ class DCIAgentMethod:
         return MethodResult(
             answer=trajectory.answer, steps=trajectory.num_turns, wall_s=time.perf_counter() - started,
             lead_output_tokens=int(trajectory.stats()["lead_tokens"]),
-            record={**trajectory.to_dict(), "tool_calls": sum(len(t.tool_calls) for t in trajectory.turns)},
+            trace=dataclasses.replace(trajectory, extras={"tool_calls": sum(len(t.tool_calls) for t in trajectory.turns)}),
         )
 
     async def aclose(self) -> None:

@@ -31,6 +31,7 @@ from parser.serving.types import SamplingParams
 from parser.text.chat_format import CHATML
 from parser.serving.backends.models import Models
 from parser.methods.base import MethodResult, Sample
+from parser.records.trace import CallTrace
 from parser.engine.prompts import DEFAULT_VERSION, PromptSet
 from parser.serving.retry import RetryingBackend, RetryPolicy
 
@@ -120,7 +121,7 @@ class FullContextMethod:
             if self.on_overflow == "error":
                 raise
             log.warning("%s", error)
-            return MethodResult(None, 0, time.perf_counter() - started, record={"error": str(error), "stop_reason": "context_overflow"})
+            return MethodResult(None, 0, time.perf_counter() - started, trace=CallTrace({"error": str(error), "stop_reason": "context_overflow"}))
         messages = [{"role": "user", "content": PROMPTS.render("full_context_user", self.prompt_version, context=context, question=sample.question)}]
         first = await self.lead.generate(self._render(messages), self.turn1, request_id=sample.id)
         text = CHATML.strip_end(first.text)
@@ -137,10 +138,10 @@ class FullContextMethod:
             steps=2,
             wall_s=time.perf_counter() - started,
             lead_output_tokens=tokens,
-            record={
+            trace=CallTrace({
                 "prompt_tokens": prompt_tokens, "overflow": overflow, "turn1": reply.strip(), "turn1_thinking_chars": len(thinking),
                 "turn2": second.text, "finish_reasons": [first.finish_reason, second.finish_reason],
-            },
+            }),
         )
 
     async def aclose(self) -> None:

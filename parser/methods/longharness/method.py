@@ -23,6 +23,7 @@ abstract's and what is this project's reading.
 """
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from contextlib import ExitStack
 from typing import Any, Mapping
@@ -100,7 +101,7 @@ class LongHarnessMethod:
         return MethodResult(
             answer=trajectory.answer, steps=trajectory.num_turns, wall_s=trajectory.wall_s,
             lead_output_tokens=int(stats["lead_tokens"]), subagent_output_tokens=int(stats["subagent_completion_tokens"]),
-            record={**trajectory.to_dict(), "longharness": turns.record()},
+            trace=dataclasses.replace(trajectory, extras={"longharness": turns.trace_part()}),
             failed=(f"all {calls} subagent calls failed (first: {trajectory.failures[0]['error']})"
                     if calls and failures == calls else None),
         )

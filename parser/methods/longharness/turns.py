@@ -12,7 +12,7 @@ turn (the engine's last, or one with no conclusion left open).
 
     turns = HarnessTurns(sample.question, acquirer, system=..., untrusted=..., budget=1024, max_queries=2)
     trajectory = await engine.run_tools(sample.question, turns, doc_id=sample.id)
-    record = turns.record()     # the rounds, each with the state after it; the cited answer
+    part = turns.trace_part()   # the rounds, each with the state after it; the cited answer
 """
 from __future__ import annotations
 
@@ -120,7 +120,8 @@ class HarnessTurns:
             return "answer" if self.state.answer else "final_round"
         return "final_round" if self.final else None
 
-    def record(self) -> dict[str, Any]:
+    def trace_part(self) -> dict[str, Any]:
+        """LongHarness's part of the trajectory's `extras` (`longharness`): the rounds, the cited answer."""
         state = self.state
         return {"acquisition": self.acquisition, "state_token_budget": self.budget, "rounds": self.rounds,
                 "answer_cited": state.answer is not None, "answer_evidence": state.answer_evidence,

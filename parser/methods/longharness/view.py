@@ -7,7 +7,7 @@ name the method class declares (`LongHarnessMethod.view`) and never names the me
 It uses the viewer's CSS classes (`index`, `tag`, `evidence`, `query`, `warn`, `meta`) and
 escapes every model-written string: model text is data, never markup.
 
-    html = render(result.record)   # the record eval writes for one sample
+    html = render(result.trace.extras)   # the LongHarness part of one sample's trajectory
 """
 from __future__ import annotations
 

@@ -168,7 +168,7 @@ class MemAgentAgentLoop(AgentLoopBase):
     def reward(self, result: Any, golds: list[str]) -> float:
         """`parser.memagent.reward` of one read: MemAgent's rule on the final reply, or EM of the answer."""
         if self.reward_rule == "memagent":
-            return memagent_rl_reward(str(result.record.get("final_reply") or ""), golds)
+            return memagent_rl_reward(result.trace.final_reply, golds)
         return score_answer(result.answer, golds, self.protocol)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
@@ -193,7 +193,7 @@ class MemAgentAgentLoop(AgentLoopBase):
         extra: dict[str, Any] = {ANSWER_KEY: result.answer, PROTOCOL_KEY: self.protocol.key, "reward_extra_info": {"acc": reward},
                                  "turn_scores": [], "tool_rewards": [], **versions,
                                  "memagent_stats": {"conversations": float(len(lead.conversations)),
-                                                    "num_chunks": float(result.record.get("num_chunks", 0))}}
+                                                    "num_chunks": float(result.trace.num_chunks)}}
         if self.info_gain.enable:
             extra["info_gain"] = (await self._gain(inputs.question, result, golds, reward, request_id)).to_dict()
         with_logprobs = bool(sampling_params.get("logprobs"))
@@ -220,7 +220,7 @@ class MemAgentAgentLoop(AgentLoopBase):
                               error="not a successful trajectory")
         scorer = GainScorer(RetryingBackend(ServerManagerBackend(self.server_manager, {}), self.retry), self.tokenizer,
                             self.info_gain)
-        memory = str(result.record.get("final_memory") or "")
+        memory = str(result.trace.extras.get("final_memory") or "")
         memory = "" if memory == NO_MEMORY else memory  # nothing was ever written: no evidence
         gold = matched_gold(result, golds, self.reward)  # the first gold the reward rule accepts
         return await scorer.gain(question, memory, gold, request_id=request_id)

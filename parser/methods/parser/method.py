@@ -55,7 +55,7 @@ class ParSerMethod:
             wall_s=trajectory.wall_s,
             lead_output_tokens=int(stats["lead_tokens"]),
             subagent_output_tokens=int(stats["subagent_completion_tokens"]),
-            record=trajectory.to_dict(),
+            trace=trajectory,
             failed=(f"all {calls} subagent calls failed (first: {trajectory.failures[0]['error']})"
                     if calls and failures == calls else None),
         )

@@ -13,6 +13,7 @@ configs/method/rag.yaml; the last two are the tool set's `TurnRules`). Its promp
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Mapping
 
@@ -93,7 +94,7 @@ class AgenticRAGMethod:
         trajectory.num_chunks = len(chunks)
         return MethodResult(
             answer=trajectory.answer, steps=trajectory.num_turns, wall_s=time.perf_counter() - started,
-            lead_output_tokens=int(trajectory.stats()["lead_tokens"]), record={**trajectory.to_dict(), "index_s": index_s},
+            lead_output_tokens=int(trajectory.stats()["lead_tokens"]), trace=dataclasses.replace(trajectory, extras={"index_s": index_s}),
         )
 
     async def aclose(self) -> None:
