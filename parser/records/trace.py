@@ -24,6 +24,8 @@ import abc
 import dataclasses
 from typing import Any, ClassVar, Mapping
 
+from parser.records.trajectory import Trajectory
+
 
 class Trace(abc.ABC):
     """One sample's trace. `to_dict` is its JSON object without `kind`; `from_dict` reads one back."""
@@ -85,6 +87,12 @@ class CallTrace(Trace):
         return cls({k: v for k, v in d.items() if k != "kind"})
 
 
+# The episode kind lives with the engine's other records and imports nothing of this module, so
+# the import goes one way: it is a Trace by registration, not by inheritance.
+Trace.register(Trajectory)
+KINDS: dict[str, type] = {cls.kind: cls for cls in (Trajectory, SequentialTrace, CallTrace)}
+
+
 def dump_trace(trace: Trace) -> dict[str, Any]:
     """The trace's JSON object on disk: its own keys, then `kind` (read back by `load_trace`)."""
     return {**trace.to_dict(), "kind": trace.kind}
@@ -92,10 +100,7 @@ def dump_trace(trace: Trace) -> dict[str, Any]:
 
 def load_trace(d: Mapping[str, Any]) -> Trace:
     """The trace `dump_trace` wrote, or one written before `kind` existed (sniffed by its keys)."""
-    from parser.records.trajectory import Trajectory  # it subclasses Trace, so it imports this module
-
-    kinds: dict[str, type[Trace]] = {cls.kind: cls for cls in (Trajectory, SequentialTrace, CallTrace)}
     kind = d.get("kind") or ("episode" if "turns" in d else "sequential" if "reading_order" in d else "call")
-    if kind not in kinds:
-        raise ValueError(f"unknown trace kind {kind!r} (known: {', '.join(kinds)})")
-    return kinds[kind].from_dict(d)
+    if kind not in KINDS:
+        raise ValueError(f"unknown trace kind {kind!r} (known: {', '.join(KINDS)})")
+    return KINDS[kind].from_dict(d)

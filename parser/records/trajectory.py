@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Mapping
 
-from parser.records.trace import Trace
-
 ABSTAIN_COUNT = "abstain_count"  # on disk a query's abstentions are one row with their count
 
 
@@ -93,9 +91,10 @@ class Turn:
 
 
 @dataclasses.dataclass
-class Trajectory(Trace):
-    """One episode (trace kind "episode"). `extras`: a method's own part, written beside the
-    engine's keys (LongHarness's `longharness` rounds, RAG's `index_s`, DCI's `tool_calls`)."""
+class Trajectory:
+    """One episode, the trace kind "episode" (`parser.records.trace` registers it as a `Trace`).
+    `extras`: a method's own part, written beside the engine's keys (LongHarness's `longharness`
+    rounds, RAG's `index_s`, DCI's `tool_calls`)."""
 
     kind: ClassVar[str] = "episode"
 
