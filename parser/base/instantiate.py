@@ -16,6 +16,7 @@ to write instead. This module never imports a component itself (it sits at the b
 """
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any, Mapping
 
@@ -54,10 +55,14 @@ def locate(path: Any, *, where: str) -> Any:
 
     if not isinstance(path, str) or not path:
         raise ValueError(f"{where}: _target_ must be a dotted path such as package.module.Class, got {path!r}")
+    logger = logging.getLogger("hydra.utils")  # get_object logs each failure before raising: ours says it once
+    level, logger.disabled = logger.disabled, True
     try:
         return get_object(path)
     except (ImportError, AttributeError, ValueError) as error:
         raise ValueError(f"{where}: cannot import _target_ {path!r} ({error})") from error
+    finally:
+        logger.disabled = level
 
 
 def build(cfg: Mapping[str, Any], *, where: str, aliases: Aliases | None = None, **deps: Any) -> Any:

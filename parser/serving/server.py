@@ -72,7 +72,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from parser.serving.backends import build_backend
+from parser.serving.backends import TRANSFORMERS, build_backend
 from parser.serving.types import ROUTING_HEADER, Backend, BackendError, Completion, SamplingParams
 from parser.serving.wire.common import Bounds, ErrorBody, ModelCard, ModelList, describe
 from parser.serving.wire.dialect import CHAT, COMPLETIONS, DIALECTS, SGLANG, Dialect
@@ -526,7 +526,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     limits = ServerLimits(**{field.name: getattr(args, field.name) for field in dataclasses.fields(ServerLimits)})
 
-    backend, tokenizer = build_backend({"type": "transformers", "model": args.model, "name": args.model})
+    backend, tokenizer = build_backend({"_target_": TRANSFORMERS, "model": args.model, "name": args.model})
     server = ModelServer(backend, tokenizer=tokenizer, model_name=args.model,
                          worker_id=args.worker_id or f"{args.host}:{args.port}",
                          context_length=args.context_length, limits=limits)

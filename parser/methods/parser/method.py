@@ -9,8 +9,8 @@ config section (`parser.engine.readers.reader_for_episode`), so the paper's Tabl
 files, not code:
 
     python -m eval.run method=parser            # configs/method/parser.yaml: the default subagents
-    python -m eval.run method=parser_thinking   # reader: {type: thinking}
-    python -m eval.run method=parser_dci        # reader: {type: dci}
+    python -m eval.run method=parser_thinking   # reader: {_target_: parser.engine.readers.ThinkingReader}
+    python -m eval.run method=parser_dci        # reader: {_target_: parser.engine.readers.DCIReader}
     python -m eval.run method=parser_release    # episode.protocol: release
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ class ParSerMethod:
 
     def __init__(self, models: Models, episode: Mapping[str, Any] | EpisodeConfig | None = None,
                  reader: Mapping[str, Any] | Any = None):
-        """`reader`: a config section (`{type: subagent|thinking|dci, ...}`; the method builds the
+        """`reader`: a config section (`{_target_: parser.engine.readers.SubagentReader, ...}`, or another reader; the method builds the
         reader and closes it on `aclose`) or a ready `ChunkReader` (the caller closes it)."""
         self.config = episode if isinstance(episode, EpisodeConfig) else EpisodeConfig(**(episode or {}))
         self.protocol = protocol_for(self.config)
