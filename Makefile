@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(PY) -m parser.demo
+	$(PY) -m parser.cli.demo
 
 # The offline models' cached files (parser.offline.assets): the demo's SmolLM2, the tiny models'
 # chat template, and the real tokenizers the tests use.

@@ -8,7 +8,7 @@
 #
 # Default layout, one 8-GPU node: GPUs 0-5 for verl (4 rollout + 2 trainer, paper Table 9),
 # GPUs 6-7 for two subagent workers. The paper used 10 more GPUs for subagents: run
-# scripts/serve_subagents.py there and export PARSER_GATEWAY_URL instead.
+# parser/cli/gateway.py there and export PARSER_GATEWAY_URL instead.
 # Stops the gateway it started (by PID) when training exits. Checkpoints resume automatically.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,7 +52,7 @@ trap cleanup EXIT
 if [[ -z "${PARSER_GATEWAY_URL:-}" ]]; then
     export PARSER_GATEWAY_URL="http://127.0.0.1:${GATEWAY_PORT}"
     mkdir -p logs
-    python scripts/serve_subagents.py \
+    python parser/cli/gateway.py \
         workers.num="$SUBAGENT_WORKERS" workers.first_gpu="$SUBAGENT_FIRST_GPU" \
         workers.model_path="$SUBAGENT_MODEL" router.port="$GATEWAY_PORT" \
         > "logs/gateway-$(date +%Y%m%d-%H%M%S).log" 2>&1 &

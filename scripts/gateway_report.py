@@ -23,7 +23,7 @@ query), with the routing key `doc_id:chunk_index`. Per round it prints:
 
 Healthy: locality >= 0.99, spread <= 1.5, cached ~= ideal on rounds 2+, failed = 0.
 
-    # a gateway started by scripts/serve_subagents.py (its URL is printed there)
+    # a gateway started by parser/cli/gateway.py (its URL is printed there)
     python scripts/gateway_report.py --gateway http://127.0.0.1:30000 \
         --workers http://127.0.0.1:30001 http://127.0.0.1:30002 --chunks 64 --rounds 4
     # what the router adds to each request: the same rounds straight to the workers, interleaved

@@ -1,4 +1,4 @@
-"""`python -m parser.ask`: your own file and questions, rounds printed as they end, the answer
+"""`python -m parser.cli.ask`: your own file and questions, rounds printed as they end, the answer
 with the evidence it rests on (each quote checked against its chunk), on the real engine with the
 tiny in-process models.
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from parser.ask import evidence_for, main, read_document
+from parser.cli.ask import evidence_for, main, read_document
 from parser.records.trajectory import Finding, QueryRecord, Trajectory, Turn
 from parser.text.chunking import Chunk
 from parser.base.config import ConfigError

@@ -148,7 +148,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
              "parser.methods", "parser.plan", "data_prep"),
 }
 # The ways in, which may import anything (the package root, the demo, the one-question command).
-ENTRY_POINTS = ("parser", "parser.__main__", "parser.demo", "parser.ask", "parser.cli")
+ENTRY_POINTS = ("parser", "parser.__main__", "parser.cli.demo", "parser.cli.ask", "parser.cli")
 
 
 def _floor(module: str) -> str | None:

@@ -8,7 +8,7 @@ resolver lists each group the run composed (its current choice first) with the o
 every file source of the run, then the config, as Hydra's own help does.
 
     python -m eval.run --help
-    python -m parser.demo --help
+    python -m parser.cli.demo --help
 """
 from __future__ import annotations
 

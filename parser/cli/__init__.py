@@ -23,8 +23,8 @@ from typing import Sequence
 
 # name -> (module:function, one line of help). A two-word name is a subcommand of the first word.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("parser.demo:main", "answer questions about the embedded demo document (configs/demo.yaml)"),
-    "ask": ("parser.ask:main", "ask your own document a question"),
+    "demo": ("parser.cli.demo:main", "answer questions about the embedded demo document (configs/demo.yaml)"),
+    "ask": ("parser.cli.ask:main", "ask your own document a question"),
     "serve": ("parser.serving.server:main", "serve a model over SGLang's and OpenAI's HTTP APIs on this machine"),
     "eval": ("eval.run:main", "run methods over eval sets, resumable (configs/eval/)"),
     "report": ("eval.report:main", "tables and figures from eval run directories"),

@@ -1,4 +1,4 @@
-"""Live progress inside an episode, for whoever is watching: the demo, `parser.ask`, eval's bar.
+"""Live progress inside an episode, for whoever is watching: the demo, `parser.cli.ask`, eval's bar.
 
 An episode can take minutes on a CPU; without this, the demo printed nothing and eval's bar sat
 at `0/3` until a whole sample ended. The engine reports each finished turn here; a watcher

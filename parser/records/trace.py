@@ -2,7 +2,7 @@
 
 Why a type: the trace used to be a plain dict in one of four shapes (an episode's trajectory plus
 a method's extras, the sequential readers' dict, full-context's, the template's), and the viewer,
-the report, the demo and `parser.ask` each read it by string key, so a renamed field failed far
+the report, the demo and `parser.cli.ask` each read it by string key, so a renamed field failed far
 from its cause or silently read a default. Now each kind is a class:
 
 - `Trajectory` ("episode", `parser.records.trajectory`): the episode engine's rounds; a method's

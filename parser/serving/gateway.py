@@ -7,7 +7,7 @@ for the workers (SGLang servers on GPUs; `parser.serving.server`, or any module 
 way, on CPU: the zero-compute loopback worker is `workers.module=parser.serving.loopback`) and for
 the router, starts them as child processes, waits until each answers, and stops exactly the
 processes it started (by their own PIDs / process groups — never by name).
-`scripts/serve_subagents.py` and the gateway tests are thin users.
+`parser/cli/gateway.py` and the gateway tests are thin users.
 
     from parser.serving.gateway import Gateway
     with Gateway.from_config(cfg) as gw:   # cfg: the `configs/serve/default.yaml` mapping

@@ -4,7 +4,7 @@ sglang-router 0.3.2 (the authors' router), each with its shipped settings
 (configs/serve/router/<kind>.yaml; health checks every second and a short shutdown grace here, to
 keep the tests short).
 
-Checks the gateway contract (scripts/serve_subagents.py, parser/serving/gateway.py):
+Checks the gateway contract (parser/cli/gateway.py, parser/serving/gateway.py):
 - multi-round traffic: >= 99% of round-2+ requests reach the worker that served their chunk in
   round 1, and no worker gets more than 1.5x the mean, for every policy ParSer ships (smg's
   consistent_hashing is measured for locality only: its spread depends on the hash ring); the

@@ -1,6 +1,6 @@
 """A client-side worker pool: pin each chunk to one of several backends, fail over when one dies.
 
-The production path is the sglang-router gateway (`scripts/serve_subagents.py`). Without a
+The production path is the sglang-router gateway (`parser/cli/gateway.py`). Without a
 gateway — the demo's multi-worker mode, a few local servers, tests — this pool gives the same
 two properties: a chunk's requests go to one worker (rendezvous hashing on the routing key, so
 its prefix stays in that worker's cache), and a worker that fails is skipped for a cooldown so

@@ -1,12 +1,12 @@
 """Ask your own document: one file (or stdin) and one or more questions, answered with evidence.
 
-    python -m parser.ask notes.md "Who founded the lab?"                  # ParSer on this machine's default models
-    python -m parser.ask notes.md "Who founded it?" "When?" models=tiny_cpu   # any backend preset (configs/backend/)
-    cat report.txt | python -m parser.ask - "What failed?" --json out.jsonl    # stdin; trajectories as JSONL
-    python -m parser.ask paper.md "Q?" method=memagent                    # any method (configs/method/)
-    python -m parser.ask notes.md "Q?" backend@models=openai models.lead.base_url=http://127.0.0.1:8000
+    python -m parser.cli.ask notes.md "Who founded the lab?"                  # ParSer on this machine's default models
+    python -m parser.cli.ask notes.md "Who founded it?" "When?" models=tiny_cpu   # any backend preset (configs/backend/)
+    cat report.txt | python -m parser.cli.ask - "What failed?" --json out.jsonl    # stdin; trajectories as JSONL
+    python -m parser.cli.ask paper.md "Q?" method=memagent                    # any method (configs/method/)
+    python -m parser.cli.ask notes.md "Q?" backend@models=openai models.lead.base_url=http://127.0.0.1:8000
 
-    from parser.ask import ask
+    from parser.cli.ask import ask
     for reply in ask("notes.md", ["Who founded the lab?"], models="tiny_cpu"):
         print(reply.answer, reply.evidence)
 
@@ -137,7 +137,7 @@ def build(cfg: Any) -> tuple[Any, dict[str, Any]]:
     from omegaconf import OmegaConf
 
     from parser.serving.backends.models import build_models
-    from parser.demo import choose_backend, cpu_episode, needs_cpu_budgets
+    from parser.cli.demo import choose_backend, cpu_episode, needs_cpu_budgets
     from parser.methods import build_method
 
     method_cfg = OmegaConf.to_container(cfg.method, resolve=True)
@@ -154,7 +154,7 @@ def build(cfg: Any) -> tuple[Any, dict[str, Any]]:
 
 
 async def ask_async(document: str, questions: Iterable[str], cfg: Any, echo: bool = True) -> list[Reply]:
-    from parser.demo import print_turn
+    from parser.cli.demo import print_turn
     from parser.methods import Sample
 
     method, _ = build(cfg)
@@ -196,7 +196,7 @@ def ask(path: str | Path, questions: str | Sequence[str], echo: bool = False, **
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m parser.ask", description=__doc__.split("\n\n")[0],
+        prog="python -m parser.cli.ask", description=__doc__.split("\n\n")[0],
         epilog="Settings: key=value Hydra overrides of configs/ask.yaml, e.g. models=tiny_cpu method=memagent "
                "method.episode.max_turns=6 backend@models=openai models.lead.base_url=http://127.0.0.1:8000")
     parser.add_argument("file", help="a text, Markdown or JSONL file; - for stdin")
@@ -211,10 +211,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         document = read_document(args.file)
         replies = asyncio.run(ask_async(document, questions, compose(overrides)))
     except (ConfigError, FileNotFoundError) as error:
-        print(f"parser.ask: error: {error}", file=sys.stderr)
+        print(f"parser.cli.ask: error: {error}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print("parser.ask: interrupted", file=sys.stderr)
+        print("parser.cli.ask: interrupted", file=sys.stderr)
         sys.exit(130)
     if args.json:
         Path(args.json).write_bytes(b"".join(orjson.dumps(dataclasses.asdict(r)) + b"\n" for r in replies))

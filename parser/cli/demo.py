@@ -1,9 +1,9 @@
 """The ParSer demo: whole episodes, for real, on whatever this machine has.
 
-    python -m parser.demo                   # GPU + model hub: Qwen3.5-4B lead and subagents
+    python -m parser.cli.demo                   # GPU + model hub: Qwen3.5-4B lead and subagents
                                             # CPU / offline: SmolLM2-135M-Instruct from a PyPI package
-    python -m parser.demo models=tiny_cpu   # tiny random model, seconds
-    python -m parser.demo models=tiny_cpu workers=2   # subagents on 2 local HTTP model servers
+    python -m parser.cli.demo models=tiny_cpu   # tiny random model, seconds
+    python -m parser.cli.demo models=tiny_cpu workers=2   # subagents on 2 local HTTP model servers
 
 It builds a small long-context sample from the synthetic world (fictional, so no model can
 answer from memory), runs the `parser` method — the same episode engine training and eval use —
@@ -63,7 +63,7 @@ def choose_backend(requested: str) -> tuple[str, str]:
 
 def needs_cpu_budgets(models_cfg: dict[str, Any]) -> bool:
     """Every role runs in process (transformers) and there is no CUDA GPU: the paper's budgets
-    would take hours, so the CPU preset's apply (the demo and parser.ask)."""
+    would take hours, so the CPU preset's apply (the demo and parser.cli.ask)."""
     if not all(s.get("same_as") or in_process(s) for s in models_cfg.values() if isinstance(s, dict)):
         return False
     import torch
