@@ -29,12 +29,12 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(PY) -m parser.cli.demo
+	$(VENV)/bin/parser demo
 
 # The offline models' cached files (parser.offline.assets): the demo's SmolLM2, the tiny models'
 # chat template, and the real tokenizers the tests use.
 assets: setup
-	$(PY) -m parser.offline.assets
+	$(VENV)/bin/parser assets
 
 # ruff with the rules in pyproject.toml ([tool.ruff]): pyflakes and a few bug rules.
 lint: setup

@@ -6,8 +6,8 @@ offline synthetic world) is read into the same `Question` + `Corpus` pair
 eval rows (JSON/JSONL, MemAgent's fields plus our evidence metadata) and verl's RL parquet
 (`data_prep.verl_parquet`). Entry point with Hydra configs under ``configs/data/``:
 
-    python -m data_prep.build --config-name synthetic_eval
-    python -m data_prep.build --config-name hotpotqa_eval out_dir=data/hqa_val
+    parser data --config-name synthetic_eval
+    parser data --config-name hotpotqa_eval out_dir=data/hqa_val
 
 The one-call helper for CI, the demo and eval tests:
 

@@ -1,10 +1,10 @@
 """Build a dataset from a Hydra config in ``configs/data/`` (one config per recipe and source).
 
-    python -m data_prep.build --config-name synthetic_eval                 # offline, CI/demo data
-    python -m data_prep.build --config-name hotpotqa_eval out_dir=data/hqa_val num_questions=128
-    python -m data_prep.build --config-name twowiki_eval same_questions=false   # ReMemR1's behaviour
-    python -m data_prep.build --config-name hotpotqa_train knowledge_filter.backend.base_url=http://127.0.0.1:30000
-    python -m data_prep.build --config-name controlled_position source=synthetic_source
+    parser data --config-name synthetic_eval                 # offline, CI/demo data
+    parser data --config-name hotpotqa_eval out_dir=data/hqa_val num_questions=128
+    parser data --config-name twowiki_eval same_questions=false   # ReMemR1's behaviour
+    parser data --config-name hotpotqa_train knowledge_filter.backend.base_url=http://127.0.0.1:30000
+    parser data --config-name controlled_position source=synthetic_source
 
 Every config names its recipe by `_target_` (a function in `data_prep.recipes`, e.g.
 `_target_: data_prep.recipes.eval_grid`; the old `recipe: eval_grid` still builds for one release);

@@ -17,8 +17,8 @@ haystack size, then one exact count per sample (batched) confirms or corrects it
 Reproducible: sample i of (task, length) depends only on (seed, task, length, i) (seeded
 `random.Random`, no global state), so files are identical across runs and machines.
 
-    python -m data_prep.ruler                                    # configs/data/ruler.yaml
-    python -m data_prep.ruler tasks=[vt,fwe] lengths=[8192] num_samples=8 out_dir=data/ruler_small
+    parser data ruler                                    # configs/data/ruler.yaml
+    parser data ruler tasks=[vt,fwe] lengths=[8192] num_samples=8 out_dir=data/ruler_small
 """
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def load_ruler_file(path: str | Path) -> list[dict[str, Any]]:
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"RULER file {path} does not exist; generate it with `python -m data_prep.ruler` "
+        raise FileNotFoundError(f"RULER file {path} does not exist; generate it with `parser data ruler` "
                                 f"or download MemAgent's release into that directory")
     task = next((t for n, t in TASKS.items() if path.stem.startswith(f"eval_{n}_")), None)
     rows = read_records(path)

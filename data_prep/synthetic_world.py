@@ -20,7 +20,7 @@ reads it like the real set, and packing, controlled sets, eval and training data
 unchanged. Output depends only on the arguments (seeded `random.Random`, no global state).
 
     >>> rows = build_synthetic_eval(num_questions=128, lengths=(50, 100, 200), seed=0)
-    python -m data_prep.build --config-name synthetic_eval
+    parser data --config-name synthetic_eval
 """
 from __future__ import annotations
 

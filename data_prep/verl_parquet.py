@@ -70,6 +70,6 @@ def read_rl_parquet(path: str | Path) -> list[Any]:
 
     rows = pq.read_table(path).to_pylist()
     if not rows:
-        raise DataError(f"{path}: the parquet table has no rows; rebuild it (python -m data_prep.build) or point "
+        raise DataError(f"{path}: the parquet table has no rows; rebuild it (parser data) or point "
                         "data.train_files / data.val_files at another file")
     return [episode_inputs(row, source=f"{path} row {i}") for i, row in enumerate(rows)]

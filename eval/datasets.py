@@ -50,7 +50,7 @@ def _read(path: str | Path) -> tuple[list[dict[str, Any]], str]:
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"eval data file {path} does not exist; build it with `python -m data_prep.build` "
+        raise FileNotFoundError(f"eval data file {path} does not exist; build it with `parser data` "
                                 f"or point dataset.path at it")
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -7,7 +7,7 @@ two evals are `eval.run` directories whose rows carry `variant` ("w/o RL" / "w/ 
 `report.variant`), and the curve comes from verl's file logger (`VERL_FILE_LOGGER_PATH`, one
 JSON object per step: {"step": N, "data": {metric: value}}).
 
-    python -m eval.report runs/learn/eval --out runs/learn/report \
+    parser report runs/learn/eval --out runs/learn/report \
         --train-log runs/learn/train_metrics.jsonl --summary runs/learn/summary.json --require-learning
 
 `summary.json` has exactly: steps, reward_first5, reward_last5, heldout_sub_em_before,

@@ -7,15 +7,15 @@ ParSer, MemAgent (document, CL-order) and Chain-of-Agents (document, dense, CL-o
 same controlled sets, with each method's spread (max − min accuracy over a set's conditions).
 
 Each (method, set) cell is one ordinary eval (`eval.run.evaluate`: the same engine, store and
-resume) composed exactly as `python -m eval.run method=<m> dataset=<d>` would be, into its own
+resume) composed exactly as `parser eval method=<m> dataset=<d>` would be, into its own
 folder under `study.root`; every cell shares one set of built models. Then `eval.report`
 writes the tables (`controlled.md`: accuracy per condition and the spread; `sensitivity.md`:
 the spreads alone) and figures (`figures/controlled_sensitivity.png`) to `{study.root}/report`.
 
-    python -m eval.order_study                                     # configs/eval/order_study.yaml: paper models, HotpotQA/2Wiki sets
-    python -m eval.order_study --config-name order_study_tiny_cpu  # CPU smoke: tiny random models, synthetic world
-    python -m eval.order_study --config-name order_study_cpu       # SmolLM2-135M on CPU, synthetic world
-    python -m eval.report outputs/order_study/tiny-qwen3.5 --out reports/order_study_tiny
+    parser order-study                                     # configs/eval/order_study.yaml: paper models, HotpotQA/2Wiki sets
+    parser order-study --config-name order_study_tiny_cpu  # CPU smoke: tiny random models, synthetic world
+    parser order-study --config-name order_study_cpu       # SmolLM2-135M on CPU, synthetic world
+    parser report outputs/order_study/tiny-qwen3.5 --out reports/order_study_tiny
 
 Re-running the same command resumes every cell. A cell another process is evaluating (its
 folder locked) is reported and skipped, the study goes on, and it exits 1. Settings that apply to one method or one set go

@@ -1,7 +1,7 @@
 """Build the paper's tables and figures from eval run directories.
 
 Reads every `results.jsonl` / `timings.jsonl` under the given paths (run directories of
-`python -m eval.run`, or folders holding several) and writes to `--out`:
+`parser eval`, or folders holding several) and writes to `--out`:
 
 - `accuracy.{md,tex,csv}`: Table 1 / Table 7 layout, rows = backbone x method, columns =
   lengths (paragraphs, ~tokens), then Max δ (max - min over lengths) and Avg. Each cell is the
@@ -32,8 +32,8 @@ differ, and the same sample in two run directories is refused, naming both.
   `summary.json` (`eval.learning`).
 - `report.md`: all tables in one page, with the figure paths.
 
-    python -m eval.report outputs/eval/hqa_parser4b outputs/eval/hqa_memagent4b --out reports/hqa --paper
-    python -m eval.report runs/learn/eval --out runs/learn/report --train-log runs/learn/train_metrics.jsonl \
+    parser report outputs/eval/hqa_parser4b outputs/eval/hqa_memagent4b --out reports/hqa --paper
+    parser report runs/learn/eval --out runs/learn/report --train-log runs/learn/train_metrics.jsonl \
         --summary runs/learn/summary.json --require-learning     # Table 7 in miniature (make learn)
 """
 from __future__ import annotations

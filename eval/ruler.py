@@ -15,9 +15,9 @@ prediction scores 0. The eval rows keep their ordinary `sub_em` too; the heat ma
 Each task is its own `evaluate` call (own results and resume state), all sharing one built
 method and its models, so an in-process engine starts once.
 
-    python -m eval.ruler                                   # configs/eval/ruler.yaml: generate missing files, eval, report
-    python -m eval.ruler --config-name ruler_tiny_cpu      # CPU smoke test: tiny models, two small lengths
-    python -m eval.ruler report outputs/eval/ruler/Qwen3.5-4B/ParSer [--out DIR]   # heat map + table from results
+    parser ruler                                   # configs/eval/ruler.yaml: generate missing files, eval, report
+    parser ruler --config-name ruler_tiny_cpu      # CPU smoke test: tiny models, two small lengths
+    parser ruler report outputs/eval/ruler/Qwen3.5-4B/ParSer [--out DIR]   # heat map + table from results
 """
 from __future__ import annotations
 
@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv[:1] == ["report"]:
         import argparse
 
-        ap = argparse.ArgumentParser(prog="python -m eval.ruler report", description="RULER heat map + table from results")
+        ap = argparse.ArgumentParser(prog="parser ruler report", description="RULER heat map + table from results")
         ap.add_argument("paths", nargs="+", help="eval run directories (or folders holding them)")
         ap.add_argument("--out", default=None, help="output folder (default: <first path>/report)")
         ap.add_argument("--qa-golds", choices=("all", "first"), default="all")

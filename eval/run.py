@@ -24,10 +24,10 @@ Features
 - One process per `out_dir`: a second `eval.run` on a directory in use exits 2 with a message
   naming the holder (`eval.store.lock_run_dir`).
 
-    python -m eval.run                                   # configs/eval/default.yaml
-    python -m eval.run --config-name tiny_cpu limit=4 runs=1
-    python -m eval.run dataset=hotpotqa concurrency=16 out_dir=outputs/eval/hqa_parser4b
-    python -m eval.report outputs/eval/hqa_parser4b      # tables, plots, viewer
+    parser eval                                   # configs/eval/default.yaml
+    parser eval --config-name tiny_cpu limit=4 runs=1
+    parser eval dataset=hotpotqa concurrency=16 out_dir=outputs/eval/hqa_parser4b
+    parser report outputs/eval/hqa_parser4b      # tables, plots, viewer
 """
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ and CSS (no scripts, no network), so it opens from disk and can be attached to a
 
 Everything a model wrote is escaped: model text is data, never markup.
 
-    python -m eval.viewer outputs/eval/hqa_parser4b              # -> outputs/eval/hqa_parser4b/viewer.html
-    python -m eval.viewer RUN_DIR --out page.html --only-wrong --max-samples 50
+    parser view outputs/eval/hqa_parser4b              # -> outputs/eval/hqa_parser4b/viewer.html
+    parser view RUN_DIR --out page.html --only-wrong --max-samples 50
 """
 from __future__ import annotations
 

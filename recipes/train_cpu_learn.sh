@@ -23,6 +23,7 @@ SMOKE=0
 if [[ "${1:-}" == "--smoke" ]]; then SMOKE=1; shift; fi
 LEARN_DIR=${LEARN_DIR:-outputs/learn}
 PYTHON=${PYTHON:-python}
+parser() { "$PYTHON" -m parser "$@"; }   # the one command (parser --help), on this recipe's Python
 SUBAGENT_PORT=${SUBAGENT_PORT:-$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 export HYDRA_FULL_ERROR=1
 # one thread per process: the trainer, the rollout server, the readers and eval share the cores
@@ -49,7 +50,7 @@ stage() {  # stage NAME COMMAND...: run it, log its wall time and the load avera
 }
 
 # ---- readers ----------------------------------------------------------------------------------
-"$PYTHON" -m parser.serving.loopback --port "$SUBAGENT_PORT" --reader world --no-records \
+parser loopback --port "$SUBAGENT_PORT" --reader world --no-records \
     > "$LEARN_DIR/readers.log" 2>&1 &
 READERS_PID=$!
 trap 'kill -TERM "$READERS_PID" 2>/dev/null || true; wait "$READERS_PID" 2>/dev/null || true' EXIT
@@ -65,17 +66,17 @@ EVAL_ARGS=("dataset.path=\"$DATA_DIR/heldout_{length}.json\"" progress=false "${
 GREEDY=(--config-name learn_cpu) SAMPLED=(--config-name learn_cpu_sampled)
 
 # ---- data, warm start, eval without RL --------------------------------------------------------
-stage data "$PYTHON" -m data_prep.build --config-name learn_cpu out_dir="$DATA_DIR" "${DATA[@]}"
+stage data parser data --config-name learn_cpu out_dir="$DATA_DIR" "${DATA[@]}"
 stage warm_start "$PYTHON" -m support.learn_lead --data "$DATA_DIR" --out "$LEARN_DIR/lead" \
     --gateway-url "$PARSER_GATEWAY_URL" "${WARM[@]}"
-stage eval_before "$PYTHON" -m eval.run "${GREEDY[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead" \
+stage eval_before parser eval "${GREEDY[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead" \
     'report.variant="w/o RL"' out_dir="$LEARN_DIR/eval/before"
-stage eval_before_sampled "$PYTHON" -m eval.run "${SAMPLED[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead" \
+stage eval_before_sampled parser eval "${SAMPLED[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead" \
     'report.variant="w/o RL"' out_dir="$LEARN_DIR/eval/before_sampled"
 
 # ---- GRPO -------------------------------------------------------------------------------------
 stage train env VERL_FILE_LOGGER_PATH="$LEARN_DIR/train_metrics.jsonl" \
-    "$PYTHON" -m parser.train --config-name train/cpu_learn \
+    parser train --config-name train/cpu_learn \
     actor_rollout_ref.model.path="$LEARN_DIR/lead" \
     data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/val.parquet" \
     trainer.default_local_dir="$LEARN_DIR/checkpoints" "${TRAIN[@]}" "$@"
@@ -86,15 +87,15 @@ stage merge "$PYTHON" -m verl.model_merger merge --backend fsdp \
     --local_dir "$LEARN_DIR/checkpoints/global_step_$STEP/actor" --target_dir "$LEARN_DIR/lead_rl"
 
 # ---- eval with RL, Table 7, curve, summary -----------------------------------------------------
-stage eval_after "$PYTHON" -m eval.run "${GREEDY[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead_rl" \
+stage eval_after parser eval "${GREEDY[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead_rl" \
     'report.variant="w/ RL"' out_dir="$LEARN_DIR/eval/after"
-stage eval_after_sampled "$PYTHON" -m eval.run "${SAMPLED[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead_rl" \
+stage eval_after_sampled parser eval "${SAMPLED[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead_rl" \
     'report.variant="w/ RL"' out_dir="$LEARN_DIR/eval/after_sampled"
-stage report_sampled "$PYTHON" -m eval.report "$LEARN_DIR/eval/before_sampled" "$LEARN_DIR/eval/after_sampled" \
+stage report_sampled parser report "$LEARN_DIR/eval/before_sampled" "$LEARN_DIR/eval/after_sampled" \
     --out "$LEARN_DIR/report/sampled" --no-viewer
-stage report "$PYTHON" -m eval.report "$LEARN_DIR/eval/before" "$LEARN_DIR/eval/after" --out "$LEARN_DIR/report" \
+stage report parser report "$LEARN_DIR/eval/before" "$LEARN_DIR/eval/after" --out "$LEARN_DIR/report" \
     --no-viewer --train-log "$LEARN_DIR/train_metrics.jsonl" --summary "$LEARN_DIR/summary.json" "${JUDGE[@]}"
 
 echo "== done: checkpoint at $LEARN_DIR/checkpoints/global_step_$STEP/actor, merged lead at $LEARN_DIR/lead_rl"
 echo "   Table 7: $LEARN_DIR/report/rl.md, verdict: $LEARN_DIR/summary.json, stage times: $LEARN_DIR/timings.txt"
-echo "   next: python -m eval.run --config-name learn_cpu models.lead.model=$LEARN_DIR/lead_rl dataset.path=\"$DATA_DIR/heldout_{length}.json\" out_dir=outputs/eval/learned"
+echo "   next: parser eval --config-name learn_cpu models.lead.model=$LEARN_DIR/lead_rl dataset.path=\"$DATA_DIR/heldout_{length}.json\" out_dir=outputs/eval/learned"

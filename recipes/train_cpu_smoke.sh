@@ -8,7 +8,7 @@
 #
 # Steps: start a loopback subagent worker (parser/serving/loopback.py, answers with a finding
 # where the needle is), build the tiny lead and the verl parquet once (tests/support/verl_smoke.py),
-# then `python -m parser.train --config-name train/cpu_smoke`. Stops the worker on exit.
+# then `parser train --config-name train/cpu_smoke`. Stops the worker on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # the tiny lead is test code (tests/support/, never shipped): run from a checkout
@@ -17,12 +17,13 @@ export PYTHONPATH="$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 SMOKE_DIR=${SMOKE_DIR:-runs/cpu_smoke}
 SUBAGENT_PORT=${SUBAGENT_PORT:-31001}
 PYTHON=${PYTHON:-python}
+parser() { "$PYTHON" -m parser "$@"; }   # the one command (parser --help), on this recipe's Python
 export HYDRA_FULL_ERROR=1
 # one thread per process: the trainer, the rollout server and the workers share the cores
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 mkdir -p "$SMOKE_DIR"
-"$PYTHON" -m parser.serving.loopback --port "$SUBAGENT_PORT" --needle "directed by Miro Tal" \
+parser loopback --port "$SUBAGENT_PORT" --needle "directed by Miro Tal" \
     > "$SMOKE_DIR/subagents.log" 2>&1 &
 SUBAGENT_PID=$!
 trap 'kill -TERM "$SUBAGENT_PID" 2>/dev/null || true; wait "$SUBAGENT_PID" 2>/dev/null || true' EXIT
@@ -39,7 +40,7 @@ fi
 
 # Refuses up front on a machine that cannot run it; ends by printing where the checkpoint is and
 # the next commands (merge -> eval): parser/train/machine.py.
-"$PYTHON" -m parser.train --config-name train/cpu_smoke \
+parser train --config-name train/cpu_smoke \
     actor_rollout_ref.model.path="$SMOKE_DIR/lead" \
     data.train_files="$SMOKE_DIR/data/train.parquet" data.val_files="$SMOKE_DIR/data/val.parquet" \
     trainer.default_local_dir="$SMOKE_DIR/checkpoints" \

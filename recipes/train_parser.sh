@@ -18,7 +18,7 @@ MODEL_SIZE=${MODEL_SIZE:-4b}                 # 4b | 9b -> configs/train/parser_$
 LEAD_MODEL=${LEAD_MODEL:-}                   # override actor_rollout_ref.model.path (local dir on offline clusters)
 
 # ---- data ---------------------------------------------------------------------------------
-# Built by `python -m data_prep.build --config-name hotpotqa_train` (its knowledge filter needs a
+# Built by `parser data --config-name hotpotqa_train` (its knowledge filter needs a
 # Qwen3.5-9B server: README "Data") and `--config-name hotpotqa_val`.
 TRAIN_FILES=${TRAIN_FILES:-data/train/hotpotqa_train.parquet}
 VAL_FILES=${VAL_FILES:-data/train/hotpotqa_val.parquet}
@@ -52,7 +52,7 @@ trap cleanup EXIT
 if [[ -z "${PARSER_GATEWAY_URL:-}" ]]; then
     export PARSER_GATEWAY_URL="http://127.0.0.1:${GATEWAY_PORT}"
     mkdir -p logs
-    python parser/cli/gateway.py \
+    parser gateway \
         workers.num="$SUBAGENT_WORKERS" workers.first_gpu="$SUBAGENT_FIRST_GPU" \
         workers.model_path="$SUBAGENT_MODEL" router.port="$GATEWAY_PORT" \
         > "logs/gateway-$(date +%Y%m%d-%H%M%S).log" 2>&1 &
@@ -79,5 +79,5 @@ overrides=(
 
 # Refuses up front on a machine that cannot run it; ends by printing where the checkpoint is and
 # the next commands (merge -> eval): parser/train/machine.py.
-CUDA_VISIBLE_DEVICES="$VERL_GPUS" python -m parser.train --config-name "train/parser_${MODEL_SIZE}" \
+CUDA_VISIBLE_DEVICES="$VERL_GPUS" parser train --config-name "train/parser_${MODEL_SIZE}" \
     "${overrides[@]}" "$@"

@@ -9,7 +9,7 @@ decodes a round's subagent requests as one batch (`parser.serving.backends.trans
 runs both methods against a vLLM server instead, same model. Printed per length: amortized seconds per sample (subset wall time / subset
 size, as in the paper), mean sequential steps (ParSer: lead turns; MemAgent: chunks + 1), and
 the MemAgent/ParSer ratios — all from this one invocation. Each method writes a normal eval run
-directory, so `python -m eval.report outputs/bench` draws the speedup plot.
+directory, so `parser report outputs/bench` draws the speedup plot.
 
     .venv/bin/python scripts/bench_latency.py                         # ~ a few minutes on 2 cores
     .venv/bin/python scripts/bench_latency.py dataset.lengths=[12,48] dataset.num_questions=2
@@ -85,7 +85,7 @@ def main() -> None:
                                 [[s["baseline"], str(s["length"]), f"{s['speedup']:.2f}x", f"{s['steps_ratio']:.2f}x"]
                                  for s in ratios]))
     print(f"[bench] total {time.perf_counter() - start:.0f} s; run directories under {out}/ "
-          f"(python -m eval.report {out} --out {out}/report)")
+          f"(parser report {out} --out {out}/report)")
 
 
 if __name__ == "__main__":

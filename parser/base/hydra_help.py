@@ -7,8 +7,8 @@ which come through the search path (`hydra.searchpath=[configs/]`). Each entry p
 resolver lists each group the run composed (its current choice first) with the options found in
 every file source of the run, then the config, as Hydra's own help does.
 
-    python -m eval.run --help
-    python -m parser.cli.demo --help
+    parser eval --help
+    parser demo --help
 """
 from __future__ import annotations
 

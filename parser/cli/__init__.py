@@ -11,8 +11,8 @@ same), a module is imported only when its subcommand runs (so `--help` is instan
 install never imports verl to print it), and each program keeps its own parser — Hydra for the
 config-driven ones, argparse for the rest — so `parser eval --help` is eval's own help.
 `sys.argv[0]` becomes `parser <name>` before the program reads its arguments. The old ways in
-(`python -m eval.run`, `python -m data_prep.build`, `parser-demo`, `parser-ask`, `parser-serve`)
-run the same functions.
+(each module's own `-m` entry point such as `eval.run` or `data_prep.build`, and the
+`parser-demo`, `parser-ask` and `parser-serve` scripts) run the same functions.
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("parser.cli.demo:main", "answer questions about the embedded demo document (configs/demo.yaml)"),
     "ask": ("parser.cli.ask:main", "ask your own document a question"),
     "serve": ("parser.serving.server:main", "serve a model over SGLang's and OpenAI's HTTP APIs on this machine"),
+    "gateway": ("parser.cli.gateway:main", "start subagent workers behind the cache-aware router (configs/serve/)"),
+    "loopback": ("parser.serving.loopback:main", "a model-free worker that answers every wire format (CPU tests, benches)"),
     "eval": ("eval.run:main", "run methods over eval sets, resumable (configs/eval/)"),
     "report": ("eval.report:main", "tables and figures from eval run directories"),
     "view": ("eval.viewer:main", "one HTML page per trajectory of a run"),

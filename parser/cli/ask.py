@@ -1,10 +1,10 @@
 """Ask your own document: one file (or stdin) and one or more questions, answered with evidence.
 
-    python -m parser.cli.ask notes.md "Who founded the lab?"                  # ParSer on this machine's default models
-    python -m parser.cli.ask notes.md "Who founded it?" "When?" models=tiny_cpu   # any backend preset (configs/backend/)
-    cat report.txt | python -m parser.cli.ask - "What failed?" --json out.jsonl    # stdin; trajectories as JSONL
-    python -m parser.cli.ask paper.md "Q?" method=memagent                    # any method (configs/method/)
-    python -m parser.cli.ask notes.md "Q?" backend@models=openai models.lead.base_url=http://127.0.0.1:8000
+    parser ask notes.md "Who founded the lab?"                  # ParSer on this machine's default models
+    parser ask notes.md "Who founded it?" "When?" models=tiny_cpu   # any backend preset (configs/backend/)
+    cat report.txt | parser ask - "What failed?" --json out.jsonl    # stdin; trajectories as JSONL
+    parser ask paper.md "Q?" method=memagent                    # any method (configs/method/)
+    parser ask notes.md "Q?" backend@models=openai models.lead.base_url=http://127.0.0.1:8000
 
     from parser.cli.ask import ask
     for reply in ask("notes.md", ["Who founded the lab?"], models="tiny_cpu"):
@@ -196,7 +196,7 @@ def ask(path: str | Path, questions: str | Sequence[str], echo: bool = False, **
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m parser.cli.ask", description=__doc__.split("\n\n")[0],
+        prog="parser ask", description=__doc__.split("\n\n")[0],
         epilog="Settings: key=value Hydra overrides of configs/ask.yaml, e.g. models=tiny_cpu method=memagent "
                "method.episode.max_turns=6 backend@models=openai models.lead.base_url=http://127.0.0.1:8000")
     parser.add_argument("file", help="a text, Markdown or JSONL file; - for stdin")

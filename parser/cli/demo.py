@@ -1,9 +1,9 @@
 """The ParSer demo: whole episodes, for real, on whatever this machine has.
 
-    python -m parser.cli.demo                   # GPU + model hub: Qwen3.5-4B lead and subagents
+    parser demo                   # GPU + model hub: Qwen3.5-4B lead and subagents
                                             # CPU / offline: SmolLM2-135M-Instruct from a PyPI package
-    python -m parser.cli.demo models=tiny_cpu   # tiny random model, seconds
-    python -m parser.cli.demo models=tiny_cpu workers=2   # subagents on 2 local HTTP model servers
+    parser demo models=tiny_cpu   # tiny random model, seconds
+    parser demo models=tiny_cpu workers=2   # subagents on 2 local HTTP model servers
 
 It builds a small long-context sample from the synthetic world (fictional, so no model can
 answer from memory), runs the `parser` method — the same episode engine training and eval use —
@@ -149,7 +149,7 @@ async def run_demo(cfg: DictConfig, log_dir: Path) -> list[tuple[dict[str, Any],
 
 
 def start_subagent_workers(models_cfg: dict[str, Any], num: int, log_dir: Path) -> ProcessGroup:
-    """Multi-worker mode: serve the subagent model from `num` local `python -m parser.serving.server`
+    """Multi-worker mode: serve the subagent model from `num` local `parser serve`
     processes (real HTTP on 127.0.0.1) and point the subagent role at them; each chunk is pinned
     to one worker, with failover. Rewrites `models_cfg["subagent"]` in place."""
     sub = models_cfg["lead"] if models_cfg["subagent"].get("same_as") == "lead" else models_cfg["subagent"]

@@ -7,14 +7,14 @@ its /readiness counts every worker, prints the gateway URL, and then stays up un
 when it stops exactly the processes it started (by their PIDs / process groups). Everything
 binds 127.0.0.1 unless the config says otherwise. Logs: one file per process in Hydra's run dir.
 
-    python parser/cli/gateway.py                                   # 8 GPUs: 8 workers + router
-    python parser/cli/gateway.py workers.num=2 workers.first_gpu=6 # a slice of a node
-    python parser/cli/gateway.py dry_run=true                      # print the commands only
-    python parser/cli/gateway.py router=sglang_router              # the authors' router
-    python parser/cli/gateway.py --config-name lead                # the lead agent
-    python parser/cli/gateway.py --config-name yarn_full_context   # ~1M-token baselines
+    parser gateway                                   # 8 GPUs: 8 workers + router
+    parser gateway workers.num=2 workers.first_gpu=6 # a slice of a node
+    parser gateway dry_run=true                      # print the commands only
+    parser gateway router=sglang_router              # the authors' router
+    parser gateway --config-name lead                # the lead agent
+    parser gateway --config-name yarn_full_context   # ~1M-token baselines
     # CPU, no model: 3 zero-compute loopback workers
-    python parser/cli/gateway.py workers._target_=parser.serving.gateway.module_worker workers.module=parser.serving.loopback workers.num=3 workers.base_port=0
+    parser gateway workers._target_=parser.serving.gateway.module_worker workers.module=parser.serving.loopback workers.num=3 workers.base_port=0
 
 Then point the subagent backend at the printed URL (`configs/backend/qwen35_gateway.yaml`) and
 check locality / balance / prefix reuse with `scripts/gateway_report.py` (the command is printed).

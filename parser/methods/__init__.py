@@ -5,7 +5,7 @@ A method is a folder `parser/methods/<name>/` (its class in `method.py`, exporte
 config `configs/method/<name>.yaml` names the class once with a `_target_` path. There is no
 registry to edit: `build_method` imports whatever class the config names (docs/adding_a_method.md).
 
-    python -m eval.run method=memagent                       # configs/method/memagent.yaml
+    parser eval method=memagent                       # configs/method/memagent.yaml
     method = build_method(method_config("rag", top_k=5), models)   # the same, from Python
     result = await method.run(sample)
 

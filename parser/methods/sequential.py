@@ -13,8 +13,8 @@ the chunks before the first call. Chunks are fixed token windows (`chunking: tok
 ParSer's paragraph packing (`chunking: paragraphs`); a document longer than
 `max_context_tokens` keeps its head and tail halves (MemAgent's reference truncation).
 
-    python -m eval.run method=memagent method.order=chow_liu     # MemAgent (CL-order)
-    python -m eval.run method=coa_cl                             # CoA (CL-order)
+    parser eval method=memagent method.order=chow_liu     # MemAgent (CL-order)
+    parser eval method=coa_cl                             # CoA (CL-order)
 
 Thinking (`thinking: true`, enable_thinking): each reply is split at its last `</think>` while it
 is still raw text, and only what follows is handed to `absorb` or to answer extraction, so no

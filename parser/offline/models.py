@@ -10,7 +10,7 @@ entry-point group in pyproject.toml, so `parser.serving.backends` finds them by 
     gemma3-270m                Gemma 3 270M (base), shipped as GGUF chunk packages (the model comparison)
     qwen2.5-coder-0.5b         Qwen2.5-Coder-0.5B-Instruct, shipped as GGUF chunk packages (the model comparison)
 
-    python -m parser.serving.server --model tiny-qwen3.5      # works because of the entry point
+    parser serve --model tiny-qwen3.5      # works because of the entry point
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""`python -m parser.plan [calibrate|validate|table2] [Hydra overrides]` (default: plan).
+"""`parser plan [calibrate|validate|table2] [Hydra overrides]` (default: plan).
 
 Each command has its config in configs/plan/<command>.yaml; override keys on the command line,
-e.g. `python -m parser.plan cluster.subagent_gpus=16 workload.concurrency=32`.
+e.g. `parser plan cluster.subagent_gpus=16 workload.concurrency=32`.
 """
 from __future__ import annotations
 

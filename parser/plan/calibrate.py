@@ -7,9 +7,9 @@ time (a scatter round loads all workers together, so contention between them is 
 assumed). Token counts come from the server's own replies (`prompt_tokens`, `cached_tokens`,
 output ids), never from what was asked for.
 
-    python -m parser.plan calibrate                            # 2 CPU parser.serving.server workers, tiny-qwen3.5
-    python -m parser.plan calibrate calibrate.model=smollm2 calibrate.workers=3
-    python -m parser.plan calibrate 'calibrate.urls=[http://gpu1:30000]' calibrate.max_batch=256  # a running server
+    parser plan calibrate                            # 2 CPU parser.serving.server workers, tiny-qwen3.5
+    parser plan calibrate calibrate.model=smollm2 calibrate.workers=3
+    parser plan calibrate 'calibrate.urls=[http://gpu1:30000]' calibrate.max_batch=256  # a running server
 
 The rates file (YAML) holds the coefficients, every measurement and the fit's error.
 """
@@ -131,7 +131,7 @@ def vocabulary(tokenizer: Any) -> list[int]:
 
 
 class LocalWorkers:
-    """`num` local `python -m parser.serving.server` processes on 127.0.0.1 (started and stopped by us,
+    """`num` local `parser serve` processes on 127.0.0.1 (started and stopped by us,
     by PID), each limited to `threads` torch threads so that workers do not fight over cores."""
 
     def __init__(self, model: str, num: int, threads: int, log_dir: str | Path):
@@ -161,7 +161,7 @@ class LocalWorkers:
 
 
 def main(cfg: dict[str, Any], out_dir: Path) -> Rates:
-    """`python -m parser.plan calibrate`: local workers (or `urls`), probes, fit, rates file."""
+    """`parser plan calibrate`: local workers (or `urls`), probes, fit, rates file."""
     from contextlib import nullcontext
 
     from parser.serving.backends import load_tokenizer
@@ -182,7 +182,7 @@ def main(cfg: dict[str, Any], out_dir: Path) -> Rates:
         rows = asyncio.run(measure(urls))
     where = f"{len(urls)} local parser.serving.server workers ({c['model']}, {c['threads_per_worker']} thread(s) each)" \
         if local else ", ".join(urls)
-    rates, stats = fit_rows(rows, c["max_batch"], source=f"python -m parser.plan calibrate on {where}")
+    rates, stats = fit_rows(rows, c["max_batch"], source=f"parser plan calibrate on {where}")
     table = derived_table(rates, c["batches"], c["lengths"][-1])
     path = write_rates(Path(c["output"]) if c["output"] else out_dir / "rates.yaml", rates, stats, rows, table)
     print(f"fit over {stats['samples']} bursts ({stats['dropped']} dropped): mean rel. error "

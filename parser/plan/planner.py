@@ -1,4 +1,4 @@
-"""`python -m parser.plan`: plan a ParSer deployment and compare it with sequential reading.
+"""`parser plan`: plan a ParSer deployment and compare it with sequential reading.
 
 For each document length in the workload it reports, from the rates files and the model config:
 
@@ -14,9 +14,9 @@ For each document length in the workload it reports, from the rates files and th
 It writes plan.md (the table), plan.json and plan.png (latency vs subagent GPUs, one line per
 length, MemAgent's latency as reference, hit rate on the right axis) to the run directory.
 
-    python -m parser.plan                                          # the paper's 4B cluster, eval workload
-    python -m parser.plan workload=train cluster.subagent_gpus=10  # RL training rollouts
-    python -m parser.plan 'workload.lengths=[28000]' workload.concurrency=256 rates.subagent=path/to/rates.yaml
+    parser plan                                          # the paper's 4B cluster, eval workload
+    parser plan workload=train cluster.subagent_gpus=10  # RL training rollouts
+    parser plan 'workload.lengths=[28000]' workload.concurrency=256 rates.subagent=path/to/rates.yaml
 """
 from __future__ import annotations
 

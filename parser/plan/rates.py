@@ -1,6 +1,6 @@
 """A server's measured speed, as a cost model for one batch of requests.
 
-Why it exists: the planner predicts from measurements, not guesses. `python -m parser.plan
+Why it exists: the planner predicts from measurements, not guesses. `parser plan
 calibrate` times real request bursts on a backend and fits the coefficients below by
 non-negative least squares; paper-scale rates may instead be entered from published figures,
 with `source` saying which. One file per (model, hardware, server) — a worker, not a cluster.

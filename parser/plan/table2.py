@@ -1,6 +1,6 @@
 """Fit the planner to the paper's latency measurements and predict the points it was not fit on.
 
-    python -m parser.plan table2
+    parser plan table2
 
 The paper (§4.2, Table 2 and Figure 3; the project page's "Inference efficiency" section) times
 ParSer and MemAgent at concurrency 1 on the same 128 HotpotQA questions at eight lengths, 7K to
@@ -69,10 +69,10 @@ def workload(doc_tokens: int, cfg: Mapping[str, Any]) -> Workload:
 def build(theta: np.ndarray, spec: ModelSpec) -> tuple[Rates, Rates]:
     prefill, step, lead_step = np.exp(theta)
     h100 = Rates(prefill_s_per_token=float(prefill), decode_step_s=float(step), max_batch=512,
-                 source=f"fitted by `python -m parser.plan table2` to {SOURCE}, short lengths; "
+                 source=f"fitted by `parser plan table2` to {SOURCE}, short lengths; "
                         "per-sequence terms from the H100 SXM spec sheet", **fixed_h100_terms(spec))
     lead = Rates(prefill_s_per_token=float(prefill) * 4, decode_step_s=float(lead_step), max_batch=64,
-                 source=f"fitted by `python -m parser.plan table2` to {SOURCE} (RTX 3090 lead); prefill taken "
+                 source=f"fitted by `parser plan table2` to {SOURCE} (RTX 3090 lead); prefill taken "
                         "as 4x the H100's")
     return h100, lead
 
@@ -128,7 +128,7 @@ def main(cfg: Mapping[str, Any], out_dir: Path) -> list[dict[str, Any]]:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "table2.md").write_text(text + "\n", encoding="utf-8")
     for name, rates in (("h100_qwen35_4b.yaml", h100), ("rtx3090_qwen35_4b_lead.yaml", lead)):
-        header = "# Written by `python -m parser.plan table2` (parser/plan/table2.py): regenerate, do not edit.\n"
+        header = "# Written by `parser plan table2` (parser/plan/table2.py): regenerate, do not edit.\n"
         (out_dir / name).write_text(header + yaml.safe_dump(rates.to_dict(), sort_keys=False, width=120,
                                                             allow_unicode=True), encoding="utf-8")
     print(f"fitted: prefill {1 / h100.prefill_s_per_token:,.0f} tok/s, decode step {h100.decode_step_s * 1e3:.2f} ms "

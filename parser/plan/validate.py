@@ -1,8 +1,8 @@
 """Check the planner against real runs on this machine: calibrate, predict, run, compare.
 
-    python -m parser.plan validate                       # tiny-qwen3.5 on 2 CPU workers, ~3.5-5 min
-    python -m parser.plan validate validate.model=smollm2 validate.chunk_size=64   # slower, a real LM
-    python -m parser.plan validate validate.smoke=true   # seconds: the pipeline, not the accuracy
+    parser plan validate                       # tiny-qwen3.5 on 2 CPU workers, ~3.5-5 min
+    parser plan validate validate.model=smollm2 validate.chunk_size=64   # slower, a real LM
+    parser plan validate validate.smoke=true   # seconds: the pipeline, not the accuracy
 
 0. The paper: `parser.plan.table2` (fit on Table 2's short lengths, predict up to 896K).
 1. Start `workers` CPU `parser.serving.server` processes.
@@ -156,7 +156,7 @@ async def calibrate_servers(calibrator: Calibrator, cfg: dict[str, Any], path: P
     """The servers' rates, from synthetic bursts only."""
     probes = default_probes(cfg["calibrate_batches"], cfg["calibrate_lengths"], cfg["calibrate_outputs"])
     rows = await calibrator.run(probes, cfg["calibrate_repeats"])
-    rates, stats = fit_rows(rows, 1, source=f"python -m parser.plan validate: {cfg['workers']} parser.serving.server "
+    rates, stats = fit_rows(rows, 1, source=f"parser plan validate: {cfg['workers']} parser.serving.server "
                                              f"workers, {cfg['model']}, {cfg['threads_per_worker']} thread(s) each")
     table = derived_table(rates, cfg["calibrate_batches"], cfg["calibrate_lengths"][-1])
     write_rates(path, rates, stats, rows, table)

@@ -172,7 +172,7 @@ def sglang_worker(workers: Mapping[str, Any], *, index: int, host: str, port: in
 
 def parser_serve_worker(workers: Mapping[str, Any], *, index: int, host: str, port: int,
                         python: str) -> tuple[list[str], dict[str, str]]:
-    """The project's CPU server (`python -m parser.serving.server`) on `cpu_model`, `local_args` as
+    """The project's CPU server (`parser serve`) on `cpu_model`, `local_args` as
     its flags (`args` are SGLang's and are not passed)."""
     model = _get(workers, "cpu_model", "tiny-qwen3.5")
     return [python, "-m", "parser.serving.server", "--model", str(model), "--host", host, "--port", str(port),

@@ -20,9 +20,9 @@ where down answers 503 on every path, /health included, as a restarting server d
 running worker takes new fault knobs from `POST /fault` (the harness injects a fault
 mid-run); a frozen or killed process is the harness's business (SIGSTOP / SIGKILL).
 
-    python -m parser.serving.loopback --port 31001 --worker-id w1
-    python -m parser.serving.loopback --port 31002 --worker-id w2 --fail-every 10 --fail-mode drop
-    python -m parser.serving.loopback --port 31003 --reader world      # reads synthetic-world chunks
+    parser loopback --port 31001 --worker-id w1
+    parser loopback --port 31002 --worker-id w2 --fail-every 10 --fail-mode drop
+    parser loopback --port 31003 --reader world      # reads synthetic-world chunks
     curl -X POST 127.0.0.1:31001/fault -d '{"fail_every": 1, "fail_mode": "garbage"}'
 
 In-process: `with start_loopback("w1") as h: h.url; h.worker.records`.

@@ -53,9 +53,9 @@ Templates are never taken from a request (`chat_template`, or as a `chat_templat
 key); rendering and tokenising run on a worker thread, so `/health` answers during a huge
 prompt, and a client that disconnects cancels its generation (`handler_cancellation`).
 
-    python -m parser.serving.server --model tiny-qwen3.5 --port 30001 --worker-id w1
-    python -m parser.serving.server --model smollm2 --port 30002
-    python -m parser.serving.server --model Qwen/Qwen3.5-0.8B --port 30003   # any HF path
+    parser serve --model tiny-qwen3.5 --port 30001 --worker-id w1
+    parser serve --model smollm2 --port 30002
+    parser serve --model Qwen/Qwen3.5-0.8B --port 30003   # any HF path
 
 As a library (tests): `with start_server(backend, tokenizer=tok) as handle: handle.url`.
 """

@@ -5,7 +5,7 @@ a query from its chunk when the chunk can answer it, and abstains otherwise — 
 that costs seconds per reply. `data_prep.synthetic_world` writes every fact in a fixed sentence
 shape ("X is a 1945 ... directed by Y.", "She was born in Z, ..."); this reader inverts those
 shapes. It stands in for SGLang subagents behind the gateway and is served over HTTP by the
-loopback worker (`python -m parser.serving.loopback --reader world`), so the lead's scatter,
+loopback worker (`parser loopback --reader world`), so the lead's scatter,
 gather and observations are the real ones.
 
 What it reads: the paragraphs of its own excerpt only (`Document i:` / title / text, as

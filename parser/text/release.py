@@ -13,7 +13,7 @@ copy. It is read at run time from a checkout of the release, by parsing its Pyth
 without executing them:
 
     git clone https://github.com/cuhk-parser/PARSER /path/to/PARSER
-    python -m eval.run method=parser_release method.episode.protocol_release.repo=/path/to/PARSER
+    parser eval method=parser_release method.episode.protocol_release.repo=/path/to/PARSER
 
 (or `export PARSER_RELEASE_REPO=/path/to/PARSER`, which the configs read).
 """

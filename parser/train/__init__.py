@@ -18,7 +18,7 @@ this package imports no method.
 | `ray_start` | (around `run_ppo`) | start the local Ray cluster again after Ray's start-up deadline ran out |
 | `cpu/` | platform, engine, rollout and checkpoint-engine registries | the same trainer on a CPU (CI, laptops) |
 
-    python -m parser.train --config-name train/parser_4b parser.gateway_url=http://127.0.0.1:30000
+    parser train --config-name train/parser_4b parser.gateway_url=http://127.0.0.1:30000
     recipes/train_cpu_smoke.sh          # 2 real GRPO steps of a tiny lead on this machine
 
 Importing this package does not import verl (the reward function runs in verl's reward

@@ -9,7 +9,7 @@ It includes the schema check: a key that verl's own composed config (for the
 run's `model_engine`) does not have is a typo or a removed key, which Hydra merges in silently
 from a YAML file (the user's own config included) and verl then ignores.
 
-    python -m parser.train --config-name train/parser_4b data.train_batch_size=256   # -> rejected
+    parser train --config-name train/parser_4b data.train_batch_size=256   # -> rejected
 """
 from __future__ import annotations
 

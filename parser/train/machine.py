@@ -1,6 +1,6 @@
 """Can this machine run the composed training config, and where did the run leave its checkpoint?
 
-Why: on a machine without a GPU, Megatron or the data, `python -m parser.train --config-name
+Why: on a machine without a GPU, Megatron or the data, `parser train --config-name
 train/parser_4b` passed the config checks, printed ~1,000 config lines and hung while Ray waited
 for GPUs that were not there. `machine_problems` looks first, before the config is printed or Ray
 starts, and `parser.train` refuses with what is missing and what to do. The checks are the
@@ -9,7 +9,7 @@ backend's own requirements: a CUDA GPU for every GPU engine (and the GPUs a one-
 `closing_lines` is what a finished run prints: where its checkpoint is and the next commands
 (merge to Hugging Face weights -> eval).
 
-    python -m parser.train --config-name train/parser_4b     # on a laptop: refused, exit 2
+    parser train --config-name train/parser_4b     # on a laptop: refused, exit 2
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def _data_hint(path: Path, data_configs: Path) -> str:
     """The command that writes a training file: the data config named like it (configs/data/<stem>.yaml)."""
     config = data_configs / f"{path.stem}.yaml"
     if config.is_file():
-        return (f"Build it: python -m data_prep.build --config-name {path.stem} out_dir={path.parent} "
+        return (f"Build it: parser data --config-name {path.stem} out_dir={path.parent} "
                 f"(configs/data/{config.name} says what it needs), or pass data.{{train,val}}_files=PATH")
     return "README \"Data\" lists the command that writes each training config's files; or pass the path you have"
 
@@ -111,4 +111,4 @@ def closing_lines(config: Any) -> list[str]:
     return [f"parser.train: finished; checkpoint at {actor} (step {step}; a rerun resumes from it)",
             f"  next, Hugging Face weights: python -m verl.model_merger merge --backend {backend} --local_dir {actor} "
             f"--target_dir {merged}",
-            f"  then evaluate the lead:     python -m eval.run{preset} models.lead.model={merged}"]
+            f"  then evaluate the lead:     parser eval{preset} models.lead.model={merged}"]

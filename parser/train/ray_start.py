@@ -13,7 +13,7 @@ so `retry_ray_start` stops what the failed start left behind (Ray's GCS, monitor
 children of this process) and lets verl start the cluster again, up to `RAY_START_ATTEMPTS`
 times, saying so on stderr. Any other error, and any error once Ray is up, is raised unchanged.
 
-    python -m parser.train --config-name train/cpu_smoke ...
+    parser train --config-name train/cpu_smoke ...
     # on a busy machine: "parser.train: Ray's local cluster did not start (attempt 1 of 5: ...)"
 """
 from __future__ import annotations

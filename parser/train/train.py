@@ -1,7 +1,7 @@
 """Launch ParSer GRPO training: verl 0.9.1's fully async v1 trainer on our Hydra configs.
 
-    python -m parser.train --config-name train/parser_4b parser.gateway_url=http://127.0.0.1:30000
-    python -m parser.train --config-name train/parser_9b trainer.save_freq=5
+    parser train --config-name train/parser_4b parser.gateway_url=http://127.0.0.1:30000
+    parser train --config-name train/parser_9b trainer.save_freq=5
     recipes/train_parser_4b.sh      # starts the gateway too
 
 What it adds to `python -m verl.trainer.main_ppo` (whose steps it then runs, by calling verl):

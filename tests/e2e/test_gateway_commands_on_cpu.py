@@ -148,7 +148,7 @@ def test_bad_worker_config_is_named():
 
 def test_serve_script_dry_run_prints_commands_and_starts_nothing(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "parser.cli.gateway", "dry_run=true", "workers.num=2",
+        [sys.executable, "-m", "parser", "gateway", "dry_run=true", "workers.num=2",
          f"hydra.run.dir={tmp_path}"],
         capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )

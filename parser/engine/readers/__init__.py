@@ -7,7 +7,7 @@ agent and the one episode engine coordinate any of them without retraining:
     reader = build_reader({"_target_": "parser.engine.readers.ThinkingReader", "max_new_tokens": 4096}, models)   # Table 5
     reader = build_reader({"_target_": "parser.engine.readers.DCIReader",
                            "episode": episode_section("dci_reader", max_turns=4)}, models)   # Table 5 (dci.py)
-    python -m eval.run method=parser_dci                  # configs/method/parser_dci.yaml
+    parser eval method=parser_dci                  # configs/method/parser_dci.yaml
 
 A reader class says which `kind` it is (the protocol refuses a kind it has no rules for) and which
 of its settings come from the episode config (`episode_defaults`). The old `type: subagent |

@@ -8,7 +8,7 @@ chunk by `parser.engine.sandbox.tools.Sandbox`. The final reply is the same JSON
 are unchanged.
 
     reader = build_reader({"_target_": "parser.engine.readers.DCIReader", "episode": episode_section("dci_reader")}, models)
-    python -m eval.run method=parser_dci
+    parser eval method=parser_dci
 """
 from __future__ import annotations
 

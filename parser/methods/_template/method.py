@@ -5,7 +5,7 @@ knobs as keyword arguments (the method config's keys), the lead behind `parser.s
 text neutralised before it reaches a chat template, and a `MethodResult` per sample. Replace
 `run` with your method; keep the constructor's shape (`models` first, settings by keyword).
 
-    python -m eval.run --config-name tiny_cpu method=<name>   # configs/method/<name>.yaml
+    parser eval --config-name tiny_cpu method=<name>   # configs/method/<name>.yaml
 """
 from __future__ import annotations
 

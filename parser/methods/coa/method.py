@@ -10,8 +10,8 @@ ordering for long-context reasoning in Chain-of-Agents": `document`, `dense`, `c
 (CL-order) or `dfs`. The presets (configs/method/coa*.yaml) use that paper's budgets: 8,000-token
 chunks, 8,000-token summaries, temperature 0, top-p 0.95.
 
-    python -m eval.run method=coa method.order=chow_liu   # = method=coa_cl: the "CoA (CL-order)" row
-    python -m eval.run --config-name tiny_cpu method=coa_cpu
+    parser eval method=coa method.order=chow_liu   # = method=coa_cl: the "CoA (CL-order)" row
+    parser eval --config-name tiny_cpu method=coa_cpu
 """
 from __future__ import annotations
 

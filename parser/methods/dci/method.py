@@ -13,7 +13,7 @@ compaction and finalize are eval-only (they re-render history; no token view). I
 user prompts are `prompts/v1/dci_*.txt` beside this file; the `read`/`bash` schemas are the
 sandbox's (`parser.engine.sandbox.tools`, shared with ParSer's DCI reader).
 
-    python -m eval.run method=dci
+    parser eval method=dci
 """
 from __future__ import annotations
 

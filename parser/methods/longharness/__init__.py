@@ -1,7 +1,7 @@
 """LongHarness (issue 34): evidence ledger and conclusions as explicit, bounded, traceable state,
 over ParSer's readers or DCI's corpus tools, as a tool set of the episode engine. docs/longharness.md.
 
-    python -m eval.run method=longharness
+    parser eval method=longharness
 """
 from .method import LongHarnessMethod
 

@@ -10,9 +10,9 @@ sandboxed shell over a corpus directory); what comes back is ledgered under the 
 The episode ends on a cited answer, or after `episode.max_turns` rounds (the last round must
 answer), or once no conclusion is open (one answer turn). Any backend: no training, no token view.
 
-    python -m eval.run method=longharness                       # readers, the paper's eval preset
-    python -m eval.run --config-name tiny_cpu method=longharness_cpu
-    python -m eval.run method=longharness_dci                   # corpus mode (DCI's tools)
+    parser eval method=longharness                       # readers, the paper's eval preset
+    parser eval --config-name tiny_cpu method=longharness_cpu
+    parser eval method=longharness_dci                   # corpus mode (DCI's tools)
 
 The rounds are `EpisodeEngine.run_tools`'s turns: `turns.HarnessTurns` is the episode's tool set
 and its prompt-from-state turn rule (`parser.engine.tools.StatePrompt`), so the loop, the lead's budget

@@ -19,7 +19,7 @@ at them. The chunk loop, the reading order (`order:`, default `document` as publ
 gives "MemAgent (CL-order)") and the retries (every call through `parser.serving.retry`, the `retry:`
 section; one that still fails fails the sample) are `parser.methods.sequential`'s.
 
-    python -m eval.run method=memagent
+    parser eval method=memagent
 """
 from __future__ import annotations
 

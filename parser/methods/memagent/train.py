@@ -33,7 +33,7 @@ Registration (configs/train/agent_loop.yaml) and settings (the trainer config's 
 
     parser.memagent: {method: memagent, reward: memagent, answer_mode: boxed, chunk_size: 5000, ...}
     # dataset rows with agent_name = memagent_agent (data_prep.verl_parquet.write_rl_parquet(agent_name=...))
-    python -m parser.train --config-name train/memagent_4b parser.gateway_url=http://127.0.0.1:30000
+    parser train --config-name train/memagent_4b parser.gateway_url=http://127.0.0.1:30000
 """
 from __future__ import annotations
 

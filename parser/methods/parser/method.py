@@ -8,10 +8,10 @@ feeds the released checkpoint the release's own inputs. The chunk reader comes f
 config section (`parser.engine.readers.reader_for_episode`), so the paper's Table 5 variants are config
 files, not code:
 
-    python -m eval.run method=parser            # configs/method/parser.yaml: the default subagents
-    python -m eval.run method=parser_thinking   # reader: {_target_: parser.engine.readers.ThinkingReader}
-    python -m eval.run method=parser_dci        # reader: {_target_: parser.engine.readers.DCIReader}
-    python -m eval.run method=parser_release    # episode.protocol: release
+    parser eval method=parser            # configs/method/parser.yaml: the default subagents
+    parser eval method=parser_thinking   # reader: {_target_: parser.engine.readers.ThinkingReader}
+    parser eval method=parser_dci        # reader: {_target_: parser.engine.readers.DCIReader}
+    parser eval method=parser_release    # episode.protocol: release
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ after a cut turn and a tool-free finalize turn when the turns run out (the `epis
 configs/method/rag.yaml; the last two are the tool set's `TurnRules`). Its prompts and `retrieve_documents` schema are `prompts/v1/` beside this file. The embedder comes from the models config or this method's
 `embedder` section (`parser.serving.backends.embedder`).
 
-    python -m eval.run method=rag
+    parser eval method=rag
 """
 from __future__ import annotations
 

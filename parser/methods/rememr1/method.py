@@ -10,7 +10,7 @@ at once) or their training path (`training`: only earlier memories). MemAgent's 
 (`lenient_extraction`, `keep_memory_on_empty`, `drop_thinking`) apply. Needs scikit-learn (the
 baselines extra).
 
-    python -m eval.run method=rememr1
+    parser eval method=rememr1
 """
 from __future__ import annotations
 
