@@ -27,6 +27,7 @@ baseline 886 paragraphs/s; 12.7x; 575 MiB of JSONL written. About 80% of the fas
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import random
@@ -128,7 +129,7 @@ def naive_sample(q, corpus, length: int, rng: random.Random) -> str:
     return render_paragraphs([corpus[i] for i in docs])
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # --- what to build
     ap.add_argument("--questions", type=int, default=128)
@@ -146,6 +147,75 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.questions, args.lengths, args.workers, args.baseline_questions, args.verify, args.no_write = 2, "50,100", 1, 1, 1, True
+    return args
+
+
+@dataclasses.dataclass
+class Pass:
+    """What one way of building the grid produced, and how long it took."""
+
+    paragraphs: int = 0
+    tokens: int = 0
+    chunks: int = 0
+    seconds: float = 0.0
+
+
+def fast_path(args, lengths, questions, corpus, cached, tokenizer) -> tuple[Pass, dict[int, int]]:
+    """The project's path: packed by build_grid's workers, chunked through the prefix cache,
+    with `--verify` documents per length re-chunked by the plain tokenizer (not timed)."""
+    out = Path(args.out)
+    if not args.no_write:
+        shutil.rmtree(out, ignore_errors=True)
+    done = Pass()
+    t_pack = t_chunk = t_write = 0.0
+    written: dict[int, int] = {}
+    for length in lengths:
+        t0 = time.perf_counter()
+        rows = build_grid(questions, corpus, [length], seed=args.seed, workers=args.workers)[length]
+        t_pack += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for i, row in enumerate(rows):
+            doc_chunks = chunk_document(row["context"], cached, args.chunk_size)
+            done.paragraphs += row["num_docs"]
+            done.tokens += sum(c.num_tokens for c in doc_chunks)
+            done.chunks += len(doc_chunks)
+            if i < args.verify:
+                t_skip = time.perf_counter()
+                assert doc_chunks == chunk_document(row["context"], tokenizer, args.chunk_size), f"cache mismatch at L={length}"
+                t0 += time.perf_counter() - t_skip  # verification is not part of the timed path
+        t_chunk += time.perf_counter() - t0
+        if not args.no_write:
+            t0 = time.perf_counter()
+            path = write_records(out / f"eval_{length}.jsonl", rows)
+            t_write += time.perf_counter() - t0
+            written[length] = path.stat().st_size
+        del rows
+    done.seconds = t_pack + t_chunk
+    print(f"fast path: {done.paragraphs:,} paragraphs, {done.tokens:,} tokens, {done.chunks:,} chunks of <= {args.chunk_size} tokens")
+    print(f"  pack+render {t_pack:.1f}s, chunk {t_chunk:.1f}s -> {done.paragraphs / done.seconds:,.0f} paragraphs/s, "
+          f"{done.tokens / done.seconds:,.0f} tokens/s" + (f"; write {t_write:.1f}s" if written else ""))
+    return done, written
+
+
+def baseline(args, lengths, questions, corpus, tokenizer) -> Pass:
+    """The reference scripts' shape: one sample at a time, the plain tokenizer."""
+    nb = min(args.baseline_questions, len(questions))
+    done = Pass()
+    t0 = time.perf_counter()
+    for length in lengths:
+        for q in questions[:nb]:
+            doc = naive_sample(q, corpus, length, random.Random(f"{args.seed}-{q.id}-{length}"))
+            done.paragraphs += length
+            done.tokens += sum(c.num_tokens for c in chunk_document(doc, tokenizer, args.chunk_size))
+    done.seconds = time.perf_counter() - t0
+    print(f"baseline (per sample, plain AutoTokenizer, {nb} questions x {len(lengths)} lengths): {done.paragraphs:,} "
+          f"paragraphs in {done.seconds:.1f}s -> {done.paragraphs / done.seconds:,.0f} paragraphs/s, "
+          f"{done.tokens / done.seconds:,.0f} tokens/s")
+    return done
+
+
+def main() -> None:
+    args = parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
 
     from transformers import AutoTokenizer
@@ -164,55 +234,13 @@ def main() -> None:
     print(f"world: {len(corpus)} paragraphs in {t_world:.1f}s; token cache in {t_cache:.1f}s "
           f"({cached.fallbacks} paragraphs not prefix-additive, encoded directly)")
 
-    # --- fast path --------------------------------------------------------------------------
-    out = Path(args.out)
-    if not args.no_write:
-        shutil.rmtree(out, ignore_errors=True)
-    paragraphs = tokens = chunks = 0
-    t_pack = t_chunk = t_write = 0.0
-    written: dict[int, int] = {}
-    for length in lengths:
-        t0 = time.perf_counter()
-        rows = build_grid(questions, corpus, [length], seed=args.seed, workers=args.workers)[length]
-        t_pack += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for i, row in enumerate(rows):
-            doc_chunks = chunk_document(row["context"], cached, args.chunk_size)
-            paragraphs += row["num_docs"]
-            tokens += sum(c.num_tokens for c in doc_chunks)
-            chunks += len(doc_chunks)
-            if i < args.verify:
-                t_skip = time.perf_counter()
-                assert doc_chunks == chunk_document(row["context"], tokenizer, args.chunk_size), f"cache mismatch at L={length}"
-                t0 += time.perf_counter() - t_skip  # verification is not part of the timed path
-        t_chunk += time.perf_counter() - t0
-        if not args.no_write:
-            t0 = time.perf_counter()
-            path = write_records(out / f"eval_{length}.jsonl", rows)
-            t_write += time.perf_counter() - t0
-            written[length] = path.stat().st_size
-        del rows
-    fast_s = t_pack + t_chunk
-    print(f"fast path: {paragraphs:,} paragraphs, {tokens:,} tokens, {chunks:,} chunks of <= {args.chunk_size} tokens")
-    print(f"  pack+render {t_pack:.1f}s, chunk {t_chunk:.1f}s -> {paragraphs / fast_s:,.0f} paragraphs/s, {tokens / fast_s:,.0f} tokens/s"
-          + (f"; write {t_write:.1f}s" if written else ""))
-
-    # --- baseline -----------------------------------------------------------------------------
-    nb = min(args.baseline_questions, len(questions))
-    b_par = b_tok = 0
-    t0 = time.perf_counter()
-    for length in lengths:
-        for q in questions[:nb]:
-            doc = naive_sample(q, corpus, length, random.Random(f"{args.seed}-{q.id}-{length}"))
-            b_par += length
-            b_tok += sum(c.num_tokens for c in chunk_document(doc, tokenizer, args.chunk_size))
-    base_s = time.perf_counter() - t0
-    print(f"baseline (per sample, plain AutoTokenizer, {nb} questions x {len(lengths)} lengths): {b_par:,} paragraphs in {base_s:.1f}s "
-          f"-> {b_par / base_s:,.0f} paragraphs/s, {b_tok / base_s:,.0f} tokens/s")
-    print(f"speed-up: {(paragraphs / fast_s) / (b_par / base_s):.1f}x paragraphs/s, {(tokens / fast_s) / (b_tok / base_s):.1f}x tokens/s")
+    fast, written = fast_path(args, lengths, questions, corpus, cached, tokenizer)
+    base = baseline(args, lengths, questions, corpus, tokenizer)
+    print(f"speed-up: {(fast.paragraphs / fast.seconds) / (base.paragraphs / base.seconds):.1f}x paragraphs/s, "
+          f"{(fast.tokens / fast.seconds) / (base.tokens / base.seconds):.1f}x tokens/s")
     if written:
         total = sum(written.values())
-        print(f"written to {out}: " + ", ".join(f"eval_{k}.jsonl {v / 2**20:,.1f} MiB" for k, v in written.items())
+        print(f"written to {args.out}: " + ", ".join(f"eval_{k}.jsonl {v / 2**20:,.1f} MiB" for k, v in written.items())
               + f"; total {total / 2**20:,.1f} MiB")
 
 

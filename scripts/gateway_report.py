@@ -344,7 +344,7 @@ def _load_render(tokenizer_path: str | None) -> Callable[[str], str] | None:
     return lambda text: render_chat(tok, [{"role": "user", "content": text}], enable_thinking=False)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # -- where
     ap.add_argument("--gateway", required=True, help="router URL, e.g. http://127.0.0.1:30000")
@@ -372,7 +372,29 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--direct needs the worker URLs (--workers)")
     if args.router_file and not args.direct:
         ap.error("--router-file needs --direct (the added latency is gateway minus direct)")
+    return args
 
+
+def report(args: argparse.Namespace, stats: list[RoundStats], workload: Workload) -> None:
+    """The per-round lines and the summary; the added latency and the files `--direct`,
+    `--router-file` and `--json` ask for."""
+    for s in stats:
+        print(s.line())
+    total = summary(stats)
+    print("summary:", json.dumps(total))
+    if args.direct:
+        print(f"added by the gateway (rounds 2+): p50 {total['added_p50_ms']:+.2f} ms, p99 {total['added_p99_ms']:+.2f} ms "
+              f"(gateway {total['p50_ms']:.2f}/{total['p99_ms']:.2f}, direct {total['direct_p50_ms']:.2f}/"
+              f"{total['direct_p99_ms']:.2f} ms); load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    if args.router_file:
+        write_router_file(Path(args.router_file), total, args, workload)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rounds": [s.to_dict() for s in stats],
+                                               "summary": total}, indent=2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from parser.serving.backends.http import HttpBackend
     from parser.serving.backends.pool import WorkerPool
 
@@ -396,19 +418,7 @@ def main(argv: list[str] | None = None) -> int:
           f"instructions are {share:.1%} of a prompt's text"
           + ("  (above cache_aware's default 0.3 threshold: expect every chunk on one worker)" if share > 0.3 else ""))
     stats = asyncio.run(go())
-    for s in stats:
-        print(s.line())
-    total = summary(stats)
-    print("summary:", json.dumps(total))
-    if args.direct:
-        print(f"added by the gateway (rounds 2+): p50 {total['added_p50_ms']:+.2f} ms, p99 {total['added_p99_ms']:+.2f} ms "
-              f"(gateway {total['p50_ms']:.2f}/{total['p99_ms']:.2f}, direct {total['direct_p50_ms']:.2f}/"
-              f"{total['direct_p99_ms']:.2f} ms); load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    if args.router_file:
-        write_router_file(Path(args.router_file), total, args, workload)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rounds": [s.to_dict() for s in stats],
-                                               "summary": total}, indent=2))
+    report(args, stats, workload)
     return 0
 
 
