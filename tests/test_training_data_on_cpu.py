@@ -4,7 +4,7 @@ Why: `recipes/train_parser.sh` used to default to `data/train/hotpotqa_val.parqu
 wrote, and the knowledge filter's server was named only in a config comment. Here the recipes
 (`recipes/*.sh`, their shell defaults substituted) and the training configs (composed as
 `parser.train` composes them) give the data paths; README, docs/, the recipes and the data
-configs' own comments give the `python -m data_prep.build` commands, whose files
+configs' own comments give the `parser data` commands, whose files
 `data_prep.recipes.planned_outputs` names without running them (checked against what the recipes
 really write, on the offline synthetic world). Nothing is downloaded.
 
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA_CONFIGS = ROOT / "configs" / "data"
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "recipes").glob("*.sh")),
              *sorted(DATA_CONFIGS.glob("*.yaml"))]
-BUILD = re.compile(r"-m data_prep\.build (--config-name[ =]\S+.*)")
+BUILD = re.compile(r"(?:-m data_prep\.build|(?<![\w-])parser data) (--config-name[ =]\S+.*)")
 FILES = re.compile(r"data\.(?:train|val)_files=(\"[^\"]+\"|\S+)")
 # a recipe that builds its own data with the CPU smoke's builder (support.verl_smoke)
 SMOKE_BUILD = re.compile(r"-m support\.verl_smoke --out \"?([^\"\s]+)\"?")

@@ -1,7 +1,7 @@
 """The loop every sequential reader shares: chunks read one at a time, in a chosen order, through one
 bounded state; then one call that answers from the state alone.
 
-MemAgent and ReMemR1 (`memagent.py`) and Chain-of-Agents (`coa.py`) are this loop with their own
+MemAgent and ReMemR1 (`methods/memagent/`, `methods/rememr1/`) and Chain-of-Agents (`methods/coa/`) are this loop with their own
 prompts and state hooks (`new_state`, `update_prompt`, `absorb`, `final_prompt`). Each call
 depends on the previous one, so the critical path is `chunks + 1` model calls (`steps`): the
 coupling ParSer removes, and what makes these methods sensitive to where evidence sits.
