@@ -16,14 +16,11 @@
 # Each stage's wall time and the load average go to $LEARN_DIR/timings.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# the warm start is test code (tests/support/, never shipped): run from a checkout
-export PYTHONPATH="$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
-
 SMOKE=0
 if [[ "${1:-}" == "--smoke" ]]; then SMOKE=1; shift; fi
 LEARN_DIR=${LEARN_DIR:-outputs/learn}
 PYTHON=${PYTHON:-python}
-parser() { "$PYTHON" -m parser "$@"; }   # the one command (parser --help), on this recipe's Python
+parser() { "$PYTHON" -m parser "$@"; }   # the `parser` command of this checkout, on this recipe's Python
 SUBAGENT_PORT=${SUBAGENT_PORT:-$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 export HYDRA_FULL_ERROR=1
 # one thread per process: the trainer, the rollout server, the readers and eval share the cores
@@ -67,7 +64,7 @@ GREEDY=(--config-name learn_cpu) SAMPLED=(--config-name learn_cpu_sampled)
 
 # ---- data, warm start, eval without RL --------------------------------------------------------
 stage data parser data --config-name learn_cpu out_dir="$DATA_DIR" "${DATA[@]}"
-stage warm_start "$PYTHON" -m support.learn_lead --data "$DATA_DIR" --out "$LEARN_DIR/lead" \
+stage warm_start parser train warm-start --data "$DATA_DIR" --out "$LEARN_DIR/lead" \
     --gateway-url "$PARSER_GATEWAY_URL" "${WARM[@]}"
 stage eval_before parser eval "${GREEDY[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead" \
     'report.variant="w/o RL"' out_dir="$LEARN_DIR/eval/before"

@@ -7,17 +7,15 @@
 #   SMOKE_DIR=/tmp/smoke recipes/train_cpu_smoke.sh              # where lead, data, checkpoints go
 #
 # Steps: start a loopback subagent worker (parser/serving/loopback.py, answers with a finding
-# where the needle is), build the tiny lead and the verl parquet once (tests/support/verl_smoke.py),
-# then `parser train --config-name train/cpu_smoke`. Stops the worker on exit.
+# where the needle is), build the tiny lead and the verl parquet once (`parser train smoke`,
+# parser/cli/train_smoke.py), then `parser train --config-name train/cpu_smoke`. Stops the
+# worker on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# the tiny lead is test code (tests/support/, never shipped): run from a checkout
-export PYTHONPATH="$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
-
 SMOKE_DIR=${SMOKE_DIR:-runs/cpu_smoke}
 SUBAGENT_PORT=${SUBAGENT_PORT:-31001}
 PYTHON=${PYTHON:-python}
-parser() { "$PYTHON" -m parser "$@"; }   # the one command (parser --help), on this recipe's Python
+parser() { "$PYTHON" -m parser "$@"; }   # the `parser` command of this checkout, on this recipe's Python
 export HYDRA_FULL_ERROR=1
 # one thread per process: the trainer, the rollout server and the workers share the cores
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -35,7 +33,7 @@ for _ in $(seq 1 60); do
 done
 
 if [[ ! -f "$SMOKE_DIR/data/train.parquet" || ! -d "$SMOKE_DIR/lead" ]]; then
-    "$PYTHON" -m support.verl_smoke --out "$SMOKE_DIR" --gateway-url "$PARSER_GATEWAY_URL"
+    parser train smoke --out "$SMOKE_DIR" --gateway-url "$PARSER_GATEWAY_URL"
 fi
 
 # Refuses up front on a machine that cannot run it; ends by printing where the checkpoint is and

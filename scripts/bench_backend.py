@@ -21,7 +21,7 @@ round. Targets on 2 cores: cached round >= 4x at T=14, first round >= 0.95x, bat
 1.5x of vLLM's time. The run fails (exit 1) on nonsense: a missing row, NaN, zero tokens.
 
     .venv/bin/python scripts/bench_backend.py                  # T = 14 and 64 on SmolLM2-135M (~15 min on 2 cores)
-    PYTHONPATH=tests .venv/bin/python scripts/bench_backend.py --vllm-python .venv-vllm/bin/python   # after `make vllm-env`
+    .venv/bin/python scripts/bench_backend.py --vllm-python .venv-vllm/bin/python   # after `make vllm-env`
     .venv/bin/python scripts/bench_backend.py --tasks 14 --threads 1   # one width, one torch thread (a loaded machine)
     .venv/bin/python scripts/bench_backend.py --smoke          # seconds: tiny random model, T = 4 (the suite runs it)
 """
@@ -178,14 +178,10 @@ def main() -> None:
         server = None
         if args.vllm_python:
             from parser.serving.backends.http import HttpBackend
-            try:
-                from support.vllm_server import vllm_server
-            except ModuleNotFoundError as error:
-                raise SystemExit("[bench] --vllm-python starts vLLM with the tests' launcher "
-                                 "(tests/support/vllm_server.py): run it from a checkout with PYTHONPATH=tests") from error
+            from parser.serving.vllm_server import vllm_server
 
             if args.model != "smollm2":
-                raise SystemExit("[bench] --vllm-python serves SmolLM2 only (tests/support/vllm_server.py)")
+                raise SystemExit("[bench] --vllm-python serves SmolLM2 only (parser/serving/vllm_server.py)")
             server = vllm_server(args.vllm_python, Path(tmp) / "vllm.log")
             url = server.__enter__()
             engines["vllm"] = lambda width: backends.setdefault(("vllm", width), reader(

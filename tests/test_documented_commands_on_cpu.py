@@ -2,7 +2,7 @@
 
 Commands are collected from the code blocks of README.md and docs/*.md (fenced or indented) and
 from the comments of configs/**/*.yaml: any `python -m <module>` or `python scripts/<name>.py` of
-this project (`python -m support.<name>`: the test helpers in tests/support/, on the path here). Hydra entry points run with
+this project, and `parser <command>` / `python -m parser <command>` rows of `parser.cli`. Hydra entry points run with
 `--cfg job` appended (Hydra composes the config, prints it and stops before the job); argparse
 entry points run until their arguments are parsed. Nothing is trained, served or evaluated, so
 the whole set takes seconds, and a doc line that drifted from its config (a shadowed group, an
@@ -36,10 +36,11 @@ _CLI = re.compile(r"(?:(?:\.venv/bin/)?python3? +-m +parser +|(?<![\w./\[-])(?:\
 # the project parses its arguments with argparse. A new entry point must be listed in one of the two.
 HYDRA = {"eval.run", "eval.ruler", "eval.order_study", "data_prep.build", "data_prep.ruler", "parser.cli.demo", "parser.train", "parser.train.train",
          "parser.plan", "parser.cli.gateway"}
-ARGPARSE = {"eval.report", "eval.viewer", "eval.ruler report", "parser.cli.ask", "parser.serving.server", "parser.serving.loopback", "parser.offline.assets", "support.memagent_smoke",
+ARGPARSE = {"eval.report", "eval.viewer", "eval.ruler report", "parser.cli.ask", "parser.serving.server", "parser.serving.loopback", "parser.offline.assets", "parser.cli.memagent_smoke",
+            "parser.cli.train_smoke", "parser.cli.warm_start",
             "scripts/gateway_report.py", "scripts/bench_chunking.py", "scripts/bench_data.py", "scripts/bench_latency.py",
             "scripts/bench_scatter.py", "scripts/compare_small_models.py"}
-OURS = ("eval.", "data_prep.", "parser.", "scripts/", "support.")  # support.*: tests/support/, run with PYTHONPATH=tests
+OURS = ("eval.", "data_prep.", "parser.", "scripts/")
 
 
 def _doc_lines() -> list[tuple[str, str]]:

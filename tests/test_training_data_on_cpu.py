@@ -33,8 +33,8 @@ DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(
              *sorted(DATA_CONFIGS.glob("*.yaml"))]
 BUILD = re.compile(r"(?:-m data_prep\.build|(?<![\w-])parser data) (--config-name[ =]\S+.*)")
 FILES = re.compile(r"data\.(?:train|val)_files=(\"[^\"]+\"|\S+)")
-# a recipe that builds its own data with the CPU smoke's builder (support.verl_smoke)
-SMOKE_BUILD = re.compile(r"-m support\.verl_smoke --out \"?([^\"\s]+)\"?")
+# a recipe that builds its own data with the CPU smoke's builder (`parser train smoke`)
+SMOKE_BUILD = re.compile(r"\btrain smoke --out \"?([^\"\s]+)\"?")
 
 
 def shell_defaults(text: str) -> str:
@@ -103,15 +103,15 @@ def recipe_defaults() -> list[tuple[str, Path]]:
 
 
 def smoke_outputs(scratch: Path) -> dict[Path, str]:
-    """Files the recipes' own smoke builder writes: `support.verl_smoke --out DIR` puts its
+    """Files the recipes' own smoke builder writes: `parser train smoke --out DIR` puts its
     parquet files under DIR as `write_data(DIR / "data")` does (run here into `scratch` for the names)."""
-    from support.verl_smoke import write_data
+    from parser.cli.train_smoke import write_data
 
     names = [p.relative_to(scratch) for p in write_data(scratch / "data", n_train=1, n_val=1)]
     out: dict[Path, str] = {}
     for path in sorted((ROOT / "recipes").glob("*.sh")):
         for directory in SMOKE_BUILD.findall(shell_defaults(path.read_text(encoding="utf-8"))):
-            out.update({Path(os.path.normpath(Path(directory) / name)): f"{path.name}: support.verl_smoke"
+            out.update({Path(os.path.normpath(Path(directory) / name)): f"{path.name}: parser train smoke"
                         for name in names})
     return out
 

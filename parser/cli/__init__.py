@@ -37,6 +37,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("data_prep.build:main", "build a dataset from configs/data/<name>.yaml"),
     "data ruler": ("data_prep.ruler:main", "build RULER's tasks (configs/data/ruler.yaml)"),
     "train": ("parser.train.train:main", "train the lead with verl's asynchronous GRPO (configs/train/)"),
+    "train smoke": ("parser.cli.train_smoke:main", "the CPU smoke run's tiny lead and parquet (recipes/train_cpu_smoke.sh)"),
+    "train warm-start": ("parser.cli.warm_start:main", "the CPU learning run's warm-started lead (recipes/train_cpu_learn.sh)"),
+    "train memagent-smoke": ("parser.cli.memagent_smoke:main", "the CPU MemAgent run's tiny lead and parquet (train/memagent_cpu)"),
     "plan": ("parser.plan.__main__:main", "capacity planner: plan | calibrate | validate | table2 (configs/plan/)"),
     "assets": ("parser.offline.assets:main", "fill the offline model cache (SmolLM2, templates, tokenizers)"),
 }

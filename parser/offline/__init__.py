@@ -2,8 +2,8 @@
 
 Who needs it installed: `parser-demo models=tiny_cpu` (tiny-qwen3.5), the CPU default (SmolLM2),
 `parser-serve --model ...` and the tests all load these names through `parser.serving.backends.loading`,
-which finds them under the `parser.models` entry points (`models.py`). Test-only helpers (the
-loopback worker, fakes, the CPU runs' lead fitting) live in the checkout's `tests/support/`.
+which finds them under the `parser.models` entry points (`models.py`). Test-only helpers (fakes,
+the release stand-in) live in the checkout's `tests/support/`.
 
 - `tiny`: `byte_bpe_tokenizer()`, `tiny_qwen3(tok)`, `tiny_qwen3_5(tok)`: an in-process BPE
   tokenizer and random-weight Qwen3 / Qwen3.5 models (real classes, milliseconds per call).

@@ -16,7 +16,7 @@ asks for, with that sentence as evidence. A whole two-hop question names one ent
 the person), so it gets that entity's fact — the first hop — never the final answer.
 
 `QUERY_TEMPLATES` are how a lead asks for each relation (the demonstrations of
-`support.learn_lead` use them); the reader accepts any wording with the keyword.
+`parser train warm-start` use them); the reader accepts any wording with the keyword.
 
     >>> read("Document 1:\\nZorvan\\nZorvan is a 1981 film directed by Miro Tal. ", "Who directed Zorvan?")
     {'evidence': 'Zorvan is a 1981 film directed by Miro Tal.', 'answer': 'Miro Tal'}

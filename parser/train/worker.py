@@ -4,7 +4,7 @@ Why it exists: verl instantiates a new agent loop per trajectory, but the gatewa
 subagent reader, the protocol object and the engines must be one per worker process, so that
 `EpisodeConfig.max_concurrency` bounds the whole worker and the gateway sees one pooled client.
 ParSer's agent loop (`parser.methods.parser.train`) reads them from here, and so do the CPU runs
-that record episodes without an agent loop (`support.verl_smoke`, `support.learn_lead`). It
+that record episodes without an agent loop (`parser train smoke`, `parser train warm-start`). It
 imports no method: a loop that needs one imports this module, never the other way round.
 
     state = worker_state(settings, response_length)    # `settings`: the trainer config's `parser:` block

@@ -6,7 +6,7 @@ What runs: `python -m parser.train --config-name train/memagent_cpu` — the com
 train/memagent_4b (parser/methods/memagent/train.py: one verl output per memory-agent call, the
 final reward shared) on the CPU engine, for 2 GRPO steps, with InfoMem's reward on (the policy,
 i.e. the CPU rollout server, scores each successful read's final memory). No stand-in at all:
-the lead is a tiny real Qwen3 taught by support.memagent_smoke to write the memory and
+the lead is a tiny real Qwen3 taught by `parser train memagent-smoke` to write the memory and
 answer right or wrong, so the rewards are exact match on what it wrote.
 
 Checked: the steps complete, each sampled read was trained as several sequences (its memory
@@ -28,7 +28,7 @@ import pytest
 pytest.importorskip("verl")
 pytest.importorskip("ray")
 
-from support import memagent_smoke  # noqa: E402
+from parser.cli import memagent_smoke  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 GRAD_NORM_BOUND = 10.0  # see test_steps_complete_with_every_conversation_a_training_sequence

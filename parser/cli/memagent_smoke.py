@@ -3,16 +3,20 @@
 Why it exists: to show that verl's trainer trains a memory agent (parser.methods.memagent.train,
 train/memagent_cpu) the policy must write memory updates and a `\\boxed{}` answer that is right in
 some trajectories of a group and wrong in others; a random-weight model writes neither. So, as
-`support.verl_smoke` does for the ParSer lead, a tiny real Qwen3 is taught in a few
+`parser train smoke` does for the ParSer lead, a tiny real Qwen3 is taught in a few
 seconds of supervised steps the conversations of one MemAgent read of the smoke document —
 copy the needle's fact into the memory when the chunk holds it, keep the memory otherwise, then
 answer right ("Miro Tal") or wrong ("Anna Berg") with equal probability. The conversations it
 learns from are recorded through the real memory agent (`parser.methods.memagent`) and the
 training loop's own recording lead, so their token streams are exactly what the rollout makes.
 
-    PYTHONPATH=tests python -m support.memagent_smoke --out runs/memagent_cpu
-    python -m parser.train --config-name train/memagent_cpu actor_rollout_ref.model.path=runs/memagent_cpu/lead \\
+    parser train memagent-smoke --out runs/memagent_cpu
+    parser train --config-name train/memagent_cpu actor_rollout_ref.model.path=runs/memagent_cpu/lead \\
         data.train_files=runs/memagent_cpu/data/train.parquet data.val_files=runs/memagent_cpu/data/val.parquet
+
+A `parser` command (parser/cli/) because it builds on the memagent method and the trainer's
+server manager: a method's module may import `parser.train` only from its train.py, and
+`parser/train` never imports a method.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from support.verl_smoke import ANSWER, NEEDLE, QUESTION, WRONG, cached_lead, document, eval_rows
+from parser.cli.train_smoke import ANSWER, NEEDLE, QUESTION, WRONG, cached_lead, document, eval_rows
 
 FACT = "Zorvan was directed by Miro Tal."
 AGENT_NAME = "memagent_agent"
@@ -79,7 +83,7 @@ async def record_conversations(method_settings: dict[str, Any], tokenizer: Any) 
 
 def build(out: str | Path, steps: int = FIT_STEPS, cache: bool = True) -> dict[str, str]:
     """The lead (weights + tokenizer) and the parquet files under `out`; the lead is cached under
-    the asset cache, keyed by the recorded conversations (as `support.verl_smoke.build`)."""
+    the asset cache, keyed by the recorded conversations (as `parser.cli.train_smoke.build`)."""
     import torch
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf

@@ -25,14 +25,16 @@ episodes' text (prompt, tool calls, observations) and the *training* world's par
 names are a few tokens and the system prompt ~500 instead of ~1,000. Held-out names are made of
 the same syllables and never seen as words.
 
-    python -m parser.serving.loopback --port 31001 --reader world &
-    PYTHONPATH=tests python -m support.learn_lead --data runs/learn/data --out runs/learn/lead \
-        --gateway-url http://127.0.0.1:31001
+    parser loopback --port 31001 --reader world &
+    parser train warm-start --data runs/learn/data --out runs/learn/lead --gateway-url http://127.0.0.1:31001
     # -> runs/learn/lead/{config.json,model.safetensors,tokenizer files}; recipes/train_cpu_learn.sh runs it
 
 Settings (model size, steps, learning rate, `follow_up`) are `parser.warm_start` in
 configs/train/cpu_learn.yaml. The result is cached under the asset cache, keyed by the recorded
-episodes and those settings, so a rerun (or the suite's smoke) skips the fitting.
+episodes and those settings, so a rerun (or the suite's smoke) skips the fitting. A `parser`
+command (parser/cli/) rather than `parser/train/cpu/` because it reads data_prep's output as
+data_prep wrote it (the synthetic world's name lexicon, by the size on the data's card), and no
+`parser/train` module may import data_prep.
 """
 from __future__ import annotations
 
@@ -338,7 +340,7 @@ def build(data: str | Path, out: str | Path, gateway_url: str, overrides: Sequen
     solved = sum(e.reward for e in full) / len(full)
     if solved < 0.99:
         raise RuntimeError(f"only {solved:.0%} of the full-chain demonstrations reached the gold answer: are the "
-                           "subagents the world reader (python -m parser.serving.loopback --reader world)?")
+                           "subagents the world reader (parser loopback --reader world)?")
     copies, copy_weights = answer_turn_copies(episodes, hops, float(cfg["answer_turn"]))
     episodes, weights = episodes + copies, list(weights) + copy_weights
     train = {k: cfg[k] for k in ("model", "steps", "batch_size", "lr", "seed", "copy_steps", "copy_batch_size")}

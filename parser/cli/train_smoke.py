@@ -9,12 +9,14 @@ episodes it learns from are recorded through the real episode engine and the sub
 HTTP, so their token views are exactly what the trainer's rollout will produce. Sampling at
 temperature 1 then gives groups with real exact-match variance; no reward is scripted.
 
-    python -m parser.serving.loopback --port 31001 --needle "directed by Miro Tal" &
-    PYTHONPATH=tests python -m support.verl_smoke --out runs/cpu_smoke --gateway-url http://127.0.0.1:31001
+    parser loopback --port 31001 --needle "directed by Miro Tal" &
+    parser train smoke --out runs/cpu_smoke --gateway-url http://127.0.0.1:31001
     # -> runs/cpu_smoke/{lead,data/train.parquet,data/val.parquet}; recipes/train_cpu_smoke.sh does both
 
 The data are `data_prep.verl_parquet` rows of one synthetic document (the needle among
-filler paragraphs), the format every training run reads.
+filler paragraphs), the format every training run reads. Why a `parser` command (parser/cli/) and
+not `parser/train/cpu/`: it draws on data_prep (the parquet writer), which no `parser/train` module
+may import, and `parser train memagent-smoke` (which builds on a method) reuses its fitting.
 """
 from __future__ import annotations
 
