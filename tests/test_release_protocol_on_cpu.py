@@ -583,9 +583,14 @@ def test_release_sub_em(completion, golds, expected):
 
 def test_eval_rows_carry_both_sub_ems():
     from parser.records.metrics import completion_text, score
+    from parser.records.trajectory import Trajectory, Turn
 
-    record = {"turns": [{"text": "Maybe **Miro Tal**.<|im_end|>"}, {"text": "no answer"}]}
-    row = score(None, ["Miro Tal"], completion_text(record))
+    def turn(i: int, text: str) -> Turn:
+        return Turn(index=i, text=text, thinking="", queries=[], answer=None, action_error="no action",
+                    lead_tokens=4, finish_reason="stop", lead_latency_s=0.0)
+
+    trace = Trajectory("Who?", "d", 1, turns=[turn(0, "Maybe **Miro Tal**.<|im_end|>"), turn(1, "no answer")])
+    row = score(None, ["Miro Tal"], completion_text(trace))
     assert row["sub_em"] == 0.0 and row["sub_em_release"] == 1.0
     assert score("Miro Tal", ["Miro Tal"])["sub_em_release"] == 1.0  # baselines: scored on the answer
 

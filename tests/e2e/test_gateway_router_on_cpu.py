@@ -326,7 +326,7 @@ def test_a_garbage_200_passes_through_smg_and_only_the_client_pool_routes_around
           f"{sorted({c.attempts for c in failed})} attempts; the garbage worker answered {garbage_served} "
           f"requests; its breaker {cb_state} (0 = closed), health {health}")
     assert via_router.stop_reason == "answer", "a garbage worker must never end the episode"
-    assert failed and all(c.attempts == 4 and "HTTP 200 but" in c.error for c in failed)
+    assert failed and all(c.attempts == 4 and "(HTTP 200): the reply is not" in c.error for c in failed)
     assert all(c.status != "finding" for c in failed) and not any(c.raw for c in failed)
     assert cb_state == 0 and health == 1, "smg noticed the garbage: update docs/scaling.md's fault table"
     assert garbage_served >= 4 * len(failed)  # every retry of a failed key went back to the garbage worker
