@@ -20,7 +20,7 @@ SMOKE=0
 if [[ "${1:-}" == "--smoke" ]]; then SMOKE=1; shift; fi
 LEARN_DIR=${LEARN_DIR:-outputs/learn}
 PYTHON=${PYTHON:-python}
-parser() { "$PYTHON" -m parser "$@"; }   # the `parser` command of this checkout, on this recipe's Python
+PARSER=("$PYTHON" -m parser)  # the `parser` command (parser --help) of this checkout, on this recipe's Python
 SUBAGENT_PORT=${SUBAGENT_PORT:-$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 export HYDRA_FULL_ERROR=1
 # one thread per process: the trainer, the rollout server, the readers and eval share the cores
@@ -47,7 +47,7 @@ stage() {  # stage NAME COMMAND...: run it, log its wall time and the load avera
 }
 
 # ---- readers ----------------------------------------------------------------------------------
-parser loopback --port "$SUBAGENT_PORT" --reader world --no-records \
+"${PARSER[@]}" loopback --port "$SUBAGENT_PORT" --reader world --no-records \
     > "$LEARN_DIR/readers.log" 2>&1 &
 READERS_PID=$!
 trap 'kill -TERM "$READERS_PID" 2>/dev/null || true; wait "$READERS_PID" 2>/dev/null || true' EXIT
@@ -63,17 +63,17 @@ EVAL_ARGS=("dataset.path=\"$DATA_DIR/heldout_{length}.json\"" progress=false "${
 GREEDY=(--config-name learn_cpu) SAMPLED=(--config-name learn_cpu_sampled)
 
 # ---- data, warm start, eval without RL --------------------------------------------------------
-stage data parser data --config-name learn_cpu out_dir="$DATA_DIR" "${DATA[@]}"
-stage warm_start parser train warm-start --data "$DATA_DIR" --out "$LEARN_DIR/lead" \
+stage data "${PARSER[@]}" data --config-name learn_cpu out_dir="$DATA_DIR" "${DATA[@]}"
+stage warm_start "${PARSER[@]}" train warm-start --data "$DATA_DIR" --out "$LEARN_DIR/lead" \
     --gateway-url "$PARSER_GATEWAY_URL" "${WARM[@]}"
-stage eval_before parser eval "${GREEDY[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead" \
+stage eval_before "${PARSER[@]}" eval "${GREEDY[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead" \
     'report.variant="w/o RL"' out_dir="$LEARN_DIR/eval/before"
-stage eval_before_sampled parser eval "${SAMPLED[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead" \
+stage eval_before_sampled "${PARSER[@]}" eval "${SAMPLED[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead" \
     'report.variant="w/o RL"' out_dir="$LEARN_DIR/eval/before_sampled"
 
 # ---- GRPO -------------------------------------------------------------------------------------
 stage train env VERL_FILE_LOGGER_PATH="$LEARN_DIR/train_metrics.jsonl" \
-    parser train --config-name train/cpu_learn \
+    "${PARSER[@]}" train --config-name train/cpu_learn \
     actor_rollout_ref.model.path="$LEARN_DIR/lead" \
     data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/val.parquet" \
     trainer.default_local_dir="$LEARN_DIR/checkpoints" "${TRAIN[@]}" "$@"
@@ -84,13 +84,13 @@ stage merge "$PYTHON" -m verl.model_merger merge --backend fsdp \
     --local_dir "$LEARN_DIR/checkpoints/global_step_$STEP/actor" --target_dir "$LEARN_DIR/lead_rl"
 
 # ---- eval with RL, Table 7, curve, summary -----------------------------------------------------
-stage eval_after parser eval "${GREEDY[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead_rl" \
+stage eval_after "${PARSER[@]}" eval "${GREEDY[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead_rl" \
     'report.variant="w/ RL"' out_dir="$LEARN_DIR/eval/after"
-stage eval_after_sampled parser eval "${SAMPLED[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead_rl" \
+stage eval_after_sampled "${PARSER[@]}" eval "${SAMPLED[@]}" "${EVAL_ARGS[@]}" models.lead.model="$LEARN_DIR/lead_rl" \
     'report.variant="w/ RL"' out_dir="$LEARN_DIR/eval/after_sampled"
-stage report_sampled parser report "$LEARN_DIR/eval/before_sampled" "$LEARN_DIR/eval/after_sampled" \
+stage report_sampled "${PARSER[@]}" report "$LEARN_DIR/eval/before_sampled" "$LEARN_DIR/eval/after_sampled" \
     --out "$LEARN_DIR/report/sampled" --no-viewer
-stage report parser report "$LEARN_DIR/eval/before" "$LEARN_DIR/eval/after" --out "$LEARN_DIR/report" \
+stage report "${PARSER[@]}" report "$LEARN_DIR/eval/before" "$LEARN_DIR/eval/after" --out "$LEARN_DIR/report" \
     --no-viewer --train-log "$LEARN_DIR/train_metrics.jsonl" --summary "$LEARN_DIR/summary.json" "${JUDGE[@]}"
 
 echo "== done: checkpoint at $LEARN_DIR/checkpoints/global_step_$STEP/actor, merged lead at $LEARN_DIR/lead_rl"

@@ -15,13 +15,13 @@ cd "$(dirname "$0")/.."
 SMOKE_DIR=${SMOKE_DIR:-runs/cpu_smoke}
 SUBAGENT_PORT=${SUBAGENT_PORT:-31001}
 PYTHON=${PYTHON:-python}
-parser() { "$PYTHON" -m parser "$@"; }   # the `parser` command of this checkout, on this recipe's Python
+PARSER=("$PYTHON" -m parser)  # the `parser` command (parser --help) of this checkout, on this recipe's Python
 export HYDRA_FULL_ERROR=1
 # one thread per process: the trainer, the rollout server and the workers share the cores
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 mkdir -p "$SMOKE_DIR"
-parser loopback --port "$SUBAGENT_PORT" --needle "directed by Miro Tal" \
+"${PARSER[@]}" loopback --port "$SUBAGENT_PORT" --needle "directed by Miro Tal" \
     > "$SMOKE_DIR/subagents.log" 2>&1 &
 SUBAGENT_PID=$!
 trap 'kill -TERM "$SUBAGENT_PID" 2>/dev/null || true; wait "$SUBAGENT_PID" 2>/dev/null || true' EXIT
@@ -33,12 +33,12 @@ for _ in $(seq 1 60); do
 done
 
 if [[ ! -f "$SMOKE_DIR/data/train.parquet" || ! -d "$SMOKE_DIR/lead" ]]; then
-    parser train smoke --out "$SMOKE_DIR" --gateway-url "$PARSER_GATEWAY_URL"
+    "${PARSER[@]}" train smoke --out "$SMOKE_DIR" --gateway-url "$PARSER_GATEWAY_URL"
 fi
 
 # Refuses up front on a machine that cannot run it; ends by printing where the checkpoint is and
 # the next commands (merge -> eval): parser/train/machine.py.
-parser train --config-name train/cpu_smoke \
+"${PARSER[@]}" train --config-name train/cpu_smoke \
     actor_rollout_ref.model.path="$SMOKE_DIR/lead" \
     data.train_files="$SMOKE_DIR/data/train.parquet" data.val_files="$SMOKE_DIR/data/val.parquet" \
     trainer.default_local_dir="$SMOKE_DIR/checkpoints" \

@@ -183,5 +183,5 @@ def test_loader_reads_jsonl_rejects_duplicates_and_qa_may_omit_length(tmp_path):
     assert load_ruler_file(_write(tmp_path / "eval_qa_1_8192.json", [no_length]))
     with pytest.raises(DataError, match="missing field 'length'"):
         load_ruler_file(_write(tmp_path / "eval_vt_4096.json", [no_length]))
-    with pytest.raises(FileNotFoundError, match="python -m data_prep.ruler"):
+    with pytest.raises(FileNotFoundError, match="parser data ruler"):
         load_ruler_file(tmp_path / "eval_vt_1.json")

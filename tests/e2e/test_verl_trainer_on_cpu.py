@@ -203,7 +203,7 @@ def test_each_launch_ends_by_saying_where_the_checkpoint_is_and_what_to_run_next
     last = runs["again"]["stdout"].rstrip().splitlines()[-3:]
     assert last[0].startswith(f"parser.train: finished; checkpoint at {actor} (step 3")
     assert f"python -m verl.model_merger merge --backend fsdp --local_dir {actor}" in last[1]
-    assert "python -m eval.run --config-name tiny_cpu models.lead.model=" in last[2]
+    assert "parser eval --config-name tiny_cpu models.lead.model=" in last[2]
 
 
 def _weights(path: Path) -> dict:
