@@ -46,7 +46,9 @@ evidence, so a reply cut at its budget still carries the answer); `constrain_lea
 tool call or one `<answer>` per lead turn (`parser.text.actions.action_regex`), which is how an
 untrained small lead (the CPU demo's SmolLM2-135M) reaches the tool at all; `distinct_queries`
 adds to it that a query asked before may not be asked again verbatim (a greedy 135M lead
-otherwise sends its first query every turn, and each repeat costs a whole scatter round);
+otherwise sends its first query every turn, and each repeat costs a whole scatter round; the
+regex carries its exclusion apart, `SamplingParams.exclusion`, so an in-process backend compiles
+the constraint once per episode instead of every turn);
 `query_first`, that no `<answer>` comes before the first query (Qwen2.5-Coder-0.5B otherwise
 answers every question in its first turn, a guess that never reads the document);
 `answer_last_turn`, that the last of `max_turns` turns is an `<answer>` (a small lead otherwise
@@ -69,7 +71,7 @@ import time
 from typing import Any, Callable
 
 from parser.engine import progress, prompts
-from parser.text.actions import LeadAction, ToolCall, action_regex, split_thinking
+from parser.text.actions import LeadAction, QueryExclusion, ToolCall, action_constraint, split_thinking
 from parser.serving.types import Backend, BackendError, Completion, SamplingParams
 from parser.text.chat_format import ChatFormat
 from parser.text.chunking import Chunk
@@ -117,28 +119,32 @@ class LeadContext:
         self.last_turn = False  # under `answer_last_turn`, set before the episode's last turn
         self._dialect = "xml" if "<function=" in opening else "json"  # the template's tool-call format
         # the lead's action constraint; a prompt from state brings its own (`StatePrompt.sampling`)
-        self.action_regex = self._action_regex() if config.constrain_lead and toolset.rules.state is None else None
+        # (the regex, and the queries it excludes apart: `SamplingParams.exclusion`)
+        self.action_regex: str | None = None
+        self.exclusion: QueryExclusion | None = None
+        if config.constrain_lead and toolset.rules.state is None:
+            self.action_regex, self.exclusion = self._action_constraint()
 
-    def _action_regex(self) -> str:
+    def _action_constraint(self) -> tuple[str, QueryExclusion | None]:
         """The lead constraint in this chat template's tool-call dialect, given the queries so far:
         under `distinct_queries` none of them again, under `query_first` no answer before one,
         under `answer_last_turn` only an answer on the last turn (it overrides `query_first`)."""
-        return action_regex(self.tools, self._dialect, thinking=self.thinking_open,
-                            exclude=self.asked if self.config.distinct_queries else (),
-                            answer=bool(self.asked) or not self.config.query_first or self.last_turn,
-                            call=not self.last_turn)
+        return action_constraint(self.tools, self._dialect, thinking=self.thinking_open,
+                                 exclude=self.asked if self.config.distinct_queries else (),
+                                 answer=bool(self.asked) or not self.config.query_first or self.last_turn,
+                                 call=not self.last_turn)
 
     def begin_last_turn(self) -> None:
         """The next turn is the episode's last: under `answer_last_turn` it may only answer."""
         if self.config.answer_last_turn and self.action_regex is not None:
             self.last_turn = True
-            self.action_regex = self._action_regex()
+            self.action_regex, self.exclusion = self._action_constraint()
 
     def note_queries(self, queries: list[str]) -> None:
-        """Remember the turn's queries; the constraint follows them (`_action_regex`)."""
+        """Remember the turn's queries; the constraint follows them (`_action_constraint`)."""
         self.asked += queries
         if self.action_regex is not None:
-            self.action_regex = self._action_regex()
+            self.action_regex, self.exclusion = self._action_constraint()
 
     def _template_ignores_tools(self) -> bool:
         """True for chat templates without tool support: the tool schemas must go in as text."""
@@ -368,6 +374,7 @@ class EpisodeEngine:
         sampling = SamplingParams(
             max_new_tokens=budget, temperature=cfg.lead_temperature, top_p=cfg.lead_top_p, top_k=cfg.lead_top_k,
             return_logprobs=True, regex=context.action_regex if tool_names else None,  # None under a state rule
+            exclusion=context.exclusion if tool_names else None,
             **(state.sampling() if state is not None else {}),
         )
         lead_started = time.perf_counter()

@@ -12,7 +12,10 @@ transport/config failures (`BackendError`), which the engine retries and records
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    from parser.text.actions import QueryExclusion
 
 # A prompt is either token ids (the lead agent: the engine owns the exact token stream),
 # text already rendered by a chat template (subagents: the router sees the raw prefix), or
@@ -35,10 +38,16 @@ class SamplingParams:
     # a non-retryable BackendError; none ignores it silently.
     json_schema: str | None = None
     regex: str | None = None
+    # The queries `regex` excludes, kept apart (the lead under `distinct_queries`): a backend that
+    # masks tokens itself compiles `exclusion.base` once and applies the exclusion while matching,
+    # instead of compiling a new `regex` every turn; any other sends `regex`, which compiles it in.
+    exclusion: QueryExclusion | None = None
 
     def __post_init__(self) -> None:
         if self.json_schema is not None and self.regex is not None:
             raise ValueError("SamplingParams: set json_schema or regex, not both")
+        if self.exclusion is not None and self.regex is None:
+            raise ValueError("SamplingParams: an exclusion belongs to a regex; set the regex it is part of")
 
     @property
     def constraint(self) -> tuple[str, str] | None:

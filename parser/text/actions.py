@@ -323,26 +323,71 @@ def action_regex(tools: list[dict[str, Any]], dialect: str, thinking: bool = Fal
     Every string this matches parses to one call or one answer here.
     """
     calls = []
-    for tool in tools:
-        function = tool.get("function", tool)
-        params = function.get("parameters", {}).get("properties", {})
-        if len(params) != 1 or next(iter(params.values())).get("type") != "string":
-            raise ValueError(f"lead constraint: tool {function.get('name')!r} must take exactly one string argument")
-        name, arg = re.escape(function["name"]), re.escape(next(iter(params)))
-        if dialect == "xml":
-            value = string_except(exclude, "\n" + QUERY_DEBRIS, MAX_QUERY_CHARS)
-            calls.append(f"<tool_call>\\n<function={name}>\\n<parameter={arg}>\\n{value}\\n</parameter>\\n</function>\\n</tool_call>")
-        elif dialect == "json":
-            value = string_except(exclude, '"\n' + QUERY_DEBRIS, MAX_QUERY_CHARS)
-            calls.append(f'<tool_call>\\{{"name": "{name}", "arguments": \\{{"{arg}": "{value}"\\}}\\}}</tool_call>')
-        else:
-            raise ValueError(f"lead constraint: unknown tool-call dialect {dialect!r} (json or xml)")
-    head = "([^<]|<[^/])*</think>\\n\\n" if thinking else ""
+    for opener, closer, tail in _call_frames(tools, dialect):
+        value = string_except(exclude, closer + "\n" + QUERY_DEBRIS, MAX_QUERY_CHARS)  # no line breaks either
+        calls.append(_escaped(opener) + value + _escaped(closer + tail))
+    head = "([^<]|<[^/])*" + _escaped(_THINK_END + "\n\n") if thinking else ""
     calls = calls if call else []
     if not calls and not answer:
         raise ValueError("lead constraint: no tools offered and no answer allowed: nothing could be generated")
     answers = [f"<answer>[^<\\n]{{1,{MAX_ANSWER_CHARS}}}</answer>"] if answer else []
     return head + "(" + "|".join([*calls, *answers]) + ")"
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryExclusion:
+    """The exclusion of `action_regex` kept apart from the rest of the constraint, for a backend
+    that masks tokens itself (`parser.serving.backends.grammar`). Compiling a grammar costs
+    0.7-6.7 s with a 151K-token vocabulary, and under `distinct_queries` the full regex is new
+    every turn; `base` (the same constraint, nothing excluded) is one of a few per episode, so it
+    is compiled once and the exclusion is applied while matching.
+
+    The rule that makes base + rule accept exactly the full regex's language: a query that equals
+    one of `queries` may not be closed (its `closer` may not follow), and, since the full regex
+    never enters a query it could neither close nor extend, none may reach one of `max_chars`
+    characters. The query starts after `body_after`'s first occurrence ("" : at the start) and
+    one of `openers` (one per tool), and ends at the `closer`, a character no query holds."""
+
+    base: str
+    queries: tuple[str, ...]
+    openers: tuple[str, ...]
+    closer: str
+    body_after: str
+    max_chars: int
+
+
+def action_constraint(tools: list[dict[str, Any]], dialect: str, thinking: bool = False, exclude: Sequence[str] = (),
+                      answer: bool = True, call: bool = True) -> tuple[str, QueryExclusion | None]:
+    """`action_regex` with these arguments, and its exclusion apart (None when nothing is
+    excluded): a server compiles the regex, an in-process matcher the exclusion's `base`."""
+    regex = action_regex(tools, dialect, thinking, exclude, answer, call)
+    if not exclude or not call:
+        return regex, None
+    frames = _call_frames(tools, dialect)
+    return regex, QueryExclusion(base=action_regex(tools, dialect, thinking, (), answer, call),
+                                 queries=tuple(dict.fromkeys(exclude)), openers=tuple(f[0] for f in frames),
+                                 closer=frames[0][1], body_after=_THINK_END + "\n\n" if thinking else "",
+                                 max_chars=MAX_QUERY_CHARS)
+
+
+def _call_frames(tools: list[dict[str, Any]], dialect: str) -> list[tuple[str, str, str]]:
+    """Per tool, the literal text of its call around the query: what comes before the query, the
+    character that ends it (never in a query), and what follows that character."""
+    frames = []
+    for tool in tools:
+        function = tool.get("function", tool)
+        params = function.get("parameters", {}).get("properties", {})
+        if len(params) != 1 or next(iter(params.values())).get("type") != "string":
+            raise ValueError(f"lead constraint: tool {function.get('name')!r} must take exactly one string argument")
+        name, arg = function["name"], next(iter(params))
+        if dialect == "xml":
+            frames.append((f"<tool_call>\n<function={name}>\n<parameter={arg}>\n", "\n",
+                           "</parameter>\n</function>\n</tool_call>"))
+        elif dialect == "json":
+            frames.append((f'<tool_call>{{"name": "{name}", "arguments": {{"{arg}": "', '"', "}}</tool_call>"))
+        else:
+            raise ValueError(f"lead constraint: unknown tool-call dialect {dialect!r} (json or xml)")
+    return frames
 
 
 def string_except(forbidden: Sequence[str], excluded: str, max_len: int, strip: str = STRIPPED) -> str:
@@ -390,6 +435,12 @@ def string_except(forbidden: Sequence[str], excluded: str, max_len: int, strip: 
 
 def _literal(char: str) -> str:
     return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char, "\\" + char if char in "\\.^$*+?()[]{}|/-" else char)
+
+
+def _escaped(text: str) -> str:
+    """`text` as a regex that matches it literally (in the syntax of Python's and xgrammar's)."""
+    return "".join({"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c, "\\" + c if c in "\\.^$*+?()[]{}|" else c)
+                   for c in text)
 
 
 def _class_char(char: str) -> str:

@@ -42,7 +42,9 @@ generated up to and including the one that completed it.
 
 Constrained decoding (`SamplingParams.json_schema` / `.regex`): xgrammar token masks
 (`parser.serving.backends.grammar`), applied to the logits before sampling, so the reported logprobs
-are those of the constrained distribution (as on SGLang and vLLM).
+are those of the constrained distribution (as on SGLang and vLLM). A regex that comes with its
+`SamplingParams.exclusion` is matched as the exclusion's base grammar, compiled once, plus the
+exclusion applied per step (`grammar.ExcludingMatcher`): the same language, no compile per turn.
 
 Concurrency: one worker thread owns the model and serves every request; concurrent requests
 decode as one batch (`parser.serving.backends.kv_slots`). A request is first prefilled on its own,
@@ -330,7 +332,7 @@ class TransformersBackend:
                 from parser.serving.backends.grammar import Grammars
 
                 self._grammars = Grammars(self.tokenizer, self.model.config.vocab_size, self.eos_ids)
-        return self._grammars.matcher(sampling.constraint)
+        return self._grammars.matcher(sampling.constraint, sampling.exclusion)
 
     # ------------------------------------------------------------------ the worker
     def _serve(self) -> None:
