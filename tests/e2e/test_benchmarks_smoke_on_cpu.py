@@ -22,6 +22,7 @@ EXPECT = {
     "bench_backend.py": "batched/serial at T=",
     "bench_chunking.py": "ratio",
     "bench_data.py": "speed-up:",
+    "bench_grammar.py": "ratio",
     "bench_latency.py": "s/sample",
     "bench_parsers.py": "ratio",
     "bench_scatter.py": "ratio",
