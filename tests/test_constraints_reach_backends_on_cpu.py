@@ -28,6 +28,7 @@ from aiohttp import web
 
 from parser.serving.types import BackendError, Completion, SamplingParams
 from parser.serving.server import ServerHandle, json_response
+from parser.serving.wire.dialect import DIALECTS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = '{"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}'
@@ -120,8 +121,8 @@ class Capture:
 def capture():
     cap = Capture()
     app = web.Application()
-    for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
-        app.router.add_post(path, cap.handle)
+    for dialect in DIALECTS.values():
+        app.router.add_post(dialect.path, cap.handle)
     with ServerHandle(app) as handle:
         cap.url = handle.url
         yield cap
