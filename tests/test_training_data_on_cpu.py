@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA_CONFIGS = ROOT / "configs" / "data"
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "recipes").glob("*.sh")),
              *sorted(DATA_CONFIGS.glob("*.yaml"))]
-BUILD = re.compile(r"(?:-m data_prep\.build|(?<![\w-])parser data) (--config-name[ =]\S+.*)")
+# `parser data --config-name ...`, the recipes' `"${PARSER[@]}" data ...`, or the module itself
+BUILD = re.compile(r"(?:-m data_prep\.build|(?<![\w-])parser data|PARSER\[@\]}\" data) (--config-name[ =]\S+.*)")
 FILES = re.compile(r"data\.(?:train|val)_files=(\"[^\"]+\"|\S+)")
 # a recipe that builds its own data with the CPU smoke's builder (`parser train smoke`)
 SMOKE_BUILD = re.compile(r"\btrain smoke --out \"?([^\"\s]+)\"?")
