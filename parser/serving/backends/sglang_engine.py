@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 from parser.serving.types import BackendError, Completion, Prompt, SamplingParams
 from parser.serving.backends.scoring import SCORE_TEMPERATURE, check_request
-from parser.serving.wire.dialect import SGLANG
+from parser.serving.wire.dialect import SGLANG, prompt_kind
 
 WHERE = "sglang.Engine"  # how errors name this backend
 
@@ -105,15 +105,14 @@ class SGLangEngineBackend:
 
     # ------------------------------------------------------------------ helpers
     def _prompt(self, prompt: Prompt) -> str | list[int]:
-        """Text or token ids as `/generate` takes them; chat messages rendered with the tokenizer."""
-        if isinstance(prompt, str):
-            return prompt
-        items = list(prompt)
-        if items and isinstance(items[0], dict):
-            return self.tokenizer.apply_chat_template(items, tokenize=False, add_generation_prompt=True)
-        if not items:
+        """Text or token ids as `/generate` takes them (`prompt_kind`, the dialects' own reading of a
+        prompt); chat messages rendered with the tokenizer."""
+        kind, value = prompt_kind(prompt)
+        if kind == "messages":
+            return self.tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
+        if kind == "ids" and not value:
             raise BackendError("SGLangEngineBackend: empty prompt", retryable=False)
-        return [int(t) for t in items]
+        return value
 
     @property
     def tokenizer(self) -> Any:
