@@ -33,10 +33,10 @@ from typing import Mapping
 
 KILL_GRACE_S = 2.0  # after the deadline: how long the killed group may take to close its output
 # Runs before the tool (same process, via exec): die with the parent (a killed eval must not
-# leave searches behind), set the limits, then become the tool.
+# leave searches behind), set the limits, then become the tool. A limit of -1 is unlimited.
 _LIMITS_SHIM = (
     "import os, resource as r, sys\n"
-    "memory, cpu, parent = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])\n"
+    "memory, cpu, fsize, nproc, parent = (int(a) for a in sys.argv[1:6])\n"
     "if sys.platform.startswith('linux'):\n"
     "    import ctypes, signal\n"
     "    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG\n"
@@ -44,10 +44,23 @@ _LIMITS_SHIM = (
     "    os._exit(137)\n"
     "r.setrlimit(r.RLIMIT_AS, (memory, memory))\n"
     "r.setrlimit(r.RLIMIT_CPU, (cpu, cpu + 1))\n"
-    "r.setrlimit(r.RLIMIT_FSIZE, (0, 0))\n"
+    "r.setrlimit(r.RLIMIT_FSIZE, (fsize, fsize))\n"
     "r.setrlimit(r.RLIMIT_CORE, (0, 0))\n"
-    "os.execv(sys.argv[4], sys.argv[4:])\n"
+    "if nproc >= 0:\n"
+    "    r.setrlimit(r.RLIMIT_NPROC, (nproc, nproc))\n"
+    "os.execv(sys.argv[6], sys.argv[6:])\n"
 )
+
+
+def limited_argv(argv: list[str], *, memory_limit_bytes: int, cpu_s: int, file_bytes: int = 0,
+                 processes: int = -1) -> list[str]:
+    """`argv` behind the limits shim: address space, CPU seconds (SIGXCPU at `cpu_s`, SIGKILL a
+    second later), largest file it may write (0: none), processes of its user (-1: unlimited; a
+    root user is exempt, so a caller that needs it drops to another user), no core dumps, and death
+    with this process. Shared by the DCI commands (`run_limited`) and the RLM REPL worker
+    (`parser.engine.sandbox.repl`)."""
+    limits = (memory_limit_bytes, cpu_s, file_bytes, processes, os.getpid())
+    return [sys.executable, "-I", "-S", "-c", _LIMITS_SHIM, *(str(int(v)) for v in limits), *argv]
 
 
 class ProcessSlots:
@@ -87,7 +100,7 @@ class _Collector(asyncio.SubprocessProtocol):
             self.finished.set_result(None)
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
     """SIGKILL the command's whole process group (it leads its own session)."""
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -111,8 +124,7 @@ async def run_limited(argv: list[str], *, cwd: str | os.PathLike[str], env: Mapp
     return by `timeout_s + KILL_GRACE_S` whatever the command does. Raises OSError/ValueError if
     it cannot be started."""
     loop = asyncio.get_running_loop()
-    cpu_s = str(math.ceil(timeout_s) + 1)
-    limited = [sys.executable, "-I", "-S", "-c", _LIMITS_SHIM, str(memory_limit_bytes), cpu_s, str(os.getpid()), *argv]
+    limited = limited_argv(argv, memory_limit_bytes=memory_limit_bytes, cpu_s=math.ceil(timeout_s) + 1)
     transport, collector = await loop.subprocess_exec(
         lambda: _Collector(keep_bytes), *limited, cwd=cwd, env=dict(env),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -124,10 +136,10 @@ async def run_limited(argv: list[str], *, cwd: str | os.PathLike[str], env: Mapp
         done, _ = await asyncio.wait({collector.finished}, timeout=timeout_s)
         if not done:
             timed_out = True
-            _kill_group(pid)
+            kill_group(pid)
             await asyncio.wait({collector.finished}, timeout=KILL_GRACE_S)
     finally:
         if not collector.finished.done():
-            _kill_group(pid)
+            kill_group(pid)
         transport.close()
     return Finished(bytes(collector.tail[-keep_bytes:]), collector.total, transport.get_returncode(), timed_out)
