@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import pathlib
+import socket
 
 import pytest
 from omegaconf import OmegaConf
 
-from parser.engine.sandbox.repl import CONFIG, ReplLimits, ReplSandbox, SubCall
+from parser.engine.sandbox.repl import CONFIG, WORKER_UID_BASE, ReplLimits, ReplSandbox, SubCall
 
 
 class ScriptedLlm:
@@ -98,3 +101,114 @@ def test_aclose_is_idempotent_and_a_closed_sandbox_refuses_cells():
             await repl.run("1")
 
     run(scenario())
+
+
+def test_a_cell_past_max_sub_calls_gets_error_strings_without_calling_llm():
+    llm = ScriptedLlm()
+    cell, = run(cells("c", "print(llm_query_batched(['a', 'b', 'c']), llm_query('d'))", llm=llm,
+                      limits=ReplLimits(max_sub_calls_per_cell=2)))
+    bound = "Error: this cell's sub-calls passed the sandbox's bound of 2 prompts"
+    assert cell.stdout == f"['reply to a', 'reply to b', {bound!r}] {bound}\n"
+    assert llm.calls == [(["a", "b"], None)]
+
+
+# -- escapes: each blocked or bounded, the host unchanged ----------------------------------------------
+SECRET = "sk-parser-fake-secret-5e2f"
+SMALL = ReplLimits(cell_timeout_s=2.0, episode_cpu_s=30, memory_bytes=256 << 20, file_bytes=4 << 20, processes=8,
+                   output_chars=1000, message_bytes=1 << 20)
+
+
+def survivors(pid: int) -> list[int]:
+    """Processes left of worker `pid`: in its process group, or running as its uid (one that left the
+    group with setsid)."""
+    left = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = pathlib.Path(f"/proc/{entry}/stat").read_text()
+            status = pathlib.Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        group = int(stat.rsplit(")", 1)[1].split()[2])
+        uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+        if group == pid or uid == WORKER_UID_BASE + pid:
+            left.append(int(entry))
+    return left
+
+
+@pytest.fixture()
+def escapes(monkeypatch, tmp_path):
+    """Runs cells in one small-limits sandbox and checks the host after it closed: no process left, its
+    directory gone, nothing written where the cells aimed, the host's cwd and environment as they were."""
+    monkeypatch.setenv("PARSER_FAKE_API_KEY", SECRET)
+    target = tmp_path / "written-from-the-repl"
+    before = (os.getcwd(), {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"})
+
+    def go(*codes, **options):
+        async def scenario():
+            repl = await ReplSandbox.start("the context", llm=ScriptedLlm(), limits=options.pop("limits", SMALL),
+                                           **options)
+            pids, directory, results = {repl.pid}, repl.directory, []
+            assert os.listdir(directory) == [".root"]  # its files live in its own tmpfs, not on the host
+            for code in codes:
+                results.append(await repl.run(code.replace("TARGET", str(target))))
+                pids.add(repl.pid)
+            await repl.aclose()
+            assert not os.path.exists(directory)
+            return pids, results
+
+        pids, results = run(scenario())
+        left = [survivors(pid) for pid in pids]
+        assert left == [[] for _ in pids], [pathlib.Path(f"/proc/{p}/stat").read_text() for g in left for p in g]
+        assert not target.exists()
+        assert (os.getcwd(), {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}) == before
+        return results
+
+    return go
+
+
+def test_os_system_subprocess_and_a_subclasses_walk_reach_no_program(escapes):
+    walk = ("w = [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == '_wrap_close'][0]\n"
+            "print(w.__init__.__globals__['system']('touch TARGET'))")
+    system, spawn, walked = escapes("import os\nprint(os.system('touch TARGET'))",
+                                    "import subprocess\nsubprocess.run(['/bin/sh', '-c', 'touch TARGET'])", walk)
+    assert system.stdout == walked.stdout == "32512\n"  # the shell is not there: exit status 127
+    assert spawn.stderr == "\nFileNotFoundError: [Errno 2] No such file or directory: '/bin/sh'"
+
+
+def test_no_network_loopback_or_outside(escapes):
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    with listener:
+        loopback, outside, abstract = escapes(
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=5)",
+            "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=5)",
+            "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect('\\0parser-repl-test')")
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nothing connected
+    assert "OSError: [Errno 101] Network is unreachable" in loopback.stderr
+    assert "OSError: [Errno 101] Network is unreachable" in outside.stderr
+    assert "ConnectionRefusedError" in abstract.stderr  # the abstract socket namespace is the netns's
+
+
+def test_host_files_are_not_there_to_read_or_write(escapes):
+    readme = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+    listing, project, shadow, write = escapes(
+        "import os\nprint(sorted(os.listdir('/')), os.getcwd())",
+        f"print(open({str(readme)!r}).read())", "print(open('/etc/shadow').read())",
+        "import os\nos.makedirs(os.path.dirname('TARGET'), exist_ok=True)\nopen('TARGET', 'w').write('x')")
+    assert listing.stdout == "['lib', 'lib64', 'root', 'tmp', 'usr', 'work'] /work\n"  # stdlib and libraries only
+    assert "FileNotFoundError" in project.stderr and "FileNotFoundError" in shadow.stderr
+    assert write.stderr == ""  # it wrote: into its own tmpfs (`escapes` checks the host's path stays absent)
+
+
+def test_no_secret_in_the_environment(escapes):
+    env, = escapes("import os\nprint(sorted(os.environ))")
+    assert env.stdout == "['HOME', 'LC_CTYPE', 'TMPDIR']\n"  # built from nothing; LC_CTYPE is Python's own
+
+
+def test_ctypes_cannot_mount_chroot_or_change_user(escapes):
+    calls, = escapes("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                     "print(libc.mount(b'none', b'/work', b'tmpfs', 0, None), libc.chroot(b'/tmp'), libc.setuid(0), "
+                     "libc.umount2(b'/usr/lib', 2))")
+    assert calls.stdout == "-1 -1 0 -1\n"  # setuid(0) is a no-op: it is already the namespace's powerless root
