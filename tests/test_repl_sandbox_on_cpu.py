@@ -11,7 +11,12 @@ import asyncio
 import dataclasses
 import os
 import pathlib
+import select
+import shutil
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 from omegaconf import OmegaConf
@@ -147,18 +152,18 @@ def escapes(monkeypatch, tmp_path):
         async def scenario():
             repl = await ReplSandbox.start("the context", llm=ScriptedLlm(), limits=options.pop("limits", SMALL),
                                            **options)
-            pids, directory, results = {repl.pid}, repl.directory, []
+            pids, directory, results = {repl.pid}, repl.directory, []  # every worker it had
             assert os.listdir(directory) == [".root"]  # its files live in its own tmpfs, not on the host
             for code in codes:
                 results.append(await repl.run(code.replace("TARGET", str(target))))
                 pids.add(repl.pid)
+            pids.discard(None)  # no worker after the CPU budget is spent
             await repl.aclose()
             assert not os.path.exists(directory)
             return pids, results
 
         pids, results = run(scenario())
-        left = [survivors(pid) for pid in pids]
-        assert left == [[] for _ in pids], [pathlib.Path(f"/proc/{p}/stat").read_text() for g in left for p in g]
+        assert [survivors(pid) for pid in pids] == [[] for _ in pids]
         assert not target.exists()
         assert (os.getcwd(), {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}) == before
         return results
@@ -212,3 +217,140 @@ def test_ctypes_cannot_mount_chroot_or_change_user(escapes):
                      "print(libc.mount(b'none', b'/work', b'tmpfs', 0, None), libc.chroot(b'/tmp'), libc.setuid(0), "
                      "libc.umount2(b'/usr/lib', 2))")
     assert calls.stdout == "-1 -1 0 -1\n"  # setuid(0) is a no-op: it is already the namespace's powerless root
+
+
+def test_fork_bombs_stop_at_the_process_limit_and_leave_nothing(escapes):
+    _, bomb, after, detached = escapes(
+        "kept = 1", "import os\nwhile True:\n    os.fork()",
+        "print(kept)",
+        "import os\nfor _ in range(20):\n    try:\n        if os.fork() == 0:\n            os.setsid()\n"
+        "            while True: pass\n    except OSError: pass\nwhile True: pass",
+        limits=dataclasses.replace(SMALL, cell_timeout_s=1.0))
+    assert bomb.stderr == "\nBlockingIOError: [Errno 11] Resource temporarily unavailable" and not bomb.lost_state
+    assert after.stdout == "1\n"  # its forks left quietly; the REPL's state is intact
+    assert detached.lost_state and "deadline of 1 s" in detached.stderr  # the setsid spinners die with it
+
+
+def test_a_memory_bomb_is_a_memory_error_and_the_state_survives(escapes):
+    _, bomb, after = escapes("kept = 1", "y = bytearray(1 << 30)", "print(kept, len(context))")
+    assert bomb.stderr == "\nMemoryError: " and after.stdout == "1 11\n"
+
+
+def test_an_endless_cell_is_killed_at_its_deadline_and_a_new_worker_has_the_context(escapes):
+    async def timed():
+        async with await ReplSandbox.start("the context", llm=ScriptedLlm(),
+                                           limits=dataclasses.replace(SMALL, cell_timeout_s=1.0)) as repl:
+            await repl.run("kept = 1")
+            started = time.monotonic()
+            endless = await repl.run("while True: pass")
+            return endless, time.monotonic() - started, await repl.run("print(context, 'kept' in SHOW_VARS())")
+
+    endless, seconds, after = run(timed())
+    assert endless.lost_state and endless.stderr == (
+        "REPL worker lost: the cell ran past its deadline of 1 s and the worker was killed; its variables are gone "
+        "(a new worker holds `context` again)")
+    assert seconds < 1.0 + 2 * 2.0  # the deadline, then the kill and a new worker's start (2 s grace each)
+    assert after.stdout == "the context False\n" and not after.lost_state
+
+
+def test_cpu_burn_ends_the_episode_at_its_cpu_budget(escapes):
+    burn, after = escapes("while True: pass", "print(1)",
+                          limits=dataclasses.replace(SMALL, episode_cpu_s=1, cell_timeout_s=60.0))
+    assert burn.lost_state and "the episode's CPU limit" in burn.stderr
+    assert after.lost_state and after.stderr == "REPL worker lost: the episode's CPU budget of 1 s is spent, so no cell runs"
+
+
+def test_huge_prints_are_cut_and_counted_and_a_flood_of_the_pipe_costs_the_worker(escapes):
+    huge, flood, after = escapes(
+        "import sys\nprint('x' * 10**6)\nsys.stderr.write('e' * 5000)",
+        "import os\nfor fd in range(3, 12):\n    try: os.write(fd, b'x' * (3 << 20))\n    except OSError: pass",
+        "print('fine')")
+    assert (huge.stdout, huge.stdout_chars) == ("x" * 1000, 10**6 + 1)
+    assert (huge.stderr, huge.stderr_chars) == ("e" * 1000, 5000)
+    assert flood.lost_state and f"a message over {1 << 20} bytes" in flood.stderr
+    assert after.stdout == "fine\n"
+
+
+def test_file_writes_are_bounded_per_file_and_in_total(escapes):
+    big, many = escapes("open('big', 'wb').write(b'x' * (8 << 20))",
+                        "for i in range(8):\n    open(f'part{i}', 'wb').write(b'x' * (1 << 20))")
+    assert big.stderr == "\nOSError: [Errno 27] File too large"  # RLIMIT_FSIZE (file_bytes = 4 MiB)
+    assert many.stderr == "\nOSError: [Errno 28] No space left on device"  # its tmpfs holds file_bytes in all
+
+
+def test_a_cancelled_cell_kills_the_worker_before_the_cancellation_goes_on():
+    async def scenario():
+        started = asyncio.Event()
+
+        async def llm(prompts, model):
+            started.set()
+            return ["go"]
+
+        async with await ReplSandbox.start("the context", llm=llm, limits=SMALL) as repl:
+            await repl.run("kept = 1")
+            pid = repl.pid
+            cell = asyncio.create_task(repl.run("llm_query('started')\nwhile True: pass"))
+            await started.wait()
+            cell.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cell
+            left = survivors(pid)
+            return left, await repl.run("print(len(context), 'kept' in SHOW_VARS())")
+
+    left, after = run(scenario())
+    assert left == []
+    assert after.lost_state and after.stdout == "11 False\n" and after.stderr.startswith("REPL worker lost: a cell was cancelled")
+
+
+HOST = """
+import asyncio, sys
+from parser.engine.sandbox.repl import ReplSandbox
+async def llm(prompts, model):
+    print(REPL.pid, flush=True)  # the cell is running: the test may kill this host now
+    return ["go"]
+async def main():
+    global REPL
+    REPL = await ReplSandbox.start("c", llm=llm{options})
+    print(REPL.missing, flush=True)
+    print((await REPL.run("print(llm_query('x'))\\nwhile True: pass")).stdout, flush=True)
+asyncio.run(main())
+"""
+
+
+def test_the_worker_dies_with_its_host(tmp_path):
+    script = tmp_path / "host.py"
+    script.write_text(HOST.format(options=""))
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parent.parent)}
+    host = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert host.stdout.readline() == "()\n"
+        pid = int(host.stdout.readline())
+        watcher = os.pidfd_open(pid)
+        host.kill()
+        assert select.select([watcher], [], [], 10)[0] == [watcher]  # the worker exited
+        os.close(watcher)
+    finally:
+        host.kill()
+        host.wait()
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare is not installed")
+def test_without_namespaces_it_refuses_unless_allowed(tmp_path):
+    """A user namespace whose max_user_namespaces is 0 stands in for a machine without them."""
+    script = tmp_path / "host.py"
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parent.parent)}
+
+    def host(options):
+        script.write_text(HOST.format(options=options).replace("while True: pass", "print(2)"))
+        return subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c",
+                               f"echo 0 > /proc/sys/user/max_user_namespaces && exec {sys.executable} {script}"],
+                              capture_output=True, text=True, env=env, timeout=60)
+
+    refused = host("")
+    assert refused.returncode == 1 and "SandboxUnavailable: the RLM REPL sandbox cannot isolate its worker" in refused.stderr
+    assert "unshare(CLONE_NEWUSER|CLONE_NEWNET|CLONE_NEWPID)" in refused.stderr
+    assert "sandbox.allow_unisolated" in refused.stderr
+    allowed = host(", allow_unisolated=True")
+    assert allowed.returncode == 0, allowed.stderr
+    missing, pid, output = allowed.stdout.splitlines()[:3]
+    assert "unshare(CLONE_NEWUSER" in missing and output == "go"

@@ -405,6 +405,8 @@ def main() -> None:
     channel.send({"ready": {"missing": missing}})
     if missing and not settings["allow_unisolated"]:
         os._exit(3)
+    # At the CPU limit: exit now, saying why (a namespace's init would ignore SIGXCPU; SIGKILL comes 1 s later)
+    signal.signal(signal.SIGXCPU, lambda *_: os._exit(128 + signal.SIGXCPU))
     repl = Repl(channel.llm, settings["output_chars"], settings["message_bytes"])
     repl.load_context(channel.receive()["context"])
     channel.send({"loaded": {"variables": repl.variables()}})
