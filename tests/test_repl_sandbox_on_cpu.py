@@ -94,7 +94,7 @@ def test_an_exception_becomes_stderr_as_rlms_writes_it_and_the_cell_keeps_nothin
 def test_answer_ready_is_the_final_answer(code):
     done, later = run(cells("c", code, "print(type(answer).__name__, answer['content'])"))
     assert done.final_answer == "Edda" and later.final_answer is None
-    assert later.stdout == "AnswerDict Edda\n"
+    assert later.stdout == "_AnswerDict Edda\n"  # rlms' class name
 
 
 def test_aclose_is_idempotent_and_a_closed_sandbox_refuses_cells():
@@ -354,3 +354,43 @@ def test_without_namespaces_it_refuses_unless_allowed(tmp_path):
     assert allowed.returncode == 0, allowed.stderr
     missing, pid, output = allowed.stdout.splitlines()[:3]
     assert "unshare(CLONE_NEWUSER" in missing and output == "go"
+
+
+# -- the namespace is rlms' LocalREPL's ------------------------------------------------------------------
+RLMS_CELLS = [
+    "x = 1\nprint(x, SHOW_VARS())", "print(SHOW_VARS())", "import sys\nprint('out')\nprint('err', file=sys.stderr)",
+    "y = 2\n1/0", "print('y' in dir())", "try:\n    1/0\nexcept ZeroDivisionError:\n    pass",
+    "def f():\n    return x\nprint(f())", "x = 5\nprint(f())", "del x\nprint(x)", "print(eval, exec, globals)",
+    "context = 'changed'\nprint(context[:9])", "print(context[:9], context_0[:9])", "llm_query = 3",
+    "print(llm_query('q'), llm_query_batched(['a', 'b']), rlm_query('c'))", "print(type(answer).__name__, answer)",
+    "answer['ready'] = True", "answer['content'] = 'A'\nanswer['ready'] = True\nraise ValueError('late')",
+    "answer = {'content': 'B', 'ready': True}", "answer = ['not a dict']", "print(answer)",
+    "import json, re\nprint(json.dumps({'k': re.findall('o', 'foo')}))", "print(open)\nprint(__import__('math').pi)",
+]
+
+
+@pytest.mark.parametrize("context", ["a str context", {"k": [1, 2], "n": None}, ["x", "y"]], ids=["str", "dict", "list"])
+def test_cells_give_what_rlms_local_repl_gives(context):
+    """rlms 0.1.3's in-process LocalREPL (the reference: scripted cells, not model code) and the sandbox run
+    the same cells: the same stdout, stderr, listed variables and final answer, cell by cell."""
+    local_repl = pytest.importorskip("rlm.environments.local_repl")
+    from rlm.utils.parsing import format_execution_result
+
+    reference = local_repl.LocalREPL(context_payload=context)
+    try:
+        expected = []
+        for code in RLMS_CELLS:
+            result = reference.execute_code(code)
+            expected.append((result.stdout, result.stderr, result.final_answer, format_execution_result(result)))
+    finally:
+        reference.cleanup()
+
+    async def no_handler(prompts, model):  # what LocalREPL answers without an LM handler
+        return ["Error: No LM handler configured"] * len(prompts)
+
+    got = run(cells(context, *RLMS_CELLS, llm=no_handler))
+    def listed(cell):  # rlms' formatting of the names the sandbox listed
+        return format_execution_result(local_repl.REPLResult(stdout=cell.stdout, stderr=cell.stderr,
+                                                             locals=dict.fromkeys(cell.variables, "")))
+
+    assert [(c.stdout, c.stderr, c.final_answer, listed(c)) for c in got] == expected

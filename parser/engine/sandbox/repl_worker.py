@@ -245,7 +245,7 @@ class Capture(io.TextIOBase):
         return "".join(self.parts)
 
 
-class AnswerDict(dict):
+class _AnswerDict(dict):
     """rlms' _AnswerDict: a plain dict to the model; setting a truthy `ready` reports `content`."""
 
     def __init__(self, on_ready):
@@ -273,7 +273,7 @@ class Repl:
         self.globals = {"__builtins__": namespace, "__name__": "__main__", "SHOW_VARS": self.show_vars,
                         "llm_query": self.llm_query, "llm_query_batched": self.llm_query_batched,
                         "rlm_query": self.llm_query, "rlm_query_batched": self.llm_query_batched}
-        self.locals: dict = {"answer": AnswerDict(self._capture)}
+        self.locals: dict = {"answer": _AnswerDict(self._capture)}
         self.final: str | None = None
         self.pid = os.getpid()
 
@@ -310,8 +310,8 @@ class Repl:
 
     def _restore_scaffold(self) -> None:
         current = self.locals.get("answer")
-        if not isinstance(current, AnswerDict):  # rebound: take a ready plain dict's answer, wrap it again
-            replacement = AnswerDict(self._capture)
+        if not isinstance(current, _AnswerDict):  # rebound: take a ready plain dict's answer, wrap it again
+            replacement = _AnswerDict(self._capture)
             if isinstance(current, dict):
                 for key, value in current.items():
                     dict.__setitem__(replacement, key, value)
