@@ -271,6 +271,13 @@ def test_huge_prints_are_cut_and_counted_and_a_flood_of_the_pipe_costs_the_worke
     assert after.stdout == "fine\n"
 
 
+def test_an_oversized_sub_call_and_a_lone_surrogate_cost_nothing(escapes):
+    oversized, surrogate = escapes("print(llm_query('x' * (2 << 20)))", "s = '\\ud800'\nprint(s)")
+    assert oversized.stdout.startswith("Error: the sub-call's prompts are ") and not oversized.lost_state
+    assert oversized.stdout.endswith(f"over the sandbox's bound of {1 << 20}\n") and not oversized.sub_calls
+    assert surrogate.stdout == "\ud800\n" and surrogate.variables[-1] == "s"
+
+
 def test_file_writes_are_bounded_per_file_and_in_total(escapes):
     big, many = escapes("open('big', 'wb').write(b'x' * (8 << 20))",
                         "for i in range(8):\n    open(f'part{i}', 'wb').write(b'x' * (1 << 20))")

@@ -134,9 +134,10 @@ class ReplSandbox:
             raise TypeError(f"the REPL context must be a str, list or dict, got {type(context).__name__}")
         sandbox = cls(context, llm, limits, slots, allow_unisolated)
         try:
-            if slots is not None:
-                sandbox._slot = slots()
-                await sandbox._slot.acquire()
+            if slots is not None:  # one slot for the episode's worker, whichever worker that is
+                slot = slots()
+                await slot.acquire()
+                sandbox._slot = slot
             await sandbox._spawn()
         except _Broken as broken:
             await sandbox.aclose()
@@ -269,9 +270,10 @@ class ReplSandbox:
             result = await self._cell(code, started, sub_calls)
         except _Broken as broken:
             return await self._replace(str(broken), started, sub_calls)
-        except BaseException:
+        except BaseException as error:  # cancelled, or the llm callback failed: the worker must not outlive it
             await self._stop()
-            self._lost = "REPL worker lost: a cell was cancelled; its variables are gone (a new worker holds `context`)"
+            why = "cancelled" if isinstance(error, asyncio.CancelledError) else f"stopped by {type(error).__name__}"
+            self._lost = f"REPL worker lost: a cell was {why}; its variables are gone (a new worker holds `context`)"
             raise
         if self._lost is not None:  # the worker this cell ran in replaced one killed by a cancellation
             result = dataclasses.replace(result, lost_state=True, stderr=f"{self._lost}\n{result.stderr}")

@@ -266,8 +266,8 @@ class _AnswerDict(dict):
 class Repl:
     """One persistent namespace; `llm` is the channel's sub-call (prompts, model) -> replies."""
 
-    def __init__(self, llm, keep: int, max_message_bytes: int):
-        self._llm, self.keep, self.max_message_bytes = llm, keep, max_message_bytes
+    def __init__(self, llm, keep: int):
+        self._llm, self.keep = llm, keep
         namespace = {name: getattr(builtins, name) for name in SAFE_BUILTINS}
         namespace.update(dict.fromkeys(BLOCKED_BUILTINS))
         self.globals = {"__builtins__": namespace, "__name__": "__main__", "SHOW_VARS": self.show_vars,
@@ -298,13 +298,7 @@ class Repl:
         if model is not None and not isinstance(model, str):
             return [f"Error: Invalid model name: {model!r}"] * len(prompts)
         if asked:
-            size = sum(len(p.encode("utf-8", "surrogatepass")) for p in asked)
-            if size > self.max_message_bytes:
-                answers = [f"Error: the sub-call's prompts are {size} bytes, over the sandbox's bound of "
-                           f"{self.max_message_bytes}"] * len(asked)
-            else:
-                answers = iter(self._llm(asked, model))
-            answers = iter(answers)
+            answers = iter(self._llm(asked, model))
             replies = [next(answers) if reply is None else reply for reply in replies]
         return replies
 
@@ -374,11 +368,13 @@ class Repl:
 
 # --------------------------------------------------------------------------------------------------- main
 class Channel:
-    def __init__(self, reader, writer):
-        self.reader, self.writer = reader, writer
+    """The pipe to the host. Lines are ASCII JSON (a lone surrogate a cell printed travels escaped)."""
+
+    def __init__(self, reader, writer, max_message_bytes: int):
+        self.reader, self.writer, self.max_message_bytes = reader, writer, max_message_bytes
 
     def send(self, message: dict) -> None:
-        self.writer.write(json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
+        self.writer.write(json.dumps(message).encode("ascii") + b"\n")
         self.writer.flush()
 
     def receive(self) -> dict:
@@ -388,7 +384,12 @@ class Channel:
         return json.loads(line.decode("utf-8", "surrogatepass"))
 
     def llm(self, prompts: list[str], model) -> list[str]:
-        self.send({"llm": {"prompts": prompts, "model": model}})
+        line = json.dumps({"llm": {"prompts": prompts, "model": model}}).encode("ascii") + b"\n"
+        if len(line) > self.max_message_bytes:  # the host would take it for a flood and kill the worker
+            return [f"Error: the sub-call's prompts are {len(line)} bytes as sent, over the sandbox's bound of "
+                    f"{self.max_message_bytes}"] * len(prompts)
+        self.writer.write(line)
+        self.writer.flush()
         replies = self.receive().get("replies")
         return [r if isinstance(r, str) else "Error: no reply" for r in replies][: len(prompts)]
 
@@ -400,14 +401,14 @@ def main() -> None:
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
-    channel = Channel(reader, writer)
+    channel = Channel(reader, writer, settings["message_bytes"])
     missing = isolate(settings, channel)
     channel.send({"ready": {"missing": missing}})
     if missing and not settings["allow_unisolated"]:
         os._exit(3)
     # At the CPU limit: exit now, saying why (a namespace's init would ignore SIGXCPU; SIGKILL comes 1 s later)
     signal.signal(signal.SIGXCPU, lambda *_: os._exit(128 + signal.SIGXCPU))
-    repl = Repl(channel.llm, settings["output_chars"], settings["message_bytes"])
+    repl = Repl(channel.llm, settings["output_chars"])
     repl.load_context(channel.receive()["context"])
     channel.send({"loaded": {"variables": repl.variables()}})
     while True:
