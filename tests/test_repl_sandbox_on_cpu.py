@@ -21,6 +21,7 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
+from parser.engine.sandbox.process import ProcessSlots
 from parser.engine.sandbox.repl import CONFIG, WORKER_UID_BASE, ReplLimits, ReplSandbox, SubCall
 
 
@@ -401,3 +402,19 @@ def test_cells_give_what_rlms_local_repl_gives(context):
                                                              locals=dict.fromkeys(cell.variables, "")))
 
     assert [(c.stdout, c.stderr, c.final_answer, listed(c)) for c in got] == expected
+
+
+def test_shared_slots_bound_the_workers_and_are_given_back():
+    async def scenario():
+        slots = ProcessSlots(1)
+        first = await ReplSandbox.start("c", llm=ScriptedLlm(), slots=slots)
+        held = slots().locked()
+        second = asyncio.create_task(ReplSandbox.start("c", llm=ScriptedLlm(), slots=slots))  # waits for the slot
+        await first.aclose()
+        await first.aclose()  # gives its slot back once
+        async with await second as repl:
+            cell = await repl.run("print(context)")
+        await slots().acquire()
+        return held, cell.stdout, slots().locked()  # locked again after one acquire: one slot, not two
+
+    assert run(scenario()) == (True, "c\n", True)
