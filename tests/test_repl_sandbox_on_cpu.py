@@ -310,6 +310,24 @@ def test_a_cancelled_cell_kills_the_worker_before_the_cancellation_goes_on():
     assert after.lost_state and after.stdout == "11 False\n" and after.stderr.startswith("REPL worker lost: a cell was cancelled")
 
 
+def test_a_broken_llm_callback_raises_in_run_and_kills_the_worker():
+    """The callback must never raise or return the wrong shape (the method's contract); if it does, `run`
+    raises, no worker outlives it, and the next cell says the state is lost."""
+    async def scenario():
+        async def wrong(prompts, model):
+            return ["one reply"] * (len(prompts) + 1)
+
+        async with await ReplSandbox.start("c", llm=wrong, limits=SMALL) as repl:
+            pid = repl.pid
+            with pytest.raises(TypeError, match="must return a list of 1 str"):
+                await repl.run("llm_query('q')")
+            return survivors(pid), await repl.run("print(context)")
+
+    left, after = run(scenario())
+    assert left == [] and after.stdout == "c\n" and after.lost_state
+    assert after.stderr.startswith("REPL worker lost: a cell was stopped by TypeError")
+
+
 HOST = """
 import asyncio, sys
 from parser.engine.sandbox.repl import ReplSandbox

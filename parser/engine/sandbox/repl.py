@@ -265,12 +265,13 @@ class ReplSandbox:
                               f"{self.limits.episode_cpu_s} s is spent, so no cell runs", variables=(),
                               final_answer=None, seconds=0.0, sub_calls=(), lost_state=True)
         try:
-            if self._process is None:
-                await self._spawn()
-            result = await self._cell(code, started, sub_calls)
-        except _Broken as broken:
-            return await self._replace(str(broken), started, sub_calls)
-        except BaseException as error:  # cancelled, or the llm callback failed: the worker must not outlive it
+            try:
+                if self._process is None:
+                    await self._spawn()
+                result = await self._cell(code, started, sub_calls)
+            except _Broken as broken:
+                return await self._replace(str(broken), started, sub_calls)
+        except BaseException as error:  # cancelled, or the llm callback failed: no worker may outlive it
             await self._stop()
             why = "cancelled" if isinstance(error, asyncio.CancelledError) else f"stopped by {type(error).__name__}"
             self._lost = f"REPL worker lost: a cell was {why}; its variables are gone (a new worker holds `context`)"
@@ -353,10 +354,8 @@ class ReplSandbox:
             await self._spawn()
             line += " (a new worker holds `context` again)"
         except _Broken as broken:
-            line += f"; {broken}"
-        except SandboxUnavailable:
             await self._stop()
-            raise
+            line += f"; {broken}"
         return CellResult(stdout="", stderr=line, variables=(), final_answer=None,
                           seconds=time.monotonic() - started, sub_calls=tuple(sub_calls), lost_state=True)
 
