@@ -6,8 +6,8 @@ nothing of the project (the host starts it by path, `python -I -S -X utf8 repl_w
 
 Isolation, before any message is read (Linux; each step that fails is named in the `ready` message, and
 without `allow_unisolated` the worker exits there and the host refuses to start):
-  1. as root, drop to a uid of its own (the host picks an unused one), so every host file is "other" to it
-     and RLIMIT_NPROC counts this worker's processes only;
+  1. as root, drop to a uid of its own (WORKER_UID_BASE + its pid), so every host file is "other" to it
+     and RLIMIT_NPROC holds (set once inside the user namespace, it counts only that namespace's processes);
   2. `unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID)`: a network namespace with a
      down loopback and nothing else; a pid namespace whose init is the REPL (when it dies, the kernel kills
      every process it started, however they detached); a mount namespace in which
@@ -215,6 +215,10 @@ def isolate(settings: dict, channel: "Channel") -> list[str]:
             missing.append(f"dropping capabilities: {error}")
     finally:
         os.close(proc_self)  # a directory fd of the host's /proc would lead back out of the new root
+    # Set inside the new user namespace, the limit counts that namespace's processes only (the kernel
+    # checks the outer levels against the limit the namespace was created under): a host user's own
+    # processes do not use up the worker's.
+    resource.setrlimit(resource.RLIMIT_NPROC, (settings["processes"], settings["processes"]))
     _die_with(libc, settings["parent"])
     os.environ.update(HOME=os.getcwd(), TMPDIR="/tmp" if not missing else os.getcwd())
     return missing
