@@ -176,10 +176,23 @@ def escapes(monkeypatch, tmp_path):
 def test_os_system_subprocess_and_a_subclasses_walk_reach_no_program(escapes):
     walk = ("w = [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == '_wrap_close'][0]\n"
             "print(w.__init__.__globals__['system']('touch TARGET'))")
-    system, spawn, walked = escapes("import os\nprint(os.system('touch TARGET'))",
-                                    "import subprocess\nsubprocess.run(['/bin/sh', '-c', 'touch TARGET'])", walk)
-    assert system.stdout == walked.stdout == "32512\n"  # the shell is not there: exit status 127
-    assert spawn.stderr == "\nFileNotFoundError: [Errno 2] No such file or directory: '/bin/sh'"
+    system, spawn, walked, loader = escapes(
+        "import os\nprint(os.system('touch TARGET'))", "import subprocess\nsubprocess.run(['/bin/sh', '-c', 'touch TARGET'])",
+        walk, "import os\nos.execv('/lib64/ld-linux-x86-64.so.2', ['ld.so', '--version'])")
+    assert system.stdout == walked.stdout == "32512\n"  # the forked shell could not exec: exit status 127
+    assert spawn.stderr == "\nPermissionError: [Errno 1] Operation not permitted: '/bin/sh'"  # seccomp, before lookup
+    assert loader.stderr == "\nPermissionError: [Errno 1] Operation not permitted"  # the loader is there, exec is not
+
+
+def test_native_code_it_writes_cannot_be_loaded(escapes):
+    import ctypes.util
+
+    library = ctypes.util.find_library("m")
+    if library is None:
+        pytest.skip("no libm to copy")
+    copied, = escapes(f"import ctypes, shutil\nshutil.copy('/lib/{os.uname().machine}-linux-gnu/{library}', 'mine.so')\n"
+                      "ctypes.CDLL('/work/mine.so')")
+    assert "failed to map segment from shared object" in copied.stderr  # its tmpfs is noexec
 
 
 def test_no_network_loopback_or_outside(escapes):
