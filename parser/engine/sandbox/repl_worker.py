@@ -38,7 +38,6 @@ import os
 import resource
 import signal
 import sys
-import time
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x20000000, 0x10000000, 0x40000000
 CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x02000000, 0x04000000, 0x08000000
@@ -359,7 +358,6 @@ class Repl:
             self.locals["context"] = self.locals["context_0"]
 
     def execute(self, code: str, hidden: dict | None = None) -> dict:
-        started = time.perf_counter()
         self.final = None
         out, err = Capture(self.keep), Capture(self.keep)
         saved = sys.stdout, sys.stderr
@@ -382,10 +380,8 @@ class Repl:
         if os.getpid() != self.pid:  # a process the cell forked: it must never speak for the REPL
             os._exit(0)
         stderr = (err.getvalue() + error[: self.keep])[: self.keep]
-        usage = resource.getrusage(resource.RUSAGE_SELF)
         return {"stdout": out.getvalue(), "stdout_chars": out.total, "stderr": stderr,
-                "stderr_chars": err.total + len(error), "variables": self.variables(), "final_answer": self.final,
-                "seconds": time.perf_counter() - started, "cpu_s": usage.ru_utime + usage.ru_stime}
+                "stderr_chars": err.total + len(error), "variables": self.variables(), "final_answer": self.final}
 
     def variables(self) -> list[str]:
         names = []
