@@ -131,7 +131,7 @@ class InfMemMethod(SequentialMethod):
     async def plan(self, sample: Sample, chunks: list[str], index: int, state: dict[str, Any]) -> tuple[int, int]:
         """The Retrieval Planner for chunk `index`, then the searches it called (the last one's windows
         are what the write sees), and the early-stop counter."""
-        if state["index"] is None:  # built once a document has a chunk to read
+        if state["index"] is None:  # once per document; the loop's chunks are text, so the ids are encoded again
             state["index"] = Bm25Index.build(self.document_ids(sample.context), self.tokenizer.decode,
                                              chunk_size=self.chunk_size, **self.index_settings)
         question = sample.question.strip()
