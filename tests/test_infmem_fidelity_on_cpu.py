@@ -9,8 +9,10 @@ its missing `envs.BM25_IMPL` set, nltk's download stubbed, qwen-agent 0.0.34), n
 rank-bm25 0.2.2. The episode cases ran their `async_query_llm_multi_turn` whole, with only the
 HTTP session replaced by a scripted `/v1/completions` (the same `script` as below), with
 RECURRENT_CHUNK_SIZE=24, RETRIEVE_CHUNK_SIZE=10, RETRIEVE_CHUNK_OVERLAP=3 on the real Qwen3
-tokenizer (the checkpoint's). Here only the model is faked (`ScriptedModel`, standing in for
-`ucmp137538/infmem-4B` behind `/v1/completions`); tokenizer, chat template, BM25 and the loop are real.
+tokenizer (the checkpoint's). Here only the model is faked: a scripted `/v1/completions` server
+(`CompletionsServer`, reached over HTTP by the project's `HttpBackend`) or, for the cheaper cases,
+`ScriptedModel` at the backend interface, both standing in for `ucmp137538/infmem-4B` served by vLLM;
+tokenizer, chat template, BM25, retries and the loop are real.
 """
 from __future__ import annotations
 
@@ -18,14 +20,16 @@ import asyncio
 import hashlib
 
 import pytest
+from aiohttp import web
 from rank_bm25 import BM25Okapi
 
 from parser.methods import Sample, build_method, method_config
 from parser.methods.infmem import PROMPTS
 from parser.methods.infmem.retrieval import Bm25Index, tokenize_legacy, tokenize_mixed, windows
 from parser.methods.infmem.rules import Plan, clamp_top_k, normalize_query, parse_plan, prediction, stop_count
+from parser.serving.backends.http import HttpBackend
 from parser.serving.backends.models import Models
-from parser.serving.types import BackendError
+from parser.serving.server import ServerHandle, json_response
 from scripted_lead import ScriptedModel  # stands in for the served checkpoint
 
 
@@ -262,34 +266,51 @@ class Sent(ScriptedModel):
         return await super().generate(prompt, sampling, **kwargs)
 
 
-class DownOnce(Sent):
-    """The server answers its first request with a 503, then as `Sent`."""
-
-    def __init__(self, reply):
-        super().__init__(reply)
-        self.failed = False
-
-    async def generate(self, prompt, sampling, **kwargs):
-        if not self.failed:
-            self.failed = True
-            raise BackendError("HTTP 503")
-        return await super().generate(prompt, sampling, **kwargs)
-
-
-def episode(tokenizer, script, stages: int = 2, model_class=Sent, **settings):
-    model = model_class(scripted(script, stages))
+def episode(tokenizer, script, stages: int = 2, **settings):
+    model = Sent(scripted(script, stages))
     method = build_method(method_config("infmem", **SMALL, **settings), Models(lead=model, lead_tokenizer=tokenizer))
     result = asyncio.run(method.run(Sample(id="s", question=QUESTION, answers=["Lisbon"], context=CONTEXT)))
     return result, model
 
 
+class CompletionsServer:
+    """A scripted `/v1/completions` endpoint (standing in for vLLM serving the checkpoint, as their eval
+    talks to it): answers `reply(prompt, i)`, keeps every request body; the first `down` requests
+    get a 503."""
+
+    def __init__(self, reply, down: int = 0):
+        self.reply, self.down, self.bodies = reply, down, []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if self.down:
+            self.down -= 1
+            return json_response({"error": "overloaded"}, 503)
+        self.bodies.append(body)
+        text = self.reply(body["prompt"], len(self.bodies) - 1)
+        return json_response({"choices": [{"index": 0, "text": text, "finish_reason": "stop"}]})
+
+
+def served_episode(tokenizer, variant: str, down: int = 0):
+    server = CompletionsServer(scripted(SCRIPT), down)
+    app = web.Application()
+    app.router.add_post("/v1/completions", server.handle)
+    with ServerHandle(app) as handle:
+        lead = HttpBackend(handle.url, api="completions", model="qwen", server="vllm")
+        method = build_method(method_config("infmem", **SMALL, bm25=variant, retry={"retry_backoff_s": 0.001}),
+                              Models(lead=lead, lead_tokenizer=tokenizer))
+        result = asyncio.run(method.run(Sample(id="s", question=QUESTION, answers=["Lisbon"], context=CONTEXT)))
+    return result, server.bodies
+
+
 @pytest.mark.parametrize("variant", ["enhanced", "legacy"])
 def test_a_scripted_episode_sends_their_prompts_and_stops_where_theirs_does(qwen3_tokenizer, variant):
-    result, model = episode(qwen3_tokenizer, SCRIPT, bm25=variant)
-    sent = [sha(p)[:16] for p in model.prompts]
+    result, bodies = served_episode(qwen3_tokenizer, variant)
+    sent = [sha(b["prompt"])[:16] for b in bodies]
     first_difference = next((i for i, (a, b) in enumerate(zip(sent, THEIR_REQUESTS[variant], strict=False)) if a != b), None)
-    assert first_difference is None, f"request {first_difference} differs:\n{model.prompts[first_difference][-1500:]}"
-    assert len(sent) == len(THEIR_REQUESTS[variant]) and model.sampling == [(1024, 0.0, 1.0)] * len(sent)
+    assert first_difference is None, f"request {first_difference} differs:\n{bodies[first_difference]['prompt'][-1500:]}"
+    assert len(sent) == len(THEIR_REQUESTS[variant])
+    assert {(b["model"], b["max_tokens"], b["temperature"], b["top_p"], b.get("stop")) for b in bodies} == {("qwen", 1024, 0.0, 1.0, None)}
     assert result.answer == "Lisbon"  # their final: "Therefore, the answer is Lisbon."
     trace = result.trace
     assert trace.num_chunks == 8 and trace.extras["stopped_early"] and trace.extras["stopped_at_chunk"] == 6  # their step 7
@@ -327,6 +348,5 @@ def test_thinking_budget_and_off_are_their_two_call_shapes(qwen3_tokenizer):
 def test_a_failed_request_is_retried_not_read_as_an_empty_plan(qwen3_tokenizer):
     """Theirs reads an HTTP error as "" (a plan with no call, or an empty memory); here the request is
     retried (`parser.serving.retry`) and the episode is the one theirs gives when nothing fails."""
-    result, model = episode(qwen3_tokenizer, SCRIPT, model_class=DownOnce, retry={"retry_backoff_s": 0.001})
-    assert model.failed and [sha(p)[:16] for p in model.prompts] == THEIR_REQUESTS["enhanced"]
-    assert result.answer == "Lisbon"
+    result, bodies = served_episode(qwen3_tokenizer, "enhanced", down=1)
+    assert [sha(b["prompt"])[:16] for b in bodies] == THEIR_REQUESTS["enhanced"] and result.answer == "Lisbon"
