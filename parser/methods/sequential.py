@@ -2,9 +2,11 @@
 bounded state; then one call that answers from the state alone.
 
 MemAgent and ReMemR1 (`methods/memagent/`, `methods/rememr1/`) and Chain-of-Agents (`methods/coa/`) are this loop with their own
-prompts and state hooks (`new_state`, `update_prompt`, `absorb`, `final_prompt`). Each call
-depends on the previous one, so the critical path is `chunks + 1` model calls (`steps`): the
-coupling ParSer removes, and what makes these methods sensitive to where evidence sits.
+prompts and state hooks (`new_state`, `update_prompt`, `absorb`, `final_prompt`); InfMem
+(`methods/infmem/`) adds a planning call before each update (`plan`) and may stop reading early
+(`stop_reading`). Each call depends on the previous one, so the critical path is `chunks + 1` model
+calls (`steps`; every call counted, planners' too): the coupling ParSer removes, and what makes
+these methods sensitive to where evidence sits.
 
 The reading order is a config value, `order:` (`parser.engine.ordering`): `document` (every method's
 published behaviour, the default), `dense`, `chow_liu` (the CL paper's CL-order) or `dfs`, from
@@ -135,11 +137,17 @@ class SequentialMethod:
     def chunks(self, context: str) -> list[str]:
         if self.chunking == "paragraphs":
             return [c.text for c in chunk_document(context, self.tokenizer, self.chunk_size)]
+        ids = self.document_ids(context)
+        return [self.tokenizer.decode(ids[i : i + self.chunk_size]) for i in range(0, len(ids), self.chunk_size)]
+
+    def document_ids(self, context: str) -> list[int]:
+        """The token ids `chunking: tokens` cuts into chunks: the stripped document, its head and tail
+        halves kept when longer than `max_context_tokens`."""
         ids = self.tokenizer.encode(context.strip(), add_special_tokens=False)
         if self.max_context_tokens and len(ids) > self.max_context_tokens:
             half = self.max_context_tokens // 2
             ids = ids[:half] + ids[len(ids) - half :]
-        return [self.tokenizer.decode(ids[i : i + self.chunk_size]) for i in range(0, len(ids), self.chunk_size)]
+        return ids
 
     def reading_order(self, question: str, chunks: list[str]) -> list[int]:
         if self.scorer is None:
@@ -194,6 +202,16 @@ class SequentialMethod:
         """What the final call answered from, kept in the trace's `extras` (e.g. `final_memory`)."""
         raise NotImplementedError
 
+    async def plan(self, sample: Sample, chunks: list[str], index: int, state: dict[str, Any]) -> tuple[int, int]:
+        """Calls made before the update of chunk `index` (InfMem's Retrieval Planner), keeping what
+        they found in `state`; returns (calls, output tokens). Default: none."""
+        return 0, 0
+
+    def stop_reading(self, state: dict[str, Any]) -> bool:
+        """Checked after each `plan`: True skips the rest of the document and answers (InfMem's early
+        stop). Default: every chunk is read."""
+        return False
+
     # -- the loop ------------------------------------------------------------------------
     async def run(self, sample: Sample) -> MethodResult:
         started = time.perf_counter()
@@ -203,17 +221,21 @@ class SequentialMethod:
         order = self.reading_order(sample.question, chunks)
         order_s = time.perf_counter() - started
         state = self.new_state()
-        updates, tokens = [], 0
+        updates, tokens, calls = [], 0, 0
         for index in order:
+            planned, n = await self.plan(sample, chunks, index, state)
+            calls, tokens = calls + planned, tokens + n
+            if self.stop_reading(state):
+                break
             reply, n = await self._call(self.update_prompt(sample.question, chunks[index], state), self.update_sampling, sample.id)
-            tokens += n
+            calls, tokens = calls + 1, tokens + n
             updates.append({"chunk": index, "tokens": n, **self.absorb(self.visible(reply), state)})
         reply, n = await self._call(self.final_prompt(sample.question, state), self.final_sampling, sample.id)
         tokens += n
         answer, how = self.extract(reply)
         return MethodResult(
             answer=answer,
-            steps=len(chunks) + 1,
+            steps=calls + 1,  # every call waits for the one before: chunks + 1 without a planner
             wall_s=time.perf_counter() - started,
             lead_output_tokens=tokens,
             trace=SequentialTrace(num_chunks=len(chunks), order=self.order, reading_order=order, order_s=round(order_s, 4),
