@@ -23,7 +23,7 @@ EXTRAS = {
     "verl": "train", "ray": "train", "transfer_queue": "train", "tensordict": "train", "wandb": "train",
     "sglang_router": "gateway",
     "xgrammar": "cpu",
-    "sklearn": "baselines", "wonderwords": "baselines",
+    "sklearn": "baselines", "wonderwords": "baselines", "rank_bm25": "baselines",
     "simpy": "plan", "scipy": "plan",
 }
 
