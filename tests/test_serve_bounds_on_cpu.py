@@ -172,6 +172,36 @@ def test_openai_fields_that_are_not_implemented_are_refused_by_name(server, body
     assert status == 400 and named in out["error"]["message"] and "not implemented" in out["error"]["message"], out
 
 
+@pytest.mark.parametrize("path, body, field", [
+    # stop ids were ignored unread: one past the vocabulary can never be generated (issue 55, item 9)
+    ("/generate", {"text": "x", "sampling_params": {"stop_token_ids": [10**6]}}, "sampling_params.stop_token_ids[0]: token id 1000000 is outside"),
+    ("/generate", {"text": "x", "sampling_params": {"stop_token_ids": [3, -1]}}, "stop_token_ids[1]: token id -1 is outside"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [2**63]}, "/v1/completions.stop_token_ids[0]: token id"),
+    (CHAT, {"messages": USER, "stop_token_ids": [0, 151936]}, "stop_token_ids[1]: token id 151936 is outside the vocabulary"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [True]}, "stop_token_ids: expected a list of integer token ids"),
+    ("/generate", {"text": "x", "sampling_params": {"stop_token_ids": 5}}, "stop_token_ids: expected a list of integer token ids"),
+])
+def test_stop_token_ids_outside_the_vocabulary_are_400s(server, path, body, field):
+    status, out = post(server.url + path, json.dumps(body))
+    assert status == 400 and field in out["error"]["message"], out
+
+
+def test_a_stop_token_id_in_the_vocabulary_ends_generation(server):
+    """Greedy, so the first token is the same both times: given as a stop id, it ends the request at once."""
+    def generate(stop_ids):
+        body = {"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0, "return_token_ids": True, "stop_token_ids": stop_ids}
+        status, out = post(server.url + "/v1/completions", json.dumps(body))
+        return status, out["choices"][0]["token_ids"], out["choices"][0]["finish_reason"]
+
+    status, ids, _ = generate([])
+    assert status == 200 and ids
+    status, stopped, reason = generate([ids[0]])
+    assert status == 200 and reason == "stop" and len(stopped) <= 1, (stopped, reason)
+    sglang = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4, "temperature": 0, "stop_token_ids": [ids[0]]}}
+    status, out = post(server.url + "/generate", json.dumps(sglang))
+    assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "stop" and out["meta_info"]["completion_tokens"] <= 1, out
+
+
 def test_completions_top_k_logprobs_are_refused(server):
     status, out = post(server.url + "/v1/completions", json.dumps({"prompt": "x", "logprobs": 2}))
     assert status == 400 and "logprobs=2: the top-k alternatives are not implemented" in out["error"]["message"]

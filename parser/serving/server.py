@@ -35,8 +35,8 @@ answered. It binds 127.0.0.1 unless `--host` says otherwise, and shuts down grac
 SIGINT/SIGTERM. Streaming, `n > 1` and batched prompts are refused with a 400.
 
 A client error is a 4xx naming the field, never a 500 (which clients and routers retry):
-token ids outside the vocabulary (checked with the body, whatever the request then does),
-`top_p` outside (0, 1], `top_k` 0, a negative temperature, a seed that is not an exact integer
+token ids outside the vocabulary, in the prompt or in `stop_token_ids` (checked with the body,
+whatever the request then does), `top_p` outside (0, 1], `top_k` 0, a negative temperature, a seed that is not an exact integer
 in [-2**63, 2**64) (never rounded), a constraint of the wrong type or nested more than
 `parser.serving.wire.common.MAX_SCHEMA_DEPTH` deep, an empty stop string, unknown roles, messages the
 chat template refuses, a prompt over `context_length` tokens or 16 bytes per token of it. A
