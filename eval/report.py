@@ -98,14 +98,14 @@ def load(run_dirs: Sequence[Path]) -> tuple[list[ResultRow], list[TimingLine]]:
     for d, dir_rows, dir_timings in per_dir:
         relabel, mark = labels.get(d, {}), marks[d]
         for r in dir_rows:
-            r = dataclasses.replace(r, row=relabel.get(r.row, r.row) + mark)
-            key = (r.backbone, r.row, r.concurrency, *r.key)  # one sample timed at two concurrencies is two measurements
+            label = relabel.get(r.row, r.row)  # a partial copy of a run is still the same run: the key has no mark
+            key = (r.backbone, label, r.concurrency, *r.key)  # one sample timed at two concurrencies is two measurements
             if key in seen:
-                raise ValueError(f"sample {r.sample_id!r} ({r.dataset}, L={r.length}, run {r.run}, row {r.row!r}) is in "
+                raise ValueError(f"sample {r.sample_id!r} ({r.dataset}, L={r.length}, run {r.run}, row {label!r}) is in "
                                  f"both {seen[key]} and {d}: a table would count it twice; report one of them, or tell "
                                  "them apart with report.variant")
             seen[key] = d
-            rows.append(r)
+            rows.append(dataclasses.replace(r, row=label + mark))
         timings += [dataclasses.replace(t, row=relabel.get(t.row, t.row) + mark) for t in dir_timings]
     return rows, timings
 

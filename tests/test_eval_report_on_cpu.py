@@ -294,6 +294,7 @@ def test_a_partial_run_is_marked_n_of_N_in_every_table(tmp_path):
     ("duplicate", "a table would count it twice"), ("out_is_a_file", "exists and is not a directory"),
     ("out_under_a_file", "cannot create it"), ("bad_rate", "is outside [0, 1]")])
 def test_the_command_ends_in_one_line_with_exit_2(tmp_path, capsys, case, said):
+    from eval import provenance
     from eval.report import main
 
     runs, out = tmp_path / "runs", tmp_path / "report"
@@ -304,8 +305,9 @@ def test_the_command_ends_in_one_line_with_exit_2(tmp_path, capsys, case, said):
     elif case == "empty":
         (tmp_path / "empty").mkdir()
         args = [str(tmp_path / "empty")]
-    elif case == "duplicate":
+    elif case == "duplicate":  # a partial copy of the run: its label is marked, the sample is still the same
         _run_dir(runs / "copy", [_row(sid="q0")])
+        provenance.close_session(runs / "copy", expected=2)
     elif case in ("out_is_a_file", "out_under_a_file"):
         (tmp_path / "file").write_text("x")
         out = tmp_path / "file" / ("sub" if case == "out_under_a_file" else "")
