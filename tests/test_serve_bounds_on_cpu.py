@@ -124,10 +124,30 @@ def test_the_request_bounds_are_cli_flags():
         assert flag in out
 
 
-@pytest.mark.parametrize("field, value", [("max_stop_strings", 0), ("idle_timeout_s", float("inf")), ("body_timeout_s", -1)])
+@pytest.mark.parametrize("field, value", [("max_stop_strings", 0), ("idle_timeout_s", float("inf")), ("body_timeout_s", -1),
+                                          ("body_timeout_s", float("nan")), ("max_stop_chars", 2.5)])
 def test_a_request_bound_that_cannot_work_is_refused(field, value):
     with pytest.raises(ValueError, match=field):
         ServerLimits(**{field: value})
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--port", "-1"], "argument --port: -1: expected an integer in [0, 65535]"),
+    (["--port", "65536"], "argument --port: 65536: expected an integer in [0, 65535]"),
+    (["--context-length", "0"], "argument --context-length: 0: expected an integer >= 1"),
+    (["--body-timeout-s", "nan"], "argument --body-timeout-s: nan: expected a finite number > 0"),
+    (["--idle-timeout-s", "inf"], "argument --idle-timeout-s: inf: expected a finite number > 0"),
+    (["--max-stop-strings", "-3"], "argument --max-stop-strings: -3: expected an integer >= 1"),
+    (["--max-stop-chars", "1.5"], "argument --max-stop-chars: '1.5' is not an integer"),
+])
+def test_serve_refuses_a_flag_outside_its_domain_before_the_model_loads(argv, said, capsys, monkeypatch):
+    """Issue 55 item 5: `--port -1` failed after the model loaded, `--body-timeout-s nan` with a traceback."""
+    import parser.serving.server as server_module
+
+    monkeypatch.setattr(server_module, "build_backend", lambda *_: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as ended:
+        server_module.main(argv)
+    assert ended.value.code == 2 and said in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- client errors found by probes, and the truth

@@ -125,17 +125,11 @@ def _agrees(found: str, answer: str) -> bool:
 def compose(overrides: Sequence[str]) -> Any:
     """configs/ask.yaml with `overrides`, through Hydra's compose API (positional arguments are
     the file and the questions, so this entry point cannot be a `@hydra.main`). `models=<preset>`
-    is the demo's spelling of `backend@models=<preset>`; both work."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    is the demo's spelling of `backend@models=<preset>`; both work. Checked before anything loads
+    (`parser.base.settings`): a made-up `+key`, a typo, a value outside its domain is a ConfigError."""
+    from parser.base.settings import compose_checked
 
-    overrides = preset_spelling(overrides)
-    try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            return hydra_compose("ask", overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as error:
-        raise ConfigError(str(error).strip()) from None
+    return compose_checked(CONFIG_DIR, "ask", preset_spelling(overrides))
 
 
 def build(cfg: Any) -> tuple[Any, dict[str, Any]]:
