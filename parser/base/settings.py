@@ -142,8 +142,9 @@ def compose_checked(config_dir: str | Path, config_name: str, overrides: Sequenc
         except (HydraException, OmegaConfBaseException):
             section = None
         siblings = {str(k) for k in section.keys()} if hasattr(section, "keys") else set()
-        named = _accepted(section, key.split(".")[:-1])[0] if siblings else set()
-        raise _unknown(key, siblings | named, "no such key in the composed config") from None
+        named, open_ended = _accepted(section, key.split(".")[:-1]) if siblings else (set(), False)
+        why = "no such key in the composed config" + (f" (+{key}=... adds one, if its reader takes it)" if open_ended else "")
+        raise _unknown(key, siblings | named, why) from None
     check_composed(cfg, overrides, config_dir)
     return cfg
 
