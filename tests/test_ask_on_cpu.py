@@ -75,6 +75,8 @@ CHUNK = "Zorvan is a film directed by Miro Tal. It was shot in the winter of 197
     ("directed by Miro Tal", "Tal", True, "quote found in the chunk"),
     ("directed by Miro Tal", "Ta", False, "does not state the answer"),  # a part of a word is not the answer
     ("the lab was founded in 1997", "1997", True, "quote found in the chunk"),
+    ("Zorvan is a film directed by Miro Tal", "Zorvan is a film directed by Miro Tal", True, "quote found"),  # a statement, whole
+    ("the lab", "lab", False, "holds nothing besides the answer"),
     ("founded in 1998", "1998", False, "quote NOT in the chunk"),
     ("", "1997", False, "no quote"),
     ("the winter of 1971", "yes", False, "does not state the answer"),

@@ -9,7 +9,8 @@ chunk and say nothing about the answer. A quote verifies a finding only when
      word boundaries), and
   3. it says something about it: at least `MIN_CONTEXT_WORDS` informative words besides the
      answer's own (an informative word is not in `STOP_WORDS`), so "in 1997" for "1997" is not
-     verification while "founded in 1997" is.
+     verification while "founded in 1997" is; or, for a long answer quoted as it stands, at least
+     `MIN_INFORMATIVE_WORDS` informative words in all (a sentence, not a name or a date).
 
 An answer no passage states ("yes", "no") is never verified by a quote; the check says so rather
 than pass it. Pure functions over text: no model, no I/O.
@@ -23,6 +24,7 @@ import dataclasses
 from parser.text.reward import normalize_answer
 
 MIN_CONTEXT_WORDS = 1  # informative words a verifying quote holds besides the answer's
+MIN_INFORMATIVE_WORDS = 4  # ... or in all, when the answer is itself a statement
 STOP_WORDS = frozenset(
     "a an the and or but of in on at to for from by with as is are was were be been being it its this that these those "
     "he she they we you i his her their our your him them us me my there here then than so not no yes do does did has "
@@ -50,7 +52,8 @@ def check_quote(quote: str, answer: str, chunk_text: str) -> QuoteCheck:
     if not target or f" {target} " not in said:
         return QuoteCheck(True, False, "quote in the chunk, but it does not state the answer: not verification")
     answer_words = set(target.split())
-    context = [word for word in informative_words(quote) if word not in answer_words]
-    if len(context) < MIN_CONTEXT_WORDS:
+    informative = informative_words(quote)
+    context = [word for word in informative if word not in answer_words]
+    if len(context) < MIN_CONTEXT_WORDS and len(informative) < MIN_INFORMATIVE_WORDS:
         return QuoteCheck(True, False, "quote in the chunk, but it holds nothing besides the answer: not verification")
     return QuoteCheck(True, True, "quote found in the chunk")
