@@ -89,7 +89,7 @@ def load(run_dirs: Sequence[Path]) -> tuple[list[ResultRow], list[TimingLine]]:
     share a table row but were computed with other settings (their manifests' `method` and
     `models` sections) become separate rows, labelled with the keys that differ; the same sample
     key in two directories is refused, naming both."""
-    per_dir = [(d, vetted(d, read_results(d)), read_timings(d)) for d in run_dirs]
+    per_dir = [(d, vetted(d, read_results(d)), vetted_timings(d, read_timings(d))) for d in run_dirs]
     labels = _split_labels({d: _settings(d) for d in run_dirs}, {d: rows for d, rows, _ in per_dir})
     marks = {d: partial_mark(d, dir_rows) for d, dir_rows, _ in per_dir}
     rows: list[ResultRow] = []
@@ -117,11 +117,13 @@ def vetted(run_dir: Path, rows: list[ResultRow]) -> list[ResultRow]:
     from the row's prediction and answers, as eval.run scores it, and said once per directory."""
     out, filled = [], collections.Counter()
     for r in rows:
+        where = f"{run_dir / RESULTS}: row {r.sample_id!r} ({r.dataset}, L={r.length}, run {r.run}, row {r.row!r})"
         for name, value in r.scores.items():
             if BY_NAME[name].percent and not 0.0 <= value <= 1.0:
-                raise ValueError(f"{run_dir / RESULTS}: row {r.sample_id!r} ({r.dataset}, L={r.length}, run {r.run}, "
-                                 f"row {r.row!r}): {name} = {value!r} is outside [0, 1], which no rate can be; fix or "
-                                 "remove that line")
+                raise ValueError(f"{where}: {name} = {value!r} is outside [0, 1], which no rate can be; fix or remove that line")
+        for name in ("steps", "wall_s", "lead_output_tokens", "subagent_output_tokens"):  # the latency and token tables'
+            if getattr(r, name) < 0:
+                raise ValueError(f"{where}: {name} = {getattr(r, name)!r} is negative; fix or remove that line")
         missing = [m.name for m in METRICS if m.name not in r.scores]
         if missing:
             rescored = score(r.prediction, r.answers, completion_text(r.trace))
@@ -132,6 +134,15 @@ def vetted(run_dir: Path, rows: list[ResultRow]) -> list[ResultRow]:
         print(f"[report] {run_dir}: " + ", ".join(f"{n} rows had no {name} (null)" for name, n in sorted(filled.items()))
               + "; scored from their prediction and answers")
     return out
+
+
+def vetted_timings(run_dir: Path, timings: list[TimingLine]) -> list[TimingLine]:
+    """A subset pass's wall time and sample count, which the latency table divides: never negative."""
+    for t in timings:
+        if t.wall_s < 0 or t.samples < 0:
+            raise ValueError(f"{run_dir}/timings.jsonl: {t.dataset} L={t.length} run {t.run} session {t.session!r}: "
+                             f"wall_s = {t.wall_s!r}, samples = {t.samples!r}; neither can be negative")
+    return timings
 
 
 def partial_mark(run_dir: Path, rows: Sequence[ResultRow]) -> str:

@@ -265,6 +265,13 @@ def test_a_rate_outside_0_1_is_refused_naming_its_row(tmp_path, scores):
         build_report([tmp_path], tmp_path / "report", viewer=False)
 
 
+@pytest.mark.parametrize("field", ["steps", "wall_s", "lead_output_tokens"])
+def test_a_negative_count_or_time_is_refused_naming_its_row(tmp_path, field):
+    _run_dir(tmp_path / "a", [_row(sid="q0"), _row(sid="q3", **{field: -4})])
+    with pytest.raises(ValueError, match=rf"row 'q3' .*: {field} = -4(\.0)? is negative"):
+        build_report([tmp_path], tmp_path / "report", viewer=False)
+
+
 def test_a_null_metric_is_scored_from_the_prediction(tmp_path, capsys):
     _run_dir(tmp_path / "a", [_row(sid="q0", prediction="Paris", answers=["Paris"]), _row(sid="q1", prediction="Rome", answers=["Paris"])])
     lines = (tmp_path / "a" / RESULTS).read_text().splitlines()
@@ -292,7 +299,7 @@ def test_a_partial_run_is_marked_n_of_N_in_every_table(tmp_path):
 @pytest.mark.parametrize("case, said", [
     ("missing", "no such directory"), ("empty", "no results.jsonl here or below"),
     ("duplicate", "a table would count it twice"), ("out_is_a_file", "exists and is not a directory"),
-    ("out_under_a_file", "cannot create it"), ("bad_rate", "is outside [0, 1]")])
+    ("out_under_a_file", "cannot create it"), ("bad_rate", "is outside [0, 1]"), ("bad_timing", "neither can be negative")])
 def test_the_command_ends_in_one_line_with_exit_2(tmp_path, capsys, case, said):
     from eval import provenance
     from eval.report import main
@@ -313,6 +320,8 @@ def test_the_command_ends_in_one_line_with_exit_2(tmp_path, capsys, case, said):
         out = tmp_path / "file" / ("sub" if case == "out_under_a_file" else "")
     elif case == "bad_rate":
         _run_dir(runs / "b", [dataclasses.replace(_row(sid="q1"), scores={**_row().scores, "sub_em": 3.0})])
+    elif case == "bad_timing":
+        ResultsStore(runs / "a").log_timing(TimingLine(dataset="synthetic", length=50, run=0, samples=1, wall_s=-3.0))
     with pytest.raises(SystemExit) as ended:
         main([*args, "--out", str(out).rstrip("/"), "--no-viewer"])
     err = capsys.readouterr().err
