@@ -1,7 +1,9 @@
 """Settings no run can honour are refused at load, naming the key or the file, with exit 2:
 `concurrency: 0` waited forever, `runs: 0` and an empty dataset file reported "all 0 samples
-done" and exited 0. And the order study records a cell whose folder another process holds and
-goes on with the others.
+done" and exited 0. Every numeric setting has a declared domain (`parser.base.domains`), checked
+where eval, the demo and ask compose their config, before anything loads; a typo says what was
+meant, and a `+key=` adds no key that nothing reads (issue 55 item 5). And the order study records
+a cell whose folder another process holds and goes on with the others.
 
     .venv/bin/pytest tests/test_eval_settings_on_cpu.py -q
 
