@@ -148,6 +148,7 @@ def test_the_composed_run_is_refused_naming_every_bad_value(monkeypatch):
 
 @pytest.mark.parametrize("overrides, said", [
     (["+limt=3"], "unknown setting limt (did you mean limit?); `+` added a key that nothing reads"),
+    (["++limt=3"], "unknown setting limt (did you mean limit?); `+` added a key that nothing reads"),
     (["limt=3"], "unknown setting limt (did you mean limit?); no such key"),
     (["method=longharness_cpu", "+method.state_budget=9"], "method.state_budget (did you mean method.state_token_budget?)"),
     (["+method.episode.chunk_sise=9"], "method.episode.chunk_sise (did you mean method.episode.chunk_size?)"),
@@ -166,8 +167,8 @@ def test_plus_still_adds_a_key_its_reader_takes():
     """`+dataset.options.width` (a free-form section, the order study's own use) and a key a `_target_`
     passes on (`http_backend`'s `**kwargs` to `HttpBackend`) are real additions, not typos."""
     cfg = _eval("dataset=synthetic_position", "+dataset.options.width=20", "backend@models=openai",
-                "+models.subagent.routing_header=X-Key")
-    assert cfg.dataset.options.width == 20 and cfg.models.subagent.routing_header == "X-Key"
+                "+models.subagent.routing_header=X-Key", "++limit=2")  # `++` on a key that is there sets it
+    assert cfg.dataset.options.width == 20 and cfg.models.subagent.routing_header == "X-Key" and cfg.limit == 2
 
 
 def test_the_entry_points_refuse_in_one_line_before_anything_loads(tmp_path, capsys):

@@ -12,7 +12,7 @@ model, a dataset or a worker starts:
     # ConfigError: unknown setting method.chunk_sise (did you mean method.chunk_size?); ...
     precheck(config_dir("eval"), "default", sys.argv[1:], prog="eval.run")   # in a Hydra app's main
 
-A `+key=value` is refused where nothing reads a new key: at the top level of the command's
+A `+key=value` (or a `++key=value` whose key was not there) is refused where nothing reads a new key: at the top level of the command's
 config, in an `episode` section (`EpisodeConfig`'s fields) and in a section whose `_target_`
 takes named arguments only. Elsewhere (a `_target_` passing `**kwargs` on, a free-form section
 such as `dataset.options`) it is refused only when it is a near miss of a key that is there.
@@ -40,6 +40,12 @@ def _node(cfg: Any, path: list[str]) -> Any:
     for part in path:
         cfg = cfg.get(part) if hasattr(cfg, "get") else None
     return cfg
+
+
+def _has(cfg: Any, path: list[str]) -> bool:
+    """Whether the key at `path` is there (its value may be null)."""
+    section = _node(cfg, path[:-1])
+    return hasattr(section, "keys") and path[-1] in section
 
 
 def _accepted(section: Any, path: list[str]) -> tuple[set[str], bool]:
@@ -145,6 +151,10 @@ def compose_checked(config_dir: str | Path, config_name: str, overrides: Sequenc
         named, open_ended = _accepted(section, key.split(".")[:-1]) if siblings else (set(), False)
         why = "no such key in the composed config" + (f" (+{key}=... adds one, if its reader takes it)" if open_ended else "")
         raise _unknown(key, siblings | named, why) from None
+    forced = [o for o in overrides if o.startswith("++")]
+    if forced:  # `++key=` adds when the key is not there: held to the same rule as `+key=`
+        before = composed([o for o in overrides if o not in forced])
+        overrides = [*overrides, *(o[1:] for o in forced if not _has(before, o[2:].split("=", 1)[0].split(".")))]
     check_composed(cfg, overrides, config_dir)
     return cfg
 
