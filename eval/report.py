@@ -12,7 +12,11 @@ Reads every `results.jsonl` / `timings.jsonl` under the given paths (run directo
 
 Nothing is pooled silently: run directories whose rows share a table row but were computed with
 other method or model settings (their manifests) become separate rows labelled with the keys that
-differ, and the same sample in two run directories is refused, naming both.
+differ, and the same sample in two run directories is refused, naming both. No impossible number
+is shown: a rate outside [0, 1] is refused naming its row, a null metric is scored from the row's
+prediction (and said), and a run directory holding fewer samples than its manifest expected is
+labelled `(partial: n of N samples)` in every table it appears in. A missing or empty directory, a
+duplicate sample, a bad row or a bad `--out` ends in one line, exit 2.
 - `latency.{md,csv}`: amortized seconds per sample (subset wall time / subset size, summed over
   runs and resumed sessions) and mean sequential steps, per concurrency (Table 2, Figure 3),
   with baseline/ParSer speedups.
@@ -45,14 +49,16 @@ import dataclasses
 import io
 import json
 import math
+import os
 import re
 import statistics
+import sys
 from operator import methodcaller
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from eval import learning, paper_numbers
-from parser.records.metrics import BY_NAME, PRIMARY, run_averaged
+from parser.records.metrics import BY_NAME, METRICS, PRIMARY, completion_text, run_averaged, score
 from parser.records.metrics import mean as _mean
 from eval.provenance import ManifestDamaged, read_manifest
 from eval.store import RESULTS, read_results, read_timings
@@ -70,12 +76,11 @@ DATASET_TITLES = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2WikiMultiHopQA", 
 def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
     dirs: set[Path] = set()
     for p in map(Path, paths):
-        if (p / RESULTS).exists():
-            dirs.add(p)
-        elif p.is_dir():
-            dirs.update(f.parent for f in p.rglob(RESULTS))
-        else:
-            raise FileNotFoundError(f"{p}: no {RESULTS} here or below; pass an eval run directory")
+        found = [p] if (p / RESULTS).exists() else [f.parent for f in p.rglob(RESULTS)] if p.is_dir() else []
+        if not found:  # a typo, or an empty folder: named, not reported as nothing
+            raise FileNotFoundError(f"{p}: {'no such directory' if not p.exists() else f'no {RESULTS} here or below'}; "
+                                    "pass an eval run directory")
+        dirs.update(found)
     return sorted(dirs)
 
 
@@ -84,24 +89,74 @@ def load(run_dirs: Sequence[Path]) -> tuple[list[ResultRow], list[TimingLine]]:
     share a table row but were computed with other settings (their manifests' `method` and
     `models` sections) become separate rows, labelled with the keys that differ; the same sample
     key in two directories is refused, naming both."""
-    per_dir = [(d, read_results(d), read_timings(d)) for d in run_dirs]
+    per_dir = [(d, vetted(d, read_results(d)), vetted_timings(d, read_timings(d))) for d in run_dirs]
     labels = _split_labels({d: _settings(d) for d in run_dirs}, {d: rows for d, rows, _ in per_dir})
+    marks = {d: partial_mark(d, dir_rows) for d, dir_rows, _ in per_dir}
     rows: list[ResultRow] = []
     timings: list[TimingLine] = []
     seen: dict[tuple, Path] = {}
     for d, dir_rows, dir_timings in per_dir:
-        relabel = labels.get(d, {})
+        relabel, mark = labels.get(d, {}), marks[d]
         for r in dir_rows:
-            r = dataclasses.replace(r, row=relabel.get(r.row, r.row))
-            key = (r.backbone, r.row, r.concurrency, *r.key)  # one sample timed at two concurrencies is two measurements
+            label = relabel.get(r.row, r.row)  # a partial copy of a run is still the same run: the key has no mark
+            key = (r.backbone, label, r.concurrency, *r.key)  # one sample timed at two concurrencies is two measurements
             if key in seen:
-                raise ValueError(f"sample {r.sample_id!r} ({r.dataset}, L={r.length}, run {r.run}, row {r.row!r}) is in "
+                raise ValueError(f"sample {r.sample_id!r} ({r.dataset}, L={r.length}, run {r.run}, row {label!r}) is in "
                                  f"both {seen[key]} and {d}: a table would count it twice; report one of them, or tell "
                                  "them apart with report.variant")
             seen[key] = d
-            rows.append(r)
-        timings += [dataclasses.replace(t, row=relabel.get(t.row, t.row)) for t in dir_timings]
+            rows.append(dataclasses.replace(r, row=label + mark))
+        timings += [dataclasses.replace(t, row=relabel.get(t.row, t.row) + mark) for t in dir_timings]
     return rows, timings
+
+
+def vetted(run_dir: Path, rows: list[ResultRow]) -> list[ResultRow]:
+    """A run directory's rows as the tables may use them. A rate (a metric the report prints as a
+    percentage) outside [0, 1] cannot be: it is refused naming the row, never averaged into a cell.
+    A metric that is null (a row written before the metric existed, or edited) is scored again
+    from the row's prediction and answers, as eval.run scores it, and said once per directory."""
+    out, filled = [], collections.Counter()
+    for r in rows:
+        where = f"{run_dir / RESULTS}: row {r.sample_id!r} ({r.dataset}, L={r.length}, run {r.run}, row {r.row!r})"
+        for name, value in r.scores.items():
+            if BY_NAME[name].percent and not 0.0 <= value <= 1.0:
+                raise ValueError(f"{where}: {name} = {value!r} is outside [0, 1], which no rate can be; fix or remove that line")
+        for name in ("steps", "wall_s", "lead_output_tokens", "subagent_output_tokens"):  # the latency and token tables'
+            if getattr(r, name) < 0:
+                raise ValueError(f"{where}: {name} = {getattr(r, name)!r} is negative; fix or remove that line")
+        missing = [m.name for m in METRICS if m.name not in r.scores]
+        if missing:
+            rescored = score(r.prediction, r.answers, completion_text(r.trace))
+            r = dataclasses.replace(r, scores={**r.scores, **{name: rescored[name] for name in missing}})
+            filled.update(missing)
+        out.append(r)
+    if filled:
+        print(f"[report] {run_dir}: " + ", ".join(f"{n} rows had no {name} (null)" for name, n in sorted(filled.items()))
+              + "; scored from their prediction and answers")
+    return out
+
+
+def vetted_timings(run_dir: Path, timings: list[TimingLine]) -> list[TimingLine]:
+    """A subset pass's wall time and sample count, which the latency table divides: never negative."""
+    for t in timings:
+        if t.wall_s < 0 or t.samples < 0:
+            raise ValueError(f"{run_dir}/timings.jsonl: {t.dataset} L={t.length} run {t.run} session {t.session!r}: "
+                             f"wall_s = {t.wall_s!r}, samples = {t.samples!r}; neither can be negative")
+    return timings
+
+
+def partial_mark(run_dir: Path, rows: Sequence[ResultRow]) -> str:
+    """" (partial: n of N samples)" for a run directory holding fewer rows than its run expected
+    (the manifest's latest `expected`: every dataset x length x run key), appended to the row
+    label so that every table the run appears in says so; "" for a complete run, or one whose
+    manifest does not say."""
+    try:
+        sessions = (read_manifest(run_dir) or {}).get("sessions") or []
+    except ManifestDamaged:  # `_settings` has said so
+        return ""
+    expected = next((s["expected"] for s in reversed(sessions) if isinstance(s.get("expected"), int)), None)
+    done = len({r.key for r in rows})
+    return f" (partial: {done} of {expected} samples)" if expected and done < expected else ""
 
 
 def _settings(run_dir: Path) -> dict[str, str]:
@@ -563,9 +618,8 @@ def _save(fig: Any, path: Path) -> Path:
 
 def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool = False, viewer: bool = True,
                  train_log: str | Path | None = None) -> dict[str, Any]:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     run_dirs = find_run_dirs(paths)
+    out = prepare_out(out)
     rows, timings = load(run_dirs)
     if not rows:
         raise ValueError(f"no result rows under {', '.join(map(str, paths))}")
@@ -674,6 +728,24 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
             "rl": rl, "rows": rows, "train_steps": steps}
 
 
+class ReportError(ValueError):
+    """What `parser report` cannot do, said in one line (exit 2)."""
+
+
+def prepare_out(out: str | Path) -> Path:
+    """`--out`, created if need be and writable, before anything is read into it."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"--out {out}: exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ReportError(f"--out {out}: cannot create it ({error.strerror or error})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ReportError(f"--out {out}: not writable")
+    return out
+
+
 def _join_csv(parts: Sequence[str]) -> str:
     """One CSV: the first part's header, then the bodies (parts with a different header keep theirs)."""
     lines: list[str] = []
@@ -707,8 +779,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if (args.summary or args.require_learning) and not args.train_log:
         ap.error("--summary and --require-learning need --train-log")
-    result = build_report(args.paths, args.out, with_paper=args.paper, viewer=not args.no_viewer,
-                          train_log=args.train_log)
+    try:
+        result = build_report(args.paths, args.out, with_paper=args.paper, viewer=not args.no_viewer,
+                              train_log=args.train_log)
+    except (ValueError, OSError) as error:  # a missing or empty directory, a duplicate run, a bad row or --out
+        print("parser report: error: " + " ".join(str(error).split()), file=sys.stderr)
+        raise SystemExit(2) from None
     print(Path(result["report"]).read_text())
     if args.summary or args.require_learning:
         figures = learning.summary(result["rows"], result["train_steps"])

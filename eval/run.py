@@ -54,6 +54,7 @@ from eval.store import ResultsStore, RunDirLocked, lock_run_dir
 from parser.base import hydra_help
 from parser.engine import progress
 from parser.base.config import ConfigError, check_episode_keys, preset_spelling
+from parser.base.settings import check_composed, precheck
 from parser.methods import Method, MethodResult, Sample, build_method
 from parser.base.resources import config_dir
 from parser.records.result import Key, ResultRow, TimingLine
@@ -235,11 +236,12 @@ class BadSetting(ValueError):
 
 
 def check_settings(cfg: DictConfig) -> None:
-    """`concurrency` and `runs` are integers >= 1."""
-    for key in ("concurrency", "runs"):
-        value = cfg.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise BadSetting(f"{key}={value!r}: expected an integer >= 1")
+    """Every numeric setting of the composed config in its declared domain (`parser.base.domains`:
+    `limit`, `runs`, `concurrency`, `stop_after_failures`, the method's and the models' settings)."""
+    try:
+        check_composed(cfg)
+    except ConfigError as error:
+        raise BadSetting(str(error)) from None
 
 
 def check_subsets(subsets: list[Subset]) -> None:
@@ -344,6 +346,7 @@ def with_search_path(argv: list[str]) -> list[str]:
 def main() -> None:
     hydra_help.register()
     sys.argv = [sys.argv[0], *with_search_path(preset_spelling(sys.argv[1:]))]
+    precheck(CONFIGS / "eval", "default", sys.argv[1:], prog="eval.run")  # a typo or a bad value: one line, nothing loaded
     _main()
 
 

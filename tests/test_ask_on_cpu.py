@@ -9,10 +9,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from parser.cli.ask import evidence_for, main, read_document
+from parser.cli.ask import Reply, evidence_for, main, print_reply, read_document
 from parser.records.trajectory import Finding, QueryRecord, Trajectory, Turn
 from parser.text.chunking import Chunk
 from parser.base.config import ConfigError
+from parser.text.quotes import check_quote
 
 DOCUMENT = """# The Zorvan expedition
 
@@ -59,6 +60,43 @@ def test_evidence_is_the_agreeing_findings_with_each_quote_checked_against_its_c
     assert [(e.chunk_index, e.answer) for e in everything] == [(0, "Miro Tal"), (1, "Miro Tal"), (1, "Ines Varo")]
     assert evidence_for("Miro Tal", Trajectory("who?", "d", 2), chunks) == []
     assert evidence_for("Miro Tal", None, chunks) == []  # a method without an episode has no findings
+
+
+CHUNK = "Zorvan is a film directed by Miro Tal. It was shot in the winter of 1971, in 1997 restored, and the lab was founded in 1997."
+
+
+@pytest.mark.parametrize("quote, answer, verifies, label", [
+    ("a", "Miro Tal", False, "does not state the answer"),
+    ("the", "the lab", False, "does not state the answer"),
+    ("in 1997", "1997", False, "holds nothing besides the answer"),
+    ("1997", "1997", False, "holds nothing besides the answer"),
+    ("Miro Tal", "Miro Tal.", False, "holds nothing besides the answer"),
+    ("It was shot in the winter", "1971", False, "does not state the answer"),
+    ("directed by Miro Tal", "Tal", True, "quote found in the chunk"),
+    ("directed by Miro Tal", "Ta", False, "does not state the answer"),  # a part of a word is not the answer
+    ("the lab was founded in 1997", "1997", True, "quote found in the chunk"),
+    ("Zorvan is a film directed by Miro Tal", "Zorvan is a film directed by Miro Tal", True, "quote found"),  # a statement, whole
+    ("the lab", "lab", False, "holds nothing besides the answer"),
+    ("founded in 1998", "1998", False, "quote NOT in the chunk"),
+    ("", "1997", False, "no quote"),
+    ("the winter of 1971", "yes", False, "does not state the answer"),
+])
+def test_a_quote_verifies_only_when_it_states_the_answer_with_something_about_it(quote, answer, verifies, label):
+    """Issue 55 item 8: "a", "the" or "in 1997" occur in the chunk but verify nothing."""
+    verdict = check_quote(quote, answer, CHUNK)
+    assert verdict.verifies is verifies and label in verdict.label
+    assert verdict.in_chunk is (bool(quote) and quote in CHUNK)
+
+
+def test_the_printed_check_says_found_only_for_verifying_quotes(capsys):
+    chunks = [Chunk(0, CHUNK, (1,), 30)]
+    query = QueryRecord("when?", [Finding("agent_0", 0, "1997", "in 1997", []),
+                                  Finding("agent_0", 0, "1997 restoration", "in 1997 restored", [])], calls=[], observation="")
+    record = Trajectory("when?", "d", 1, turns=[Turn(0, "", "", [query], None, None, 1, "stop", 0.1)])
+    print_reply(Reply("when?", "1997", evidence_for("1997", record, chunks), {}))
+    lines = capsys.readouterr().out.splitlines()
+    assert "[quote in the chunk, but it holds nothing besides the answer: not verification]" in lines[1]
+    assert "does not state the answer" in lines[2] and "quote found" not in "\n".join(lines)
 
 
 def test_the_command_prints_each_round_and_the_answer_and_writes_the_trajectory(tmp_path, capsys):

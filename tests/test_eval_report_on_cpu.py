@@ -7,6 +7,7 @@ are small hand-written rows so each number can be checked by hand.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -251,3 +252,77 @@ def test_identical_accuracy_lines_stay_visible_in_the_figure(tmp_path, monkeypat
     build_report([tmp_path], tmp_path / "report", viewer=False)
     first, second = drawn[:2]
     assert first[0] != second[0] and first[1] != second[1] and first[2] != second[2]
+
+
+# ----------------------------------------------------------------------------- never an impossible number (issue 55 item 7)
+
+@pytest.mark.parametrize("scores", [{"sub_em": 1.7}, {"sub_em": -0.5}, {"em": 2.0}, {"sub_em_compat": 100.0}])
+def test_a_rate_outside_0_1_is_refused_naming_its_row(tmp_path, scores):
+    _run_dir(tmp_path / "a", [_row(sid="q0"), dataclasses.replace(_row(sid="q7"), scores={**_row().scores, **scores})])
+    name, value = next(iter(scores.items()))
+    with pytest.raises(ValueError, match=rf"results.jsonl: row 'q7' \(synthetic, L=50, run 0, row 'ParSer'\): {name} = "
+                                         rf"{value!r} is outside \[0, 1\]"):
+        build_report([tmp_path], tmp_path / "report", viewer=False)
+
+
+@pytest.mark.parametrize("field", ["steps", "wall_s", "lead_output_tokens"])
+def test_a_negative_count_or_time_is_refused_naming_its_row(tmp_path, field):
+    _run_dir(tmp_path / "a", [_row(sid="q0"), _row(sid="q3", **{field: -4})])
+    with pytest.raises(ValueError, match=rf"row 'q3' .*: {field} = -4(\.0)? is negative"):
+        build_report([tmp_path], tmp_path / "report", viewer=False)
+
+
+def test_a_null_metric_is_scored_from_the_prediction(tmp_path, capsys):
+    _run_dir(tmp_path / "a", [_row(sid="q0", prediction="Paris", answers=["Paris"]), _row(sid="q1", prediction="Rome", answers=["Paris"])])
+    lines = (tmp_path / "a" / RESULTS).read_text().splitlines()
+    nulled = [json.dumps({**json.loads(line), "sub_em": None, "em": None}) for line in lines]
+    (tmp_path / "a" / RESULTS).write_text("\n".join(nulled) + "\n")
+    out = build_report([tmp_path], tmp_path / "report", viewer=False)
+    assert out["tables"]["synthetic"]["lines"][0][2] == {50: 50.0}  # "Paris" is right, "Rome" is wrong
+    assert "2 rows had no sub_em (null)" in capsys.readouterr().out
+
+
+def test_a_partial_run_is_marked_n_of_N_in_every_table(tmp_path):
+    from eval import provenance
+
+    rows = [_row(sid=f"q{i}") for i in range(3)]
+    _run_dir(tmp_path / "a", rows)
+    provenance.close_session(tmp_path / "a", written=3, failed=0, expected=8, done=3)
+    store = ResultsStore(tmp_path / "a")
+    store.log_timing(TimingLine(dataset="synthetic", length=50, run=0, condition=None, method="parser", row="ParSer",
+                                backbone="tiny", concurrency=1, samples=3, failed=0, wall_s=3.0, pid=1, session="s", finished="t"))
+    build_report([tmp_path], tmp_path / "report", viewer=False)
+    for name in ("accuracy.md", "accuracy.csv", "accuracy.tex", "latency.md", "latency.csv", "tokens.md", "tokens.csv", "report.md"):
+        assert "ParSer (partial: 3 of 8 samples)" in (tmp_path / "report" / name).read_text(), name
+
+
+@pytest.mark.parametrize("case, said", [
+    ("missing", "no such directory"), ("empty", "no results.jsonl here or below"),
+    ("duplicate", "a table would count it twice"), ("out_is_a_file", "exists and is not a directory"),
+    ("out_under_a_file", "cannot create it"), ("bad_rate", "is outside [0, 1]"), ("bad_timing", "neither can be negative")])
+def test_the_command_ends_in_one_line_with_exit_2(tmp_path, capsys, case, said):
+    from eval import provenance
+    from eval.report import main
+
+    runs, out = tmp_path / "runs", tmp_path / "report"
+    _run_dir(runs / "a", [_row(sid="q0")])
+    args = [str(runs)]
+    if case == "missing":
+        args = [str(tmp_path / "nope")]
+    elif case == "empty":
+        (tmp_path / "empty").mkdir()
+        args = [str(tmp_path / "empty")]
+    elif case == "duplicate":  # a partial copy of the run: its label is marked, the sample is still the same
+        _run_dir(runs / "copy", [_row(sid="q0")])
+        provenance.close_session(runs / "copy", expected=2)
+    elif case in ("out_is_a_file", "out_under_a_file"):
+        (tmp_path / "file").write_text("x")
+        out = tmp_path / "file" / ("sub" if case == "out_under_a_file" else "")
+    elif case == "bad_rate":
+        _run_dir(runs / "b", [dataclasses.replace(_row(sid="q1"), scores={**_row().scores, "sub_em": 3.0})])
+    elif case == "bad_timing":
+        ResultsStore(runs / "a").log_timing(TimingLine(dataset="synthetic", length=50, run=0, samples=1, wall_s=-3.0))
+    with pytest.raises(SystemExit) as ended:
+        main([*args, "--out", str(out).rstrip("/"), "--no-viewer"])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and said in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

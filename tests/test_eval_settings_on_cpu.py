@@ -1,7 +1,9 @@
 """Settings no run can honour are refused at load, naming the key or the file, with exit 2:
 `concurrency: 0` waited forever, `runs: 0` and an empty dataset file reported "all 0 samples
-done" and exited 0. And the order study records a cell whose folder another process holds and
-goes on with the others.
+done" and exited 0. Every numeric setting has a declared domain (`parser.base.domains`), checked
+where eval, the demo and ask compose their config, before anything loads; a typo says what was
+meant, and a `+key=` adds no key that nothing reads (issue 55 item 5). And the order study records
+a cell whose folder another process holds and goes on with the others.
 
     .venv/bin/pytest tests/test_eval_settings_on_cpu.py -q
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +78,114 @@ def test_the_order_study_records_a_locked_cell_and_runs_the_others(tmp_path, cap
     assert status == 1 and "skipped" in out and f"{locked} is in use by another eval.run" in out
     assert not (Path(locked) / RESULTS).exists()
     assert len(list((tmp_path / "study").rglob(RESULTS))) == 1  # the other cell ran
+
+
+# -- every numeric setting has a declared domain, checked where configs are composed (issue 55 item 5) --
+def _eval(*overrides: str):
+    from eval.run import CONFIGS
+    from parser.base.settings import compose_checked
+
+    return compose_checked(CONFIGS / "eval", "tiny_cpu", [f"hydra.searchpath=[file://{CONFIGS}]", *overrides])
+
+
+@pytest.mark.parametrize("key, value, domain", [
+    ("limit", -1, "an integer >= 1, or null"), ("limit", 0, "an integer >= 1, or null"), ("limit", float("nan"), None),
+    ("limit", True, None), ("stop_after_failures", 0, "or null"), ("chunk_size", 2.5, "an integer >= 1"),
+    ("timeout_s", float("inf"), "a finite number > 0"), ("timeout_s", 0, None), ("ready_timeout_s", -1, None),
+    ("state_token_budget", 0, None), ("max_stalls", -2, None), ("length", 0, None), ("workers", -1, "an integer >= 0"),
+    ("port", 70000, "an integer in [0, 65535]"), ("seed", -1, "[0, 4294967295]"), ("lead_top_k", 0, "or -1 (off)"),
+    ("top_p", 0.0, "in (0, 1]"), ("retry_backoff_s", float("nan"), "a finite number >= 0"), ("lengths", [50, 0], "a list of"),
+    ("subagent_temperature", -0.1, None), ("max_quote_chars", "12", None), ("body_timeout_s", float("-inf"), None),
+])
+def test_a_value_outside_its_domain_is_named_with_the_domain(key, value, domain):
+    from parser.base.domains import problem
+
+    said = problem(f"section.{key}", value)
+    assert said is not None and said.startswith(f"section.{key}={value!r}: expected "), said
+    assert domain is None or domain in said
+
+
+@pytest.mark.parametrize("key, value", [("limit", None), ("limit", 3), ("stop_after_failures", None), ("lead_top_k", -1),
+                                        ("workers", 0), ("port", 0), ("timeout_s", 600), ("lengths", None), ("top_p", 1.0),
+                                        ("temperature", 0), ("note_s", 0.0), ("name", "x"), ("max_context_tokens", None)])
+def test_a_value_inside_its_domain_passes(key, value):
+    from parser.base.domains import problem
+
+    assert problem(key, value) is None
+
+
+def test_every_shipped_setting_is_inside_its_domain():
+    """The configs eval, ask, the demo and serve compose: a domain that refused a shipped value would refuse every run."""
+    from omegaconf import OmegaConf
+
+    from eval.run import CONFIGS
+    from parser.base.domains import problems
+
+    files = [CONFIGS / "demo.yaml", CONFIGS / "ask.yaml"] + [
+        p for group in ("eval", "method", "backend", "episode", "sandbox", "embedder", "serve") for p in (CONFIGS / group).rglob("*.yaml")]
+    found = [f"{p}: {x}" for p in files for x in problems(OmegaConf.to_container(OmegaConf.load(p), resolve=False))
+             if "${" not in x]  # an interpolation is checked once composed
+    assert len(files) > 60 and found == []
+
+
+def test_the_composed_run_is_refused_naming_every_bad_value(monkeypatch):
+    """One composition, eight settings outside their domains (eval's, the method's, the episode's,
+    the models'): each named with its value and domain, before anything is built."""
+    import parser.serving.backends.models as models_module
+    from parser.base.config import ConfigError
+
+    monkeypatch.setattr(models_module, "build_models", lambda *_: pytest.fail("models were built"))
+    with pytest.raises(ConfigError) as refused:
+        _eval("method=longharness_cpu", "limit=-1", "stop_after_failures=0", "runs=nan", "method.episode.chunk_size=0",
+              "method.state_token_budget=0", "method.max_update_tokens=inf", "dataset.lengths=[50,-5]",
+              "method.episode.request_timeout_s=-1")
+    said = str(refused.value)
+    for part in ("limit=-1: expected an integer >= 1, or null", "stop_after_failures=0", "runs=nan",
+                 "method.episode.chunk_size=0", "method.state_token_budget=0", "method.max_update_tokens=inf",
+                 "dataset.lengths=[50, -5]: expected a list of integers >= 1", "method.episode.request_timeout_s=-1"):
+        assert part in said, part
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (["+limt=3"], "unknown setting limt (did you mean limit?); `+` added a key that nothing reads"),
+    (["++limt=3"], "unknown setting limt (did you mean limit?); `+` added a key that nothing reads"),
+    (["limt=3"], "unknown setting limt (did you mean limit?); no such key"),
+    (["method=longharness_cpu", "+method.state_budget=9"], "method.state_budget (did you mean method.state_token_budget?)"),
+    (["+method.episode.chunk_sise=9"], "method.episode.chunk_sise (did you mean method.episode.chunk_size?)"),
+    (["+report.varient=x"], "report.varient (did you mean report.variant?)"),
+    (["method=memagent_cpu", "method.chunk_sise=9"], "method.chunk_sise (did you mean method.chunk_size?)"),
+    (["backend@models=openai", "+models.subagent.timeout=9"], "models.subagent.timeout (did you mean models.subagent.timeout_s?)"),
+])
+def test_a_typo_is_refused_with_what_was_meant_and_plus_adds_no_unread_key(overrides, said):
+    from parser.base.config import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        _eval(*overrides)
+
+
+def test_plus_still_adds_a_key_its_reader_takes():
+    """`+dataset.options.width` (a free-form section, the order study's own use) and a key a `_target_`
+    passes on (`http_backend`'s `**kwargs` to `HttpBackend`) are real additions, not typos."""
+    cfg = _eval("dataset=synthetic_position", "+dataset.options.width=20", "backend@models=openai",
+                "+models.subagent.routing_header=X-Key", "++limit=2")  # `++` on a key that is there sets it
+    assert cfg.dataset.options.width == 20 and cfg.models.subagent.routing_header == "X-Key" and cfg.limit == 2
+
+
+def test_the_entry_points_refuse_in_one_line_before_anything_loads(tmp_path, capsys):
+    """The demo's and eval's Hydra apps run the same check first; ask composes through it."""
+    from eval.run import CONFIGS
+    from parser.base.settings import precheck
+    from parser.cli.ask import main as ask
+
+    for config, name, argv, said in ((CONFIGS, "demo", ["models=tiny_cpu", "length=0"], "parser demo: error: length=0"),
+                                     (CONFIGS, "demo", ["workers=-2"], "workers=-2: expected an integer >= 0"),
+                                     (CONFIGS / "eval", "default", ["--config-name", "tiny_cpu", "limit=0",
+                                                                    f"hydra.searchpath=[file://{CONFIGS}]"], "limit=0")):
+        with pytest.raises(SystemExit) as ended:
+            precheck(config, name, argv, prog=f"parser {name}" if name == "demo" else "eval.run")
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+    (tmp_path / "d.md").write_text("Ann built the bridge.")
+    with pytest.raises(SystemExit) as ended:
+        ask([str(tmp_path / "d.md"), "Who?", "models=tiny_cpu", "method=longharness_cpu", "method.max_stalls=0"])
+    assert ended.value.code == 2 and "method.max_stalls=0: expected an integer >= 1" in capsys.readouterr().err

@@ -114,7 +114,8 @@ def test_a_tool_set_of_functions_runs_a_bounded_number_per_turn(qwen3_5_tokenize
     ("max_subagent_requests_per_turn", 0), ("request_timeout_s", 0), ("request_timeout_s", float("inf")),
     ("request_timeout_s", float("nan")), ("lead_top_p", 0.0), ("lead_top_p", 1.5), ("lead_temperature", -1.0),
     ("observation_token_budget", 0), ("max_response_tokens", 0), ("max_concurrency", True), ("max_concurrency", 2.5),
-    ("lead_top_k", 0),
+    ("lead_top_k", 0), ("chunk_size", 0), ("chunk_size", -512), ("chunk_size", 2.5), ("retry_backoff_s", float("nan")),
+    ("subagent_max_tokens", 0), ("subagent_temperature", float("inf")),
 ])
 def test_a_bound_that_cannot_work_is_refused_at_config_time(field, value):
     with pytest.raises(ValueError, match=f"episode.{field}"):
@@ -122,5 +123,5 @@ def test_a_bound_that_cannot_work_is_refused_at_config_time(field, value):
 
 
 def test_a_preset_override_that_would_hang_is_refused_naming_the_field():
-    with pytest.raises(ValueError, match="episode.max_concurrency must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match="episode.max_concurrency=0: expected an integer >= 1"):
         episode_preset("eval", max_concurrency=0)

@@ -124,10 +124,30 @@ def test_the_request_bounds_are_cli_flags():
         assert flag in out
 
 
-@pytest.mark.parametrize("field, value", [("max_stop_strings", 0), ("idle_timeout_s", float("inf")), ("body_timeout_s", -1)])
+@pytest.mark.parametrize("field, value", [("max_stop_strings", 0), ("idle_timeout_s", float("inf")), ("body_timeout_s", -1),
+                                          ("body_timeout_s", float("nan")), ("max_stop_chars", 2.5)])
 def test_a_request_bound_that_cannot_work_is_refused(field, value):
     with pytest.raises(ValueError, match=field):
         ServerLimits(**{field: value})
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--port", "-1"], "argument --port: -1: expected an integer in [0, 65535]"),
+    (["--port", "65536"], "argument --port: 65536: expected an integer in [0, 65535]"),
+    (["--context-length", "0"], "argument --context-length: 0: expected an integer >= 1"),
+    (["--body-timeout-s", "nan"], "argument --body-timeout-s: nan: expected a finite number > 0"),
+    (["--idle-timeout-s", "inf"], "argument --idle-timeout-s: inf: expected a finite number > 0"),
+    (["--max-stop-strings", "-3"], "argument --max-stop-strings: -3: expected an integer >= 1"),
+    (["--max-stop-chars", "1.5"], "argument --max-stop-chars: '1.5' is not an integer"),
+])
+def test_serve_refuses_a_flag_outside_its_domain_before_the_model_loads(argv, said, capsys, monkeypatch):
+    """Issue 55 item 5: `--port -1` failed after the model loaded, `--body-timeout-s nan` with a traceback."""
+    import parser.serving.server as server_module
+
+    monkeypatch.setattr(server_module, "build_backend", lambda *_: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as ended:
+        server_module.main(argv)
+    assert ended.value.code == 2 and said in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- client errors found by probes, and the truth
@@ -170,6 +190,36 @@ def test_openai_fields_that_are_not_implemented_are_refused_by_name(server, body
     """They were silently ignored: the answer looked as if the server had honoured them."""
     status, out = post(server.url + CHAT, json.dumps(body))
     assert status == 400 and named in out["error"]["message"] and "not implemented" in out["error"]["message"], out
+
+
+@pytest.mark.parametrize("path, body, field", [
+    # stop ids were ignored unread: one past the vocabulary can never be generated (issue 55, item 9)
+    ("/generate", {"text": "x", "sampling_params": {"stop_token_ids": [10**6]}}, "sampling_params.stop_token_ids[0]: token id 1000000 is outside"),
+    ("/generate", {"text": "x", "sampling_params": {"stop_token_ids": [3, -1]}}, "stop_token_ids[1]: token id -1 is outside"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [2**63]}, "/v1/completions.stop_token_ids[0]: token id"),
+    (CHAT, {"messages": USER, "stop_token_ids": [0, 151936]}, "stop_token_ids[1]: token id 151936 is outside the vocabulary"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [True]}, "stop_token_ids: expected a list of integer token ids"),
+    ("/generate", {"text": "x", "sampling_params": {"stop_token_ids": 5}}, "stop_token_ids: expected a list of integer token ids"),
+])
+def test_stop_token_ids_outside_the_vocabulary_are_400s(server, path, body, field):
+    status, out = post(server.url + path, json.dumps(body))
+    assert status == 400 and field in out["error"]["message"], out
+
+
+def test_a_stop_token_id_in_the_vocabulary_ends_generation(server):
+    """Greedy, so the first token is the same both times: given as a stop id, it ends the request at once."""
+    def generate(stop_ids):
+        body = {"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0, "return_token_ids": True, "stop_token_ids": stop_ids}
+        status, out = post(server.url + "/v1/completions", json.dumps(body))
+        return status, out["choices"][0]["token_ids"], out["choices"][0]["finish_reason"]
+
+    status, ids, _ = generate([])
+    assert status == 200 and ids
+    status, stopped, reason = generate([ids[0]])
+    assert status == 200 and reason == "stop" and len(stopped) <= 1, (stopped, reason)
+    sglang = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4, "temperature": 0, "stop_token_ids": [ids[0]]}}
+    status, out = post(server.url + "/generate", json.dumps(sglang))
+    assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "stop" and out["meta_info"]["completion_tokens"] <= 1, out
 
 
 def test_completions_top_k_logprobs_are_refused(server):

@@ -22,9 +22,9 @@ Their `turn_rules:` section is not the engine's: it goes to the baseline's tool 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping
 
+from parser.base.domains import problem
 from parser.base.resources import config_dir
 
 CONFIGS = config_dir()
@@ -80,35 +80,13 @@ class EpisodeConfig:
                              "query (it is the last) nor answer (no query yet)")
 
     def _check_bounds(self) -> None:
-        """Refuse, naming the field, a bound that cannot work: `max_concurrency: 0` made every
-        episode wait for ever on its first subagent request."""
-        def whole(name: str, least: int = 1, optional: bool = False) -> None:
-            value = getattr(self, name)
-            if optional and value is None:
-                return
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"episode.{name} must be an integer >= {least}{' or null' if optional else ''}, got {value!r}")
-
-        for name in ("max_turns", "max_tokens_per_turn", "subagent_max_tokens", "observation_token_budget", "max_concurrency",
-                     "max_attempts", "max_tool_calls_per_turn", "max_subagent_requests_per_turn"):
-            whole(name)
-        whole("max_response_tokens", optional=True)
-
-        def number(name: str, low: float, high: float = math.inf, *, above: bool = False) -> None:
-            value = getattr(self, name)
-            fine = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                    and (value > low if above else value >= low) and value <= high)
-            if not fine:
-                span = f"{'>' if above else '>='} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
-                raise ValueError(f"episode.{name} must be a finite number {span}, got {value!r}")
-
-        number("request_timeout_s", 0, above=True)
-        number("retry_backoff_s", 0)
-        number("lead_temperature", 0)
-        number("subagent_temperature", 0)
-        number("lead_top_p", 0, 1, above=True)
-        if self.lead_top_k != -1 and (isinstance(self.lead_top_k, bool) or not isinstance(self.lead_top_k, int) or self.lead_top_k < 1):
-            raise ValueError(f"episode.lead_top_k must be -1 (off) or an integer >= 1, got {self.lead_top_k!r}")
+        """Refuse, naming the field, a value outside its setting's domain (`parser.base.domains`):
+        `max_concurrency: 0` made every episode wait for ever on its first subagent request,
+        `chunk_size: 0` never ended the chunker, a NaN timeout never fired."""
+        for field in dataclasses.fields(self):
+            said = problem(f"episode.{field.name}", getattr(self, field.name))
+            if said:
+                raise ValueError(said)
 
     def constraints(self) -> list[str]:
         """The constrained-decoding options that are on (recorded in trajectories and manifests)."""

@@ -15,7 +15,9 @@ The file is read as the method's document: text or Markdown as it is (plain text
 string, or an object's `text`, `content` or `context`), rendered as numbered documents. Settings
 are Hydra overrides (`key=value`) of `configs/ask.yaml`, the same presets eval.run composes. Each
 round is printed as it ends; then the answer and the findings it rests on: the chunk each came
-from and its quote, checked verbatim against that chunk's text.
+from and its quote, checked verbatim against that chunk's text; "quote found in the chunk" is
+printed only for a quote that also states the answer with something said about it
+(`parser.text.quotes`), never for "the" or "in 1997".
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import orjson
 
 from parser.engine import progress
 from parser.text.chunking import Chunk, render_paragraphs
+from parser.text.quotes import check_quote
 from parser.base.config import ConfigError, check_episode_keys, preset_spelling
 from parser.base.resources import config_dir
 from parser.records.trace import Trace
@@ -44,14 +47,17 @@ OVERRIDE = re.compile(r"^[+~]?[A-Za-z_][\w@./-]*=")  # `key=value` (a question h
 
 @dataclasses.dataclass
 class Evidence:
-    """One finding the answer rests on: the chunk it came from, its quote, and whether the quote
-    occurs verbatim in that chunk (a reader may paraphrase or invent; this says which)."""
+    """One finding the answer rests on: the chunk it came from, its quote, whether the quote occurs
+    verbatim in that chunk (a reader may paraphrase or invent; this says which) and whether it
+    verifies the finding's answer (`parser.text.quotes`: "in 1997" or "the" does not)."""
 
     chunk_index: int
     agent: str
     answer: str
     quote: str
     in_chunk: bool
+    verifies: bool
+    check: str  # what is printed beside it (`parser.text.quotes.check_quote`)
 
 
 @dataclasses.dataclass
@@ -107,7 +113,8 @@ def evidence_for(answer: str | None, trace: Trace | None, chunks: Sequence[Chunk
                 continue
             seen.add(key)
             quote = finding.evidence or ""
-            out.append(Evidence(index, agent, finding.answer, quote, bool(quote) and quote in texts.get(index, "")))
+            verdict = check_quote(quote, finding.answer, texts.get(index, ""))
+            out.append(Evidence(index, agent, finding.answer, quote, verdict.in_chunk, verdict.verifies, verdict.label))
     return out
 
 
@@ -118,17 +125,11 @@ def _agrees(found: str, answer: str) -> bool:
 def compose(overrides: Sequence[str]) -> Any:
     """configs/ask.yaml with `overrides`, through Hydra's compose API (positional arguments are
     the file and the questions, so this entry point cannot be a `@hydra.main`). `models=<preset>`
-    is the demo's spelling of `backend@models=<preset>`; both work."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    is the demo's spelling of `backend@models=<preset>`; both work. Checked before anything loads
+    (`parser.base.settings`): a made-up `+key`, a typo, a value outside its domain is a ConfigError."""
+    from parser.base.settings import compose_checked
 
-    overrides = preset_spelling(overrides)
-    try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            return hydra_compose("ask", overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as error:
-        raise ConfigError(str(error).strip()) from None
+    return compose_checked(CONFIG_DIR, "ask", preset_spelling(overrides))
 
 
 def build(cfg: Any) -> tuple[Any, dict[str, Any]]:
@@ -182,8 +183,7 @@ async def ask_async(document: str, questions: Iterable[str], cfg: Any, echo: boo
 def print_reply(reply: Reply) -> None:
     print(f"answer: {reply.answer!r}" if reply.answer else "answer: none (the lead did not answer within its turns)", flush=True)
     for item in reply.evidence:
-        check = "quote found in the chunk" if item.in_chunk else ("quote NOT in the chunk" if item.quote else "no quote")
-        print(f"  chunk {item.chunk_index} ({item.agent}): {item.answer!r}  \"{item.quote[:160]}\"  [{check}]", flush=True)
+        print(f"  chunk {item.chunk_index} ({item.agent}): {item.answer!r}  \"{item.quote[:160]}\"  [{item.check}]", flush=True)
 
 
 def ask(path: str | Path, questions: str | Sequence[str], echo: bool = False, **settings: Any) -> list[Reply]:

@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from data_prep.synthetic_world import build_synthetic_eval
 from parser.serving.backends import in_process
 from parser.serving.backends.models import build_models
 from parser.base.config import check_episode_keys, episode_preset
+from parser.base.settings import precheck
 from parser.base import hydra_help
 from parser.engine import progress
 from parser.serving.gateway import ProcessGroup, worker_launches
@@ -175,8 +177,14 @@ def start_subagent_workers(models_cfg: dict[str, Any], num: int, log_dir: Path) 
 hydra_help.register()
 
 
+def main() -> None:
+    """`parser demo`: the settings checked (a typo, a value outside its domain: one line, exit 2), then the demo."""
+    precheck(CONFIG_DIR, "demo", sys.argv[1:], prog="parser demo")
+    _main()
+
+
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="demo")
-def main(cfg: DictConfig) -> None:
+def _main(cfg: DictConfig) -> None:
     done = asyncio.run(run_demo(cfg, Path(HydraConfig.get().runtime.output_dir) / "workers"))
     output = Path(hydra.utils.get_original_cwd()) / cfg.output
     output.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row, _ in done))

@@ -35,8 +35,8 @@ answered. It binds 127.0.0.1 unless `--host` says otherwise, and shuts down grac
 SIGINT/SIGTERM. Streaming, `n > 1` and batched prompts are refused with a 400.
 
 A client error is a 4xx naming the field, never a 500 (which clients and routers retry):
-token ids outside the vocabulary (checked with the body, whatever the request then does),
-`top_p` outside (0, 1], `top_k` 0, a negative temperature, a seed that is not an exact integer
+token ids outside the vocabulary, in the prompt or in `stop_token_ids` (checked with the body,
+whatever the request then does), `top_p` outside (0, 1], `top_k` 0, a negative temperature, a seed that is not an exact integer
 in [-2**63, 2**64) (never rounded), a constraint of the wrong type or nested more than
 `parser.serving.wire.common.MAX_SCHEMA_DEPTH` deep, an empty stop string, unknown roles, messages the
 chat template refuses, a prompt over `context_length` tokens or 16 bytes per token of it. A
@@ -72,6 +72,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from parser.base.domains import argparse_type, problem
 from parser.serving.backends import TRANSFORMERS, build_backend
 from parser.serving.types import ROUTING_HEADER, Backend, BackendError, Completion, SamplingParams
 from parser.serving.wire.common import Bounds, ErrorBody, ModelCard, ModelList, describe
@@ -93,10 +94,10 @@ class ServerLimits:
     max_stop_chars: int = 256  # per stop string
 
     def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-                raise ValueError(f"parser.serving.server: {field.name} must be a positive finite number, got {value!r}")
+        for field in dataclasses.fields(self):  # each a declared domain (parser.base.domains)
+            said = problem(field.name, getattr(self, field.name))
+            if said:
+                raise ValueError(f"parser.serving.server: {said}")
 
 
 def error_response(message: str, status: int, kind: str | None = None, param: str | None = None) -> web.Response:
@@ -517,12 +518,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="tiny-qwen3.5",
                     help="tiny-qwen3.5 | tiny-qwen3 | smollm2 | a Hugging Face path")
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    ap.add_argument("--port", type=int, default=30000)
+    # every number is held to its declared domain (parser.base.domains) as it is parsed: a value
+    # outside it is argparse's one-line error, exit 2, before the model loads
+    ap.add_argument("--port", type=argparse_type("port", int), default=30000)
     ap.add_argument("--worker-id", default=None, help="sent back as X-Worker-Id (default host:port)")
-    ap.add_argument("--context-length", type=int, default=None,
+    ap.add_argument("--context-length", type=argparse_type("context_length", int), default=None,
                     help="tokens a request may span (default: the model's max_position_embeddings; never more)")
     for field in dataclasses.fields(ServerLimits):  # the request bounds, e.g. --max-stop-strings 32
-        ap.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
+        ap.add_argument(f"--{field.name.replace('_', '-')}", type=argparse_type(field.name, type(field.default)),
+                        default=field.default)
     args = ap.parse_args(argv)
     limits = ServerLimits(**{field.name: getattr(args, field.name) for field in dataclasses.fields(ServerLimits)})
 

@@ -30,6 +30,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # generation ends on any of these ids, as on EOS (SGLang's and vLLM's field)
     seed: int | None = None
     return_logprobs: bool = False
     # Constrained decoding, at most one of the two: a JSON schema (as a JSON string) or a regular

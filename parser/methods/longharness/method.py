@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 from parser.serving.backends.models import Models
 from parser.base.config import EpisodeConfig
+from parser.base.domains import problems
 from parser.engine.sandbox.tools import Sandbox, SandboxLimits, SandboxTools, materialize_corpus
 from parser.engine.sandbox.process import ProcessSlots
 from parser.engine.episode import EpisodeEngine
@@ -54,9 +55,12 @@ class LongHarnessMethod:
                  constrain: bool = True, layout: str = "paragraphs", workdir: str | None = None):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"longharness: acquisition must be one of {ACQUISITIONS}, got {acquisition!r}")
-        if min(state_token_budget, max_update_tokens, max_evidence_per_query, max_queries_per_round) < 1:
-            raise ValueError("longharness: state_token_budget, max_update_tokens, max_evidence_per_query and "
-                             "max_queries_per_round must be >= 1")
+        refused = problems({"state_token_budget": state_token_budget, "max_update_tokens": max_update_tokens,
+                            "max_stalls": max_stalls, "max_conclusions": max_conclusions, "max_quote_chars": max_quote_chars,
+                            "max_evidence_per_query": max_evidence_per_query, "max_queries_per_round": max_queries_per_round},
+                           "longharness")
+        if refused:  # the declared domains (parser.base.domains); eval, ask and the demo refuse these before loading
+            raise ValueError("; ".join(refused))
         self.models, self.acquisition = models, acquisition
         # one update is one engine turn: its token budget is the turn's
         self.config = EpisodeConfig(**{**(episode or {}), "max_tokens_per_turn": max_update_tokens})

@@ -23,6 +23,7 @@ Rules (docs/longharness.md marks which come from the abstract and which are this
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Any, Callable, Mapping
 
@@ -32,6 +33,21 @@ RESOLVED = ("supported", "revised")
 CLOSED = ("refuted", "unresolved")
 CONCLUSION_STATUSES = ("open", *RESOLVED, *CLOSED)
 _SPACE = re.compile(r"\s+")
+
+
+# line breaks a JSON string literal leaves raw (ensure_ascii=False) but a reader may still break a line at
+_LINE_BREAKS = {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def shown(text: str) -> str:
+    """Text from outside the state (a quote, a finding, a statement or query the lead copied from one)
+    as the state shows it: one JSON string literal, so a newline, a quote mark or a line separator in
+    it is escaped and a document line such as `C1 [supported] (the question): ...` stays inside the
+    quotes of the item it belongs to; it can never read as a state line of its own."""
+    literal = json.dumps(text, ensure_ascii=False)
+    for char, escape in _LINE_BREAKS.items():
+        literal = literal.replace(char, escape)
+    return literal
 
 
 def normalized(text: str) -> str:
@@ -262,26 +278,27 @@ class HarnessState:
         return [item for rank in ranks for item in rank]
 
     def render(self, hidden: set[str] = frozenset(), rounds_left: int = 0, final: bool = False) -> str:
-        """The state as the lead reads it, without the `hidden` items (say how many)."""
+        """The state as the lead reads it, without the `hidden` items (say how many). One line per
+        item; every text from outside the state is a quoted literal (`shown`)."""
         lines = ["Conclusions:"]
         for c in self.conclusions.values():
             if c.id in hidden:
                 continue
             tag = " (the question)" if c.id == QUESTION else ""
-            line = f"{c.id} [{c.status}]{tag}: {c.statement}"
+            line = f"{c.id} [{c.status}]{tag}: {shown(c.statement)}"
             if c.evidence:
                 line += f" | evidence: {', '.join(c.evidence)}"
             if c.status == "open":
-                line += f" | needs: {c.needs or '?'} | stalls: {c.stalls}/{self.max_stalls}"
+                line += f" | needs: {shown(c.needs) if c.needs else '?'} | stalls: {c.stalls}/{self.max_stalls}"
             lines.append(line)
         current = [e for e in self.evidence.values() if e.status == "current" and e.id not in hidden]
         retired = [e for e in self.evidence.values() if e.status != "current" and e.id not in hidden]
         lines.append("Evidence:" if current else "Evidence: none yet")
         for e in current:
-            lines.append(f'{e.id} [{e.source}] "{e.quote}" (query "{e.query}" for {e.conclusion}, round {e.round + 1})')
+            lines.append(f"{e.id} [{e.source}] {shown(e.quote)} (query {shown(e.query)} for {e.conclusion}, round {e.round + 1})")
         for e in retired:
             by = f" by {e.superseded_by}" if e.superseded_by else ""
-            lines.append(f"{e.id} [{e.status}{by}]" + (f": {e.reason}" if e.reason else ""))
+            lines.append(f"{e.id} [{e.status}{by}]" + (f": {shown(e.reason)}" if e.reason else ""))
         if hidden:
             lines.append(f"Not shown (state budget): {', '.join(sorted(hidden, key=_id_order))}")
         opened = self.open_ids()

@@ -103,7 +103,7 @@ class HarnessTurns:
 
     def read(self, text: str, thinking_open: bool) -> LeadAction:
         """The reply as one update, applied; its answer (cited, or kept uncited on a final turn) or its queries."""
-        update, problems = read_update(text, thinking_open=thinking_open, constrained=self.constrain)
+        update, problems = read_update(text, thinking_open=thinking_open, constrained=self.constrain, max_queries=self.max_queries)
         applied = self._apply(update) if update is not None else {"invalid": True}
         self.round.update(problems=problems, applied=applied)
         thinking = "" if self.constrain else split_thinking(text, opened=thinking_open)[0]

@@ -4,7 +4,10 @@ the lenient reading of what the lead wrote into one typed `Update`.
 The schema constrains decoding where the backend can (`SamplingParams.json_schema`: SGLang,
 vLLM, the in-process xgrammar masks); with `constrain: false`, or a reply cut at its token limit,
 the same reader takes what it can (`parser.text.lenient_json`) and drops malformed entries one by one,
-counting them, so one bad field never loses the rest of the turn.
+counting them, so one bad field never loses the rest of the turn. The schema's bounds govern
+every update, decoded under it or not: a string past its `maxLength` is cut there and a list
+past its `maxItems` loses its tail, each said in the problems (`within_schema`). So no update
+can grow a conclusion, the question's own C1 included, past what the state budget was sized for.
 
     schema = update_schema(max_queries=2)     # schema.json with the turn's query bound
     schema = update_schema(2, ["C1", "C2"], ["C1"], ["E1"])   # ... and the ids of this turn's state
@@ -82,6 +85,26 @@ def update_schema(max_queries: int, conclusions: list[str] | None = None, open_i
     return schema
 
 
+def within_schema(value: Any, schema: dict[str, Any], where: str, problems: list[str]) -> Any:
+    """`value` cut to the schema's `maxLength` and `maxItems`, through `properties` and `items`;
+    each cut is named in `problems`. Types are not checked here (`read_update` drops bad entries)."""
+    if isinstance(value, str) and "maxLength" in schema and len(value) > schema["maxLength"]:
+        problems.append(f"{where} cut to {schema['maxLength']} characters (from {len(value)})")
+        return value[: schema["maxLength"]]
+    if isinstance(value, list):
+        most = schema.get("maxItems")
+        if most is not None and len(value) > most:
+            problems.append(f"{where}: {len(value) - most} entries past the schema's {most} dropped")
+            value = value[:most]
+        items = schema.get("items") or {}
+        return [within_schema(v, items, f"{where}[{i}]", problems) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        return {k: within_schema(v, props[k], f"{where}.{k}" if where else k, problems) if k in props else v
+                for k, v in value.items()}
+    return value
+
+
 @dataclasses.dataclass
 class Update:
     conclusions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -107,10 +130,12 @@ def _entries(value: dict[str, Any], key: str, problems: list[str]) -> list[Any]:
     return []
 
 
-def read_update(text: str, thinking_open: bool = False, constrained: bool = False) -> tuple[Update | None, list[str]]:
+def read_update(text: str, thinking_open: bool = False, constrained: bool = False,
+                max_queries: int | None = None) -> tuple[Update | None, list[str]]:
     """(the update, problems). None when no JSON object can be read at all (an invalid turn).
     `constrained`: decoded under the schema, the whole reply is the update (a `</think>` inside
-    one of its strings is text, not the end of a thinking block)."""
+    one of its strings is text, not the end of a thinking block). `max_queries`: the turn's query
+    bound (else schema.json's); every other bound is schema.json's."""
     body = text if constrained else split_thinking(text, opened=thinking_open)[1]
     start = body.find("{")
     if start < 0:
@@ -121,6 +146,10 @@ def read_update(text: str, thinking_open: bool = False, constrained: bool = Fals
     if not isinstance(value, dict):
         return None, [f"the reply is not a JSON object ({problem or type(value).__name__})"]
     update, problems = Update(), [problem] if problem else []
+    schema = update_schema(max_queries) if max_queries is not None else _schema()
+    if isinstance(value.get("answer"), str):  # the bare-string form of {"text": ...}
+        value = {**value, "answer": {"text": value["answer"], "evidence": []}}
+    value = within_schema(value, schema, "", problems)
     for entry in _entries(value, "conclusions", problems):
         statement = _text(entry.get("statement")) if isinstance(entry, dict) else None
         if statement is None:
@@ -144,6 +173,4 @@ def read_update(text: str, thinking_open: bool = False, constrained: bool = Fals
     answer = value.get("answer")
     if isinstance(answer, dict):
         update.answer, update.answer_evidence = _text(answer.get("text")) or "", _ids(answer.get("evidence"))
-    elif isinstance(answer, str):
-        update.answer = answer.strip()
     return update, problems

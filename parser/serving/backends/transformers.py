@@ -483,7 +483,7 @@ class TransformersBackend:
         r.logprobs.append(logprob)
         if r.matcher is not None:
             r.matcher.accept(token)
-        if token in self.eos_ids:
+        if token in self.eos_ids or token in s.stop_token_ids:
             r.finish = "stop"
         elif s.stop and (hit := _find_stop(decoded := self._text(r.out), s.stop)) is not None:
             r.finish, r.text = "stop", decoded[:hit]

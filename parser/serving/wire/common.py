@@ -165,6 +165,17 @@ Prompt = Annotated[str | list[int], BeforeValidator(_one_prompt), AfterValidator
 TokenIds = Annotated[list[int], BeforeValidator(_one_prompt), AfterValidator(_ids_in_vocab)]
 
 
+def _stop_ids(value: Any, info: ValidationInfo) -> tuple[int, ...]:
+    """SGLang's and vLLM's `stop_token_ids`: a list of integer ids, each in the vocabulary (an id past it
+    can never be generated, so the request would run to its token limit while the client waits for a stop)."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise refuse("expected a list of integer token ids, got {value}", value=str(value)[:80])
+    return tuple(_ids_in_vocab(list(value), info))
+
+
+StopTokenIds = Annotated[tuple[int, ...], BeforeValidator(lambda v, info: () if v is None else _stop_ids(v, info))]
+
+
 # ---------------------------------------------------------------------- constraints
 def _depth(value: Any) -> int:
     deepest, stack = 0, [(value, 1)]

@@ -18,8 +18,8 @@ import orjson
 from pydantic import Field, model_validator
 
 from parser.serving.types import BackendError, Completion, SamplingParams
-from parser.serving.wire.common import (Count, JsonSchema, Seed, Stop, Temperature, TopK, TopP, Usage, WireModel, greedy,
-                                one_constraint, refuse)
+from parser.serving.wire.common import (Count, JsonSchema, Seed, Stop, StopTokenIds, Temperature, TopK, TopP, Usage, WireModel,
+                                greedy, one_constraint, refuse)
 
 Server = Literal["sglang", "vllm", "generic"]
 ANY_JSON_OBJECT = '{"type": "object"}'  # response_format json_object: what vLLM's JSON grammar accepts
@@ -62,6 +62,7 @@ class OpenAIRequest(WireModel):
     top_p: TopP = 1.0
     top_k: TopK = -1  # SGLang/vLLM extension to the OpenAI schema
     stop: Stop = ()
+    stop_token_ids: StopTokenIds = ()  # SGLang/vLLM extension: generation ends on any of these ids
     seed: Seed = None
     n: int = 1
     stream: bool = False
@@ -104,7 +105,8 @@ class OpenAIRequest(WireModel):
 
     def sampling(self, max_new_tokens: int, logprobs: bool) -> SamplingParams:
         return SamplingParams(max_new_tokens=max_new_tokens, temperature=greedy(self.temperature), top_p=self.top_p,
-                              top_k=self.top_k, stop=self.stop, seed=self.seed, return_logprobs=logprobs,
+                              top_k=self.top_k, stop=self.stop, stop_token_ids=self.stop_token_ids, seed=self.seed,
+                              return_logprobs=logprobs,
                               **self.constraint())
 
     @classmethod
@@ -115,6 +117,8 @@ class OpenAIRequest(WireModel):
             fields["top_k"] = s.top_k
         if s.stop:
             fields["stop"] = tuple(s.stop)
+        if s.stop_token_ids:
+            fields["stop_token_ids"] = tuple(s.stop_token_ids)
         if s.seed is not None:
             fields["seed"] = s.seed
         if server == "vllm":

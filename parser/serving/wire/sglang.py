@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from parser.serving.types import BackendError, Completion, SamplingParams
-from parser.serving.wire.common import (Count, JsonSchema, Prompt, Seed, Stop, Temperature, TokenIds, TopK, TopP, WireModel,
-                                greedy, one_constraint, refuse)
+from parser.serving.wire.common import (Count, JsonSchema, Prompt, Seed, Stop, StopTokenIds, Temperature, TokenIds, TopK, TopP,
+                                WireModel, greedy, one_constraint, refuse)
 
 DEFAULT_MAX = 128  # SGLang's max_new_tokens when a request gives none
 Triple = tuple[float | None, int, Any]  # (logprob, token id, token text or None)
@@ -28,6 +28,7 @@ class SglangSampling(WireModel):
     top_p: TopP = 1.0
     top_k: TopK = -1
     stop: Stop = ()
+    stop_token_ids: StopTokenIds = ()
     sampling_seed: Seed = None
     json_schema: JsonSchema = None
     regex: str | None = None
@@ -73,7 +74,7 @@ class GenerateRequest(WireModel):
     def params(self) -> SamplingParams:
         sp = self.sampling_params
         return SamplingParams(max_new_tokens=sp.max_new_tokens, temperature=greedy(sp.temperature), top_p=sp.top_p,
-                              top_k=sp.top_k, stop=sp.stop, seed=sp.sampling_seed, return_logprobs=self.return_logprob,
+                              top_k=sp.top_k, stop=sp.stop, stop_token_ids=sp.stop_token_ids, seed=sp.sampling_seed, return_logprobs=self.return_logprob,
                               **one_constraint(sp.json_schema, sp.regex))
 
     @classmethod
@@ -83,6 +84,8 @@ class GenerateRequest(WireModel):
                                   "top_p": s.top_p, "top_k": s.top_k if s.top_k and s.top_k > 0 else -1}
         if s.stop:
             params["stop"] = tuple(s.stop)
+        if s.stop_token_ids:
+            params["stop_token_ids"] = tuple(s.stop_token_ids)
         if s.seed is not None:
             params["sampling_seed"] = s.seed
         if s.constraint is not None:
