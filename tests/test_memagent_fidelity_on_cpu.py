@@ -220,6 +220,21 @@ def test_budgets_are_their_run_scripts():
     assert not (memagent.lenient_extraction or memagent.keep_memory_on_empty or memagent.drop_thinking)
 
 
+@pytest.mark.parametrize("method", ["memagent", "rememr1"])
+def test_a_long_document_keeps_their_head_and_tail_for_odd_and_even_caps(tiny_tokenizer, method):
+    """M memory_eval/utils/recurrent.py and R memory_eval/utils/rememr1.py `async_query_llm`:
+    `input_ids[:max_len//2] + input_ids[-max_len//2:]`. On ids 0..9 theirs keep, for L = 5, 4, 7, 1:
+    [0, 1, 7, 8, 9], [0, 1, 8, 9], [0, 1, 2, 6, 7, 8, 9], [9] (`-L//2` is -ceil(L/2): L tokens, the
+    odd one in the tail). Before issue 56 an odd L kept L - 1."""
+    reader = built(method, Models(lead=ScriptedModel(lambda p, i: ""), lead_tokenizer=tiny_tokenizer), chunk_size=1)
+    context = " ".join(f"w{i}" for i in range(40))
+    ids = tiny_tokenizer.encode(context, add_special_tokens=False)
+    for cap, theirs in [(5, [0, 1, 7, 8, 9]), (4, [0, 1, 8, 9]), (7, [0, 1, 2, 6, 7, 8, 9]), (1, [9])]:
+        reader.max_context_tokens = cap
+        kept = [ids[p] if p < cap // 2 else ids[len(ids) - 10 + p] for p in theirs]  # their 0..9 on our longer ids
+        assert reader.chunks(context) == [tiny_tokenizer.decode([i]) for i in kept], cap
+
+
 def test_the_lenient_extraction_is_an_option(tiny_tokenizer):
     result, _ = read("memagent", lambda p, i: "m" if "<section>" in p else "It was Quouv", tiny_tokenizer)
     assert result.answer is None

@@ -11,7 +11,8 @@ published behaviour, the default), `dense`, `chow_liu` (the CL paper's CL-order)
 the scores of `scorer:` (`parser.engine.scorers`: the embedder, or BM25), computed from the question and
 the chunks before the first call. Chunks are fixed token windows (`chunking: tokens`) or
 ParSer's paragraph packing (`chunking: paragraphs`); a document longer than
-`max_context_tokens` keeps its head and tail halves (MemAgent's reference truncation).
+`max_context_tokens` L keeps its first L//2 tokens and its last L - L//2 (MemAgent's and ReMemR1's
+`input_ids[:max_len//2] + input_ids[-max_len//2:]`: L tokens, the odd one in the tail).
 
     parser eval method=memagent method.order=chow_liu     # MemAgent (CL-order)
     parser eval method=coa_cl                             # CoA (CL-order)
@@ -137,8 +138,8 @@ class SequentialMethod:
             return [c.text for c in chunk_document(context, self.tokenizer, self.chunk_size)]
         ids = self.tokenizer.encode(context.strip(), add_special_tokens=False)
         if self.max_context_tokens and len(ids) > self.max_context_tokens:
-            half = self.max_context_tokens // 2
-            ids = ids[:half] + ids[len(ids) - half :]
+            head = self.max_context_tokens // 2  # theirs: ids[:L//2] + ids[-L//2:], -L//2 = -ceil(L/2)
+            ids = ids[:head] + ids[len(ids) - (self.max_context_tokens - head) :]
         return [self.tokenizer.decode(ids[i : i + self.chunk_size]) for i in range(0, len(ids), self.chunk_size)]
 
     def reading_order(self, question: str, chunks: list[str]) -> list[int]:

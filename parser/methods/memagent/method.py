@@ -9,7 +9,7 @@ step-count test checks this).
 By default it behaves as its authors' evaluation code (`rules.py` beside this file, each rule's
 source in docs/fidelity.md): the prompts byte for byte (`prompts/v1/memagent_*.txt`: trailing
 newline kept, question stripped), chunks of fixed token windows (`chunking: tokens`, 5,000 tokens;
-a document longer than `max_context_tokens` keeps its head and tail halves), the memory becomes the
+a document longer than `max_context_tokens` L keeps its first L//2 and last L - L//2 tokens), the memory becomes the
 reply as it is (even empty), and the answer extracted as their run scripts score it: the
 "recurrent" mode (`answer_mode: recurrent`: "Therefore, the answer is ..."). The project's
 improvements are named options, off by default: `lenient_extraction` (boxed, else "the answer
