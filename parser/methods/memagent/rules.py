@@ -16,46 +16,13 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from parser.text.memagent_scoring import authors_boxed, math_string
 from parser.text.reward import normalize_answer
 
 THINK_END = "</think>"
 ANSWER_IS = "the answer is"  # case-sensitive, as theirs: "The answer is" is not found
 _DEEPSEEK_MARKERS = ("<｜Assistant｜>", "<｜end▁of▁sentence｜>")  # removed from a recurrent answer, as theirs
 ANSWER_MODES = ("recurrent", "boxed")
-
-
-def authors_boxed(text: str) -> str | None:
-    r"""The boxed answer as MemAgent's and ReMemR1's scorers read it (`last_boxed_only_string` then
-    `remove_boxed`): if `\boxed ` (with a space) occurs anywhere, what follows its last occurrence up
-    to the next `$`; else the last `\boxed`, its braces counted from there, content unstripped. None
-    when there is none, when its braces never close, or for a lone `\fbox` (their `assert` fails:
-    the eval run stops, the RL reward catches it as 0)."""
-    if "\\boxed " in text:
-        return text.split("\\boxed ")[-1].split("$")[0]
-    start = text.rfind("\\boxed")
-    if start < 0:
-        return None
-    depth = 0
-    for i in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if text[i] == "}" and depth == 0:
-            found = text[start : i + 1]
-            return found[len("\\boxed{") : -1] if found.startswith("\\boxed{") else None
-    return None
-
-
-_MATH_STRING_RULES = (("\n", ""), ("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac"), ("\\left", ""),
-                      ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""), ("\\$", ""), ("\\%", ""), (" .", " 0."),
-                      ("{.", "{0."))
-
-
-def math_string(text: str) -> str:
-    """MemAgent's HotpotQA reward normaliser (verl/utils/reward_score/hotpotqa.py `strip_string`): the
-    replacements of `_MATH_STRING_RULES` in order, then every space removed. No article or
-    punctuation rule: "Paris." and "paris" differ."""
-    for old, new in _MATH_STRING_RULES:
-        text = text.replace(old, new)
-    return text.replace(" ", "")
 
 
 def memagent_rl_reward(reply: str, golds: str | Iterable[str]) -> float:
