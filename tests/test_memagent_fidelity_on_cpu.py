@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from data_prep.knowledge_filter import PROMPT_TEMPLATE
+from data_prep.knowledge_filter import PROMPT_TEMPLATE, is_correct
 from parser.serving.backends.models import Models
 from parser.methods import Sample, method_class, method_config
 from parser.methods.coa import PROMPTS as COA_PROMPTS
@@ -261,6 +261,31 @@ def test_memagent_rl_reward_is_theirs():
     ]
     for reply, golds, theirs in cases:
         assert memagent_rl_reward(reply, golds) == theirs, (reply, golds)
+
+
+# 6a. the closed-book data filter ------------------------------------------------------------------
+# (reply, golds, theirs): M taskutils/memory_data/filter.py, a reply counts when `scores` (its
+# hotpotqa_verifier.py `compute_score`, max over golds) or `contains` (`gt.lower() in r.lower()`) is true.
+FILTER_VERDICTS = [
+    ("\\boxed{1000}", ["1,000"], False),                     # no article/punctuation normaliser (ours said True)
+    ("The answer is \\boxed{Beatles}", ["the Beatles"], False),  # (ours said True)
+    ("I think \\boxed{new  york}", ["New York"], True),         # math-string drops spaces
+    ("I have no idea.", ["a"], True),                           # "a" occurs in "idea" (ours said False)
+    ("I do not know.", [""], True),                             # an empty gold is in every reply (ours said False)
+    ("\\boxed{ROME}", ["Paris", "rome"], True),
+    ("\\fbox{Rome}", ["Rome!"], False),                        # their remove_boxed assert, caught as 0
+    ("\\boxed{Rome}" + "x" * 300, ["Rome."], False),           # the boxed answer is outside the last 300 characters
+    ("It is probably eiffel tower, built 1889", ["Eiffel Tower"], True),
+]
+
+
+def test_the_knowledge_filter_verdict_is_memagents():
+    """Issue 56: 49 of 500 verdicts differed (ours normalised articles and punctuation, and refused
+    empty golds). Named difference kept: a `<think>` block is not read (theirs would count
+    "<think>Maybe Paris.</think> \\boxed{Rome}" as knowing "Paris"; their Qwen2.5 never thinks)."""
+    for reply, golds, theirs in FILTER_VERDICTS:
+        assert is_correct(reply, golds) is theirs, (reply, golds)
+    assert not is_correct("<think>Maybe Paris.</think> \\boxed{Rome}", ["Paris"])
 
 
 # 6. data under compat=true -----------------------------------------------------------------------

@@ -44,3 +44,11 @@ def math_string(text: str) -> str:
     for old, new in _MATH_STRING_RULES:
         text = text.replace(old, new)
     return text.replace(" ", "")
+
+
+def boxed_matches(reply: str, gold: str) -> bool:
+    """MemAgent's `compute_score(reply, gold) == 1` (its RL reward and its data filter's "boxed"
+    check): the boxed answer (`authors_boxed`) of the reply's last 300 characters, lowercased,
+    equals the lowercased gold under `math_string`. An empty gold matches an empty boxed answer."""
+    boxed = authors_boxed(reply[-300:].lower())
+    return boxed is not None and math_string(boxed) == math_string(gold.lower())

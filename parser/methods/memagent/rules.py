@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from parser.text.memagent_scoring import authors_boxed, math_string
+from parser.text.memagent_scoring import authors_boxed, boxed_matches
 from parser.text.reward import normalize_answer
 
 THINK_END = "</think>"
@@ -30,12 +30,8 @@ def memagent_rl_reward(reply: str, golds: str | Iterable[str]) -> float:
     reply, lowercased; its boxed answer (`authors_boxed`); 1.0 if `math_string` of it equals
     `math_string` of a lowercased gold, else 0.0 (no boxed answer: 0.0). A gold that normalizes
     to "" never scores (as everywhere here)."""
-    boxed = authors_boxed(reply[-300:].lower())
-    if boxed is None:
-        return 0.0
-    answer = math_string(boxed)
     raw = [golds] if isinstance(golds, str) else [str(g) for g in golds]
-    return float(any(normalize_answer(g) and answer == math_string(g.lower()) for g in raw))
+    return float(any(normalize_answer(g) and boxed_matches(reply, g) for g in raw))
 
 
 def after_thinking(text: str) -> str:
