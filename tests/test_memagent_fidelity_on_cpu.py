@@ -152,6 +152,27 @@ def test_rememr1_recall_answers_top1_even_without_overlap(tiny_tokenizer):
     assert recall.top1("q", [""]) is None  # no vocabulary: their retriever returns None
 
 
+def test_rememr1_recall_ties_can_be_broken_as_theirs(tiny_tokenizer):
+    """R tf_idf_retriever.py `retrieve` over `list(history_memory)` (rememr1.py: a `set` the memories
+    are `add`ed to): `np.argsort(cosine_similarity(...))[::-1][:1]`, numpy's default sort. Run at R
+    with this tokenizer on a list: `top1_retrieve("harbour", ["a harbour", "b harbour", "c harbour",
+    "d harbour", "lake north"])` is "d harbour" and on the reversed list "a harbour" (four equal
+    cosines, 0.7356...; the last in the list's order wins). The list is the set's iteration order,
+    which follows this process's hash seed: restated here by adding the memories to a set."""
+    tied = ["a harbour", "b harbour", "c harbour", "d harbour"]
+    theirs = TfidfRecall(tiny_tokenizer, ties="authors")
+    for shift in range(4):  # four insertion orders
+        memories = tied[shift:] + tied[:shift] + ["lake north"]
+        history: set[str] = set()
+        for memory in memories:
+            history.add(memory)
+        assert theirs.top1("harbour", memories) == [m for m in history if m in tied][-1]
+        assert TfidfRecall(tiny_tokenizer).top1("harbour", memories) == memories[3]  # default: the latest
+    assert theirs.top1("Quouv", ["Quouv was born in Criamorburg", "The lake is north of the harbour"]) == \
+        "Quouv was born in Criamorburg"  # no tie: the best, as by default
+    assert OmegaConf.load(ROOT / "configs/method/rememr1.yaml").recall_ties == "latest"
+
+
 def test_rememr1_update_order_is_a_choice(tiny_tokenizer):
     """R rememr1.py `async_query_llm` (eval): the memory joins the set, then the recall is answered;
     R recurrent/impls/memory_revisit.py `update` (training): the recall is answered from the
