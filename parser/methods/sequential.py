@@ -169,7 +169,7 @@ class SequentialMethod:
         return reply
 
     def untrusted(self, text: str) -> str:
-        """Model-written text on its way into the next prompt: never control tokens there."""
+        """A document, question or model-written text on its way into a prompt: never control tokens there."""
         return CHATML.neutralize(text, self.tokenizer)
 
     def extract(self, reply: str) -> tuple[str | None, str]:
@@ -198,8 +198,7 @@ class SequentialMethod:
     # -- the loop ------------------------------------------------------------------------
     async def run(self, sample: Sample) -> MethodResult:
         started = time.perf_counter()
-        sample = dataclasses.replace(sample, context=CHATML.neutralize(sample.context, self.tokenizer),
-                                     question=CHATML.neutralize(sample.question, self.tokenizer))
+        sample = dataclasses.replace(sample, context=self.untrusted(sample.context), question=self.untrusted(sample.question))
         chunks = self.chunks(sample.context)
         order = self.reading_order(sample.question, chunks)
         order_s = time.perf_counter() - started
