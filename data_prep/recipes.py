@@ -25,7 +25,7 @@ from parser.base.instantiate import locate, with_target
 from data_prep.files import write_card
 from parser.records.jsonl import atomic_path, read_records, write_records
 from data_prep.packing import build_grid
-from data_prep.records import Corpus, DataError, Question
+from data_prep.records import Corpus, DataError, Question, scorable
 from data_prep.sources import load_2wiki, load_hotpotqa, read_2wiki, read_hotpotqa
 from data_prep.verl_parquet import AGENT_NAME, write_rl_parquet
 
@@ -202,6 +202,9 @@ def train_set(*, source: dict[str, Any], out_dir: str, name: str = "train", leng
     questions, corpus, provenance = load_source(**source, compat=compat)
     dataset = questions[0].dataset if questions else "empty"
     counts: dict[str, Any] = {"source_questions": len(questions)}
+    if compat:  # a gold that normalizes to "" can never be rewarded (MemAgent's filter drops it too: "" is in every reply)
+        questions = [q for q in questions if all(scorable(a) for a in q.answers)]
+        counts["unscorable_dropped"] = counts["source_questions"] - len(questions)
     if judge is not None:
         questions = _apply_filter(questions, Path(out_dir) / f"{name}.filter.jsonl", knowledge_filter, counts, *judge)
     questions = questions[:keep] if keep else questions

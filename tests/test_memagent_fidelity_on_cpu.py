@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -363,3 +364,43 @@ def test_compat_keeps_a_repeated_paragraph_and_every_supporting_fact():
     assert len(row["gold_paragraph_ids"]) == 2
     plain = read_2wiki(rows)[0][0]
     assert plain.paragraphs.count("A\nA text.") == 1 and plain.support == ()
+
+
+# (prediction, gold, their sub_em, their em): M taskutils/memory_eval/utils/__init__.py
+# `sub_exact_match_score`, `exact_match_score` run on each pair; `update_answer` is behind `if item["pred"] else 0`.
+EMPTY_GOLD_SCORES = [("anything", "the", 1.0, 0.0), ("a", "the", 1.0, 1.0), ("x", "the", 1.0, 0.0),
+                     ("Paris", "?", 1.0, 0.0), ("...", "", 1.0, 1.0), (None, "the", 0.0, 0.0)]
+
+
+def test_compat_keeps_a_gold_that_normalizes_to_nothing_and_scores_it_as_theirs(tmp_path):
+    """Their readers keep a gold such as "The" (normalized: ""), and their scorer gives every
+    non-empty prediction Sub_EM 1 on it. With compat the project keeps it from the source file to
+    eval's reader (the row's `meta.compat`), and `sub_em_compat` / `em_compat` score it as theirs;
+    by default data prep refuses it and `sub_em` never scores it (free accuracy)."""
+    from data_prep.packing import build_grid
+    from data_prep.records import DataError
+    from data_prep.sources import read_eval_file, read_hotpotqa
+    from parser.records.jsonl import write_records
+    from parser.records.metrics import score
+    from parser.records.sample import Record
+
+    rows = [{**_hotpot_row(name, [f"{name}1", f"{name}2"], [f"{name}1"]), "answer": answer}
+            for name, answer in (("a", "The"), ("b", "x"), ("c", "y"))]
+    with pytest.raises(DataError, match=r"record 0: answer\[0\] = 'The' normalizes to nothing"):
+        read_hotpotqa(rows)
+    questions, corpus = read_hotpotqa(rows, compat=True)
+    written = build_grid(questions, corpus, [4], seed=0, compat=True)[4]
+    back = read_eval_file(write_records(tmp_path / "eval_4.json", written))
+    assert back[0]["answers"] == ["The"] and Record.from_dict(back[0]).compat
+    for pred, gold, sub_em_theirs, em_theirs in EMPTY_GOLD_SCORES:
+        scores = score(pred, [gold])
+        assert (scores["sub_em_compat"], scores["em_compat"]) == (sub_em_theirs, em_theirs), (pred, gold)
+        assert scores["sub_em"] == scores["em"] == 0.0
+    # a training set cannot reward such a gold (MemAgent's filter drops it too: "" is in every reply)
+    from data_prep.recipes import train_set
+    from data_prep.verl_parquet import read_rl_parquet
+
+    path = train_set(source={"name": "hotpotqa", "path": str(write_records(tmp_path / "src.jsonl", rows))},
+                     out_dir=str(tmp_path), length=4, keep=None, compat=True)
+    assert len(read_rl_parquet(path)) == 2
+    assert json.loads(Path(f"{path}.card.json").read_text())["counts"]["unscorable_dropped"] == 1
