@@ -3,9 +3,12 @@
 A training question the policy can answer from memory teaches it nothing about reading. As in
 MemAgent (``taskutils/memory_data/filter.py``) and the paper (Appendix C.1: Qwen3.5-9B,
 non-thinking, Best-of-3), each question is asked with no context, k samples are drawn, and the
-question is dropped if *any* sample is correct under the rule verifier: the last
-``\\boxed{...}`` matches a gold answer (`parser.text.reward.exact_match`), or a normalized gold
-answer appears in the response (MemAgent's "contains" check).
+question is dropped if *any* sample is correct under MemAgent's two checks (`filter.py` `scores`
+and `contains`, BytedTsinghua-SIA/MemAgent @ 76b7a65; `is_correct`): the boxed answer of the
+reply's last 300 characters equals a gold under its math-string normaliser
+(`hotpotqa_verifier.compute_score`, `parser.text.memagent_scoring.boxed_matches`), or a gold,
+lowercased, occurs in the lowercased reply. One difference: a ``<think>`` block is not read
+(their Qwen2.5 models never think; a thinking model's plan would otherwise count as an answer).
 
 Runs through any `parser.serving.backends` Backend (SGLang over HTTP, sglang.Engine, transformers),
 with asyncio concurrency; every request follows `parser.serving.retry` (timeouts and retryable server
@@ -30,7 +33,7 @@ from data_prep.packing import derived_seed
 from parser.serving.types import Backend, SamplingParams
 from parser.text.chat_format import CHATML
 from parser.serving.retry import RetryPolicy
-from parser.text.reward import exact_match, normalize_answer
+from parser.text.memagent_scoring import boxed_matches
 
 # MemAgent's filter prompt: the bare question plus a boxed-answer instruction.
 PROMPT_TEMPLATE = "{question}\nYour final answer in \\boxed{{}}.\n"  # its final newline too
@@ -40,30 +43,14 @@ _THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
 DEFAULT_RETRY = RetryPolicy(max_attempts=3, backoff_s=1.0, timeout_s=600.0, max_backoff_s=10.0)
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (nested braces allowed), or None."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 0, start + len("\\boxed{") - 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j]
-    return None
-
-
 def is_correct(response: str, golds: Sequence[str]) -> bool:
-    """MemAgent's rule verifier: boxed answer equals a gold, or a gold occurs in the response."""
+    """MemAgent's verdict on one closed-book reply (`filter.py`: `max(compute_score(r, gt) for gt
+    in gts)` or `max(gt.lower() in r.lower() for gt in gts)`), on the text outside `<think>` blocks.
+    No normaliser beyond lowercasing: "Eiffel Tower." boxed does not match gold "Eiffel Tower"
+    (math-string keeps the dot), and an empty gold is in every reply."""
     text = _THINK.sub("", response)
-    boxed = last_boxed(text)
-    if boxed is not None and exact_match(boxed, golds):
-        return True
-    norm = normalize_answer(text)
-    return any((g := normalize_answer(gold)) and g in norm for gold in golds)
+    lowered = text.lower()
+    return any(boxed_matches(text, gold) or gold.lower() in lowered for gold in map(str, golds))
 
 
 def render_prompt(tokenizer: Any, question: str, enable_thinking: bool = False) -> str:

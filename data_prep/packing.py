@@ -146,6 +146,7 @@ def record_from_layout(question: Question, corpus: Corpus, order: Sequence[int],
               **evidence_meta(gold_positions, logical_positions),
               # 2Wiki's (subject, relation, object) triples: the chain a correct answer follows
               **({"evidences": [list(t) for t in question.evidences]} if question.evidences else {}),
+              **({"compat": True} if question.compat else {}),  # read as the authors do: a "" gold is kept
               **(meta or {})},
         source=f"{question.dataset} question {question.id!r}",
     ).to_dict()

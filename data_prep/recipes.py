@@ -25,7 +25,7 @@ from parser.base.instantiate import locate, with_target
 from data_prep.files import write_card
 from parser.records.jsonl import atomic_path, read_records, write_records
 from data_prep.packing import build_grid
-from data_prep.records import Corpus, DataError, Question
+from data_prep.records import Corpus, DataError, Question, scorable
 from data_prep.sources import load_2wiki, load_hotpotqa, read_2wiki, read_hotpotqa
 from data_prep.verl_parquet import AGENT_NAME, write_rl_parquet
 
@@ -143,12 +143,13 @@ def _token_counts(rows: list[dict[str, Any]], tokenizer: Any) -> list[int] | Non
 
 def _write_eval(out_dir: Path, name: str, rows: list[dict[str, Any]], *, recipe: str, config: dict[str, Any],
                 source: dict[str, Any], tokenizer: Any = None, tokenizer_name: str | None = None,
-                parquet: bool = False, data_source: str = "") -> Path:
+                parquet: bool = False, data_source: str = "", filter_counts: Mapping[str, Any] | None = None) -> Path:
     if not rows:
         raise DataError(f"{out_dir / name}: nothing to write (num_questions={config.get('num_questions')!r} selected no question)")
     path = write_records(out_dir / f"{name}.json", rows)
     counts = {"rows": len(rows), "questions": len({r["meta"]["question_id"] for r in rows}),
-              "paragraphs": sum(r["num_docs"] for r in rows), "chars": sum(len(r["context"]) for r in rows)}
+              "paragraphs": sum(r["num_docs"] for r in rows), "chars": sum(len(r["context"]) for r in rows),
+              **(filter_counts or {})}
     write_card(path, recipe=recipe, config=config, counts=counts, source=source,
                token_counts=_token_counts(rows, tokenizer), tokenizer=tokenizer_name)
     if parquet:
@@ -167,11 +168,15 @@ def eval_grid(*, source: dict[str, Any], out_dir: str, lengths: Sequence[int], n
     `knowledge_filter.max_questions` questions are asked closed-book and those a model answers are
     dropped before selection: MemAgent's eval selection is `max_questions: 200`, `select_mode:
     first`, `num_questions: 128` (its `filter.py`, `filter2.py` `process("hotpotqa_dev", 128)`)."""
+    filtering = bool(knowledge_filter and knowledge_filter.get("enabled", True))
+    judge = _filter_backend(knowledge_filter) if filtering else None  # before the source: no server fails in seconds
     questions, corpus, provenance = load_source(**source, compat=compat)
-    if knowledge_filter and knowledge_filter.get("enabled", True):
-        questions = _apply_filter(questions, Path(out_dir) / "eval.filter.jsonl", knowledge_filter, {})
+    counts: dict[str, Any] = {}
+    if judge is not None:
+        counts["source_questions"] = len(questions)
+        questions = _apply_filter(questions, Path(out_dir) / "eval.filter.jsonl", knowledge_filter, counts, *judge)
         if not questions:
-            raise DataError(f"eval_grid {out_dir}: the knowledge filter dropped every question")
+            raise DataError(f"eval_grid {out_dir}: the knowledge filter dropped all {counts['filter_asked']} questions it asked")
     config = {"lengths": list(lengths), "num_questions": num_questions, "seed": seed, "compat": compat,
               "select_mode": select_mode, "same_questions": same_questions, "knowledge_filter": knowledge_filter}
     out: dict[int, Path] = {}
@@ -181,7 +186,7 @@ def eval_grid(*, source: dict[str, Any], out_dir: str, lengths: Sequence[int], n
         rows = build_grid(chosen, corpus, [length], seed=seed, compat=compat, workers=workers)[length]
         out[length] = _write_eval(Path(out_dir), f"eval_{length}", rows, recipe=f"eval_grid/{dataset}", config=config,
                                   source=provenance, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
-                                  parquet=parquet, data_source=dataset)
+                                  parquet=parquet, data_source=dataset, filter_counts=counts)
     return out
 
 
@@ -197,6 +202,9 @@ def train_set(*, source: dict[str, Any], out_dir: str, name: str = "train", leng
     questions, corpus, provenance = load_source(**source, compat=compat)
     dataset = questions[0].dataset if questions else "empty"
     counts: dict[str, Any] = {"source_questions": len(questions)}
+    if compat:  # a gold that normalizes to "" can never be rewarded (MemAgent's filter drops it too: "" is in every reply)
+        questions = [q for q in questions if all(scorable(a) for a in q.answers)]
+        counts["unscorable_dropped"] = counts["source_questions"] - len(questions)
     if judge is not None:
         questions = _apply_filter(questions, Path(out_dir) / f"{name}.filter.jsonl", knowledge_filter, counts, *judge)
     questions = questions[:keep] if keep else questions

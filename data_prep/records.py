@@ -58,7 +58,7 @@ class Question:
         if not self.answers:
             raise DataError(f"{where}: field 'answers' is empty")
         for i, answer in enumerate(self.answers):
-            if not isinstance(answer, str) or not scorable(answer):
+            if not isinstance(answer, str) or not (self.compat or scorable(answer)):
                 raise DataError(f"{where}: answers[{i}] = {answer!r} normalizes to nothing; it would match every prediction")
         if len(set(self.paragraphs)) != len(self.paragraphs) and not self.compat:
             raise DataError(f"{where}: field 'paragraphs' holds duplicates; deduplicate before building")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from parser.records.jsonl import read_records
+from parser.records.sample import compat_row
 from data_prep.records import (Corpus, DataError, Question, logical_order, paragraph_text, require, require_answers,
                                require_record, require_text, unique_ids)
 
@@ -132,7 +133,7 @@ def read_hotpotqa(rows: Iterable[dict[str, Any]], source: str = "hotpotqa", comp
         if row_id is None:
             raise DataError(f"{where}: missing field 'id' (or '_id')")
         ids.append(str(row_id))
-        q = _build(row_id, i, require_text(row, "question", where), require_answers([require(row, "answer", where)], "answer", where),
+        q = _build(row_id, i, require_text(row, "question", where), require_answers([require(row, "answer", where)], "answer", where, compat),
                    require(row, "context", where), require(row, "supporting_facts", where), dataset="hotpotqa",
                    source=where, qtype=row.get("type"), level=row.get("level"), compat=compat, keep_missing_support=compat)
         if q is not None:
@@ -161,7 +162,7 @@ def read_2wiki(rows: Iterable[dict[str, Any]], source: str = "2wikimultihopqa", 
         text = require_text(row, "question", where).strip()
         if not text.endswith("?"):
             text += "?"
-        answers = require_answers(require(row, "golden_answers", where), "golden_answers", where)
+        answers = require_answers(require(row, "golden_answers", where), "golden_answers", where, compat)
         ids.append(str(require(row, "id", where)))
         q = _build(require(row, "id", where), len(questions) if compat else i, text, answers,
                    require(meta, "context", where + " metadata"), require(meta, "supporting_facts", where + " metadata"),
@@ -186,7 +187,7 @@ def check_eval_rows(rows: Iterable[dict[str, Any]], source: str) -> list[dict[st
         require_text(row, "input", where)
         if not isinstance(row.get("answers"), list):
             raise DataError(f"{where}: field 'answers' must be a list" if "answers" in row else f"{where}: missing field 'answers'")
-        require_answers(row["answers"], "answers", where)
+        require_answers(row["answers"], "answers", where, compat_row(row))
         row.setdefault("num_docs", row.get("length"))
         row.setdefault("id", f"{row.get('index', i)}_L{row.get('num_docs')}")
         out.append(row)

@@ -5,9 +5,11 @@ Reads every `results.jsonl` / `timings.jsonl` under the given paths (run directo
 
 - `accuracy.{md,tex,csv}`: Table 1 / Table 7 layout, rows = backbone x method, columns =
   lengths (paragraphs, ~tokens), then Max δ (max - min over lengths) and Avg. Each cell is the
-  Sub_EM % averaged over samples, then over runs; in Markdown and LaTeX followed by its spread
-  over runs (± std) and, for a row with fewer samples than the fullest one, (n/N); the sample
-  and run counts are listed under each table; bold marks a column's one best row (no tie).
+  Sub_EM % (`--metric`: any metric a row carries, e.g. sub_em_compat, MemAgent's and ReMemR1's
+  scorer; their rows are labelled with it) averaged over samples, then over runs; in Markdown and
+  LaTeX followed by its spread over runs (± std) and, for a row with fewer samples than the
+  fullest one, (n/N); the sample and run counts are listed under each table; bold marks a
+  column's one best row (no tie).
   `--paper` adds the published row under ours.
 
 Nothing is pooled silently: run directories whose rows share a table row but were computed with
@@ -37,6 +39,7 @@ duplicate sample, a bad row or a bad `--out` ends in one line, exit 2.
 - `report.md`: all tables in one page, with the figure paths.
 
     parser report outputs/eval/hqa_parser4b outputs/eval/hqa_memagent4b --out reports/hqa --paper
+    parser report outputs/eval/hqa_memagent4b --out reports/hqa_theirs --metric sub_em_compat   # the authors' scoring
     parser report runs/learn/eval --out runs/learn/report --train-log runs/learn/train_metrics.jsonl \
         --summary runs/learn/summary.json --require-learning     # Table 7 in miniature (make learn)
 """
@@ -226,9 +229,16 @@ def max_delta_avg(values: Sequence[float]) -> tuple[float, float]:
     return (max(values) - min(values), _mean(values)) if values else (math.nan, math.nan)
 
 
+# Methods whose published numbers come from their authors' scorer: their rows name the metric
+# they were computed with (`--metric sub_em_compat` is MemAgent's and ReMemR1's; docs/fidelity.md row 35).
+AUTHORS_SCORED = ("memagent", "rememr1")
+
+
 def accuracy_table(rows: Sequence[ResultRow], with_paper: bool, metric: str = PRIMARY) -> dict[str, dict[str, Any]]:
-    """Per dataset: `lengths`, and `lines` = [(backbone, label, {length: value}, max δ, avg, note)]."""
+    """Per dataset: `lengths`, and `lines` = [(backbone, label, {length: value}, max δ, avg, note)];
+    a MemAgent or ReMemR1 row is labelled with `metric` ("MemAgent [sub_em_compat]")."""
     cells = accuracy_cells(rows, metric)
+    scored = {(r.dataset, r.backbone, r.row) for r in rows if r.method in AUTHORS_SCORED}
     tables: dict[str, dict[str, Any]] = {}
     for (dataset, backbone, row), by_length in cells.items():
         table = tables.setdefault(dataset, {"lengths": set(), "lines": []})
@@ -236,9 +246,10 @@ def accuracy_table(rows: Sequence[ResultRow], with_paper: bool, metric: str = PR
         values = {L: c["value"] for L, c in by_length.items()}
         runs = sorted({c["runs"] for c in by_length.values()})
         n = sorted({c["n"] for c in by_length.values()})
-        table["lines"].append((backbone, row, values, *max_delta_avg(list(values.values())),
+        label = f"{row} [{metric}]" if (dataset, backbone, row) in scored else row
+        table["lines"].append((backbone, label, values, *max_delta_avg(list(values.values())),
                                f"ours; {'/'.join(map(str, n))} samples x {'/'.join(map(str, runs))} runs"))
-        table.setdefault("cells", {})[(backbone, row)] = by_length
+        table.setdefault("cells", {})[(backbone, label)] = by_length
         published = paper_numbers.published(dataset, backbone, row) if with_paper else None
         if published:
             shown = {L: published[L] for L in values if L in published}
@@ -617,21 +628,26 @@ def _save(fig: Any, path: Path) -> Path:
 # ----------------------------------------------------------------------------- main
 
 def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool = False, viewer: bool = True,
-                 train_log: str | Path | None = None) -> dict[str, Any]:
+                 train_log: str | Path | None = None, metric: str = PRIMARY) -> dict[str, Any]:
+    """Every table and figure of the module docstring; `metric` (a `parser.records.metrics` name)
+    fills the accuracy tables (Table 1), e.g. sub_em_compat for the authors' scoring."""
+    if metric not in BY_NAME:
+        raise ValueError(f"metric must be one of {', '.join(BY_NAME)}, got {metric!r}")
     run_dirs = find_run_dirs(paths)
     out = prepare_out(out)
     rows, timings = load(run_dirs)
     if not rows:
         raise ValueError(f"no result rows under {', '.join(map(str, paths))}")
     sections = [f"# Eval report\n\nRun directories: {', '.join(f'`{d}`' for d in run_dirs)}\n"
-                f"\nSub_EM (%), mean over samples then over runs; Max δ = max − min over lengths.\n"]
+                f"\nAccuracy: {metric}{' (%)' if BY_NAME[metric].percent else ''}, mean over samples then over runs; "
+                f"Max δ = max − min over lengths.\n"]
 
-    tables = accuracy_table(rows, with_paper)
+    tables = accuracy_table(rows, with_paper, metric)
     md, tex, csv_parts = [], [], []
     for dataset, table in tables.items():
         header, body = accuracy_rows(table, dataset)
-        title = f"Accuracy (Sub_EM %) · {DATASET_TITLES.get(dataset, dataset)}"
-        md.append(f"## {title}\n\n" + table_to_markdown(*accuracy_rows(table, dataset, bold=best_per_length(table), detail=True))
+        title = f"Accuracy ({metric}{' %' if BY_NAME[metric].percent else ''}) · {DATASET_TITLES.get(dataset, dataset)}"
+        md.append(f"## {title}\n\n" + table_to_markdown(*accuracy_rows(table, dataset, bold=best_per_length(table, metric), detail=True))
                   + "\n" + _notes(table))
         tex.append(table_to_latex(*accuracy_rows(table, dataset, detail=True), title))
         csv_parts.append(table_to_csv(header, body, extra=[dataset]))
@@ -771,6 +787,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--out", default="reports/latest", help="where tables, figures and viewer pages go")
     ap.add_argument("--paper", action="store_true", help="print the paper's published numbers beside ours")
     ap.add_argument("--no-viewer", action="store_true", help="skip the per-run trajectory viewer pages")
+    ap.add_argument("--metric", default=PRIMARY, choices=list(BY_NAME),
+                    help=f"the accuracy tables' metric (default {PRIMARY}; sub_em_compat: MemAgent's and ReMemR1's scorer)")
     ap.add_argument("--train-log", help="verl's file-logger JSONL of the training run: plot its curve")
     ap.add_argument("--summary", help="write the learning run's summary.json here (needs --train-log and "
                                       "rows with variant w/o RL and w/ RL)")
@@ -781,7 +799,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.error("--summary and --require-learning need --train-log")
     try:
         result = build_report(args.paths, args.out, with_paper=args.paper, viewer=not args.no_viewer,
-                              train_log=args.train_log)
+                              train_log=args.train_log, metric=args.metric)
     except (ValueError, OSError) as error:  # a missing or empty directory, a duplicate run, a bad row or --out
         print("parser report: error: " + " ".join(str(error).split()), file=sys.stderr)
         raise SystemExit(2) from None

@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from data_prep import build_synthetic_eval, recipes
 from data_prep.build import run
 from parser.records.jsonl import JsonlStore, write_json
-from data_prep.knowledge_filter import is_correct, last_boxed, parametric_filter
+from data_prep.knowledge_filter import parametric_filter
 from data_prep.verl_parquet import AGENT_NAME, write_rl_parquet
 from parser.base.instantiate import locate
 from parser.serving.types import SamplingParams
@@ -67,13 +67,6 @@ def test_jsonl_log_cuts_a_torn_last_line(tmp_path):
     assert "a" in log and "b" not in log
     log.append({"id": "b", "x": 2})
     assert [json.loads(line)["id"] for line in path.read_text().splitlines()] == ["a", "b"]
-
-
-def test_rule_verifier():
-    assert last_boxed("so \\boxed{\\text{{Paris}}} end") == "\\text{{Paris}}"
-    assert is_correct("I think \\boxed{The Eiffel Tower}.", ["Eiffel Tower"])
-    assert is_correct("It is probably eiffel tower, built 1889", ["Eiffel Tower"])
-    assert not is_correct("<think>Eiffel Tower?</think> \\boxed{Louvre}", ["Eiffel Tower"])
 
 
 def knowing(known: dict[str, str]) -> ScriptedModel:

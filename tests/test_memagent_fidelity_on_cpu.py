@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from data_prep.knowledge_filter import PROMPT_TEMPLATE
+from data_prep.knowledge_filter import PROMPT_TEMPLATE, is_correct
 from parser.serving.backends.models import Models
 from parser.methods import Sample, method_class, method_config
 from parser.methods.coa import PROMPTS as COA_PROMPTS
@@ -152,6 +153,27 @@ def test_rememr1_recall_answers_top1_even_without_overlap(tiny_tokenizer):
     assert recall.top1("q", [""]) is None  # no vocabulary: their retriever returns None
 
 
+def test_rememr1_recall_ties_can_be_broken_as_theirs(tiny_tokenizer):
+    """R tf_idf_retriever.py `retrieve` over `list(history_memory)` (rememr1.py: a `set` the memories
+    are `add`ed to): `np.argsort(cosine_similarity(...))[::-1][:1]`, numpy's default sort. Run at R
+    with this tokenizer on a list: `top1_retrieve("harbour", ["a harbour", "b harbour", "c harbour",
+    "d harbour", "lake north"])` is "d harbour" and on the reversed list "a harbour" (four equal
+    cosines, 0.7356...; the last in the list's order wins). The list is the set's iteration order,
+    which follows this process's hash seed: restated here by adding the memories to a set."""
+    tied = ["a harbour", "b harbour", "c harbour", "d harbour"]
+    theirs = TfidfRecall(tiny_tokenizer, ties="authors")
+    for shift in range(4):  # four insertion orders
+        memories = tied[shift:] + tied[:shift] + ["lake north"]
+        history: set[str] = set()
+        for memory in memories:
+            history.add(memory)
+        assert theirs.top1("harbour", memories) == [m for m in history if m in tied][-1]
+        assert TfidfRecall(tiny_tokenizer).top1("harbour", memories) == memories[3]  # default: the latest
+    assert theirs.top1("Quouv", ["Quouv was born in Criamorburg", "The lake is north of the harbour"]) == \
+        "Quouv was born in Criamorburg"  # no tie: the best, as by default
+    assert OmegaConf.load(ROOT / "configs/method/rememr1.yaml").recall_ties == "latest"
+
+
 def test_rememr1_update_order_is_a_choice(tiny_tokenizer):
     """R rememr1.py `async_query_llm` (eval): the memory joins the set, then the recall is answered;
     R recurrent/impls/memory_revisit.py `update` (training): the recall is answered from the
@@ -220,6 +242,21 @@ def test_budgets_are_their_run_scripts():
     assert not (memagent.lenient_extraction or memagent.keep_memory_on_empty or memagent.drop_thinking)
 
 
+@pytest.mark.parametrize("method", ["memagent", "rememr1"])
+def test_a_long_document_keeps_their_head_and_tail_for_odd_and_even_caps(tiny_tokenizer, method):
+    """M memory_eval/utils/recurrent.py and R memory_eval/utils/rememr1.py `async_query_llm`:
+    `input_ids[:max_len//2] + input_ids[-max_len//2:]`. On ids 0..9 theirs keep, for L = 5, 4, 7, 1:
+    [0, 1, 7, 8, 9], [0, 1, 8, 9], [0, 1, 2, 6, 7, 8, 9], [9] (`-L//2` is -ceil(L/2): L tokens, the
+    odd one in the tail). Before issue 56 an odd L kept L - 1."""
+    reader = built(method, Models(lead=ScriptedModel(lambda p, i: ""), lead_tokenizer=tiny_tokenizer), chunk_size=1)
+    context = " ".join(f"w{i}" for i in range(40))
+    ids = tiny_tokenizer.encode(context, add_special_tokens=False)
+    for cap, theirs in [(5, [0, 1, 7, 8, 9]), (4, [0, 1, 8, 9]), (7, [0, 1, 2, 6, 7, 8, 9]), (1, [9])]:
+        reader.max_context_tokens = cap
+        kept = [ids[p] if p < cap // 2 else ids[len(ids) - 10 + p] for p in theirs]  # their 0..9 on our longer ids
+        assert reader.chunks(context) == [tiny_tokenizer.decode([i]) for i in kept], cap
+
+
 def test_the_lenient_extraction_is_an_option(tiny_tokenizer):
     result, _ = read("memagent", lambda p, i: "m" if "<section>" in p else "It was Quouv", tiny_tokenizer)
     assert result.answer is None
@@ -246,6 +283,31 @@ def test_memagent_rl_reward_is_theirs():
     ]
     for reply, golds, theirs in cases:
         assert memagent_rl_reward(reply, golds) == theirs, (reply, golds)
+
+
+# 6a. the closed-book data filter ------------------------------------------------------------------
+# (reply, golds, theirs): M taskutils/memory_data/filter.py, a reply counts when `scores` (its
+# hotpotqa_verifier.py `compute_score`, max over golds) or `contains` (`gt.lower() in r.lower()`) is true.
+FILTER_VERDICTS = [
+    ("\\boxed{1000}", ["1,000"], False),                     # no article/punctuation normaliser (ours said True)
+    ("The answer is \\boxed{Beatles}", ["the Beatles"], False),  # (ours said True)
+    ("I think \\boxed{new  york}", ["New York"], True),         # math-string drops spaces
+    ("I have no idea.", ["a"], True),                           # "a" occurs in "idea" (ours said False)
+    ("I do not know.", [""], True),                             # an empty gold is in every reply (ours said False)
+    ("\\boxed{ROME}", ["Paris", "rome"], True),
+    ("\\fbox{Rome}", ["Rome!"], False),                        # their remove_boxed assert, caught as 0
+    ("\\boxed{Rome}" + "x" * 300, ["Rome."], False),           # the boxed answer is outside the last 300 characters
+    ("It is probably eiffel tower, built 1889", ["Eiffel Tower"], True),
+]
+
+
+def test_the_knowledge_filter_verdict_is_memagents():
+    """Issue 56: 49 of 500 verdicts differed (ours normalised articles and punctuation, and refused
+    empty golds). Named difference kept: a `<think>` block is not read (theirs would count
+    "<think>Maybe Paris.</think> \\boxed{Rome}" as knowing "Paris"; their Qwen2.5 never thinks)."""
+    for reply, golds, theirs in FILTER_VERDICTS:
+        assert is_correct(reply, golds) is theirs, (reply, golds)
+    assert not is_correct("<think>Maybe Paris.</think> \\boxed{Rome}", ["Paris"])
 
 
 # 6. data under compat=true -----------------------------------------------------------------------
@@ -302,3 +364,69 @@ def test_compat_keeps_a_repeated_paragraph_and_every_supporting_fact():
     assert len(row["gold_paragraph_ids"]) == 2
     plain = read_2wiki(rows)[0][0]
     assert plain.paragraphs.count("A\nA text.") == 1 and plain.support == ()
+
+
+# (prediction, gold, their sub_em, their em): M taskutils/memory_eval/utils/__init__.py
+# `sub_exact_match_score`, `exact_match_score` run on each pair; `update_answer` is behind `if item["pred"] else 0`.
+EMPTY_GOLD_SCORES = [("anything", "the", 1.0, 0.0), ("a", "the", 1.0, 1.0), ("x", "the", 1.0, 0.0),
+                     ("Paris", "?", 1.0, 0.0), ("...", "", 1.0, 1.0), (None, "the", 0.0, 0.0)]
+
+
+def test_compat_keeps_a_gold_that_normalizes_to_nothing_and_scores_it_as_theirs(tmp_path):
+    """Their readers keep a gold such as "The" (normalized: ""), and their scorer gives every
+    non-empty prediction Sub_EM 1 on it. With compat the project keeps it from the source file to
+    eval's reader (the row's `meta.compat`), and `sub_em_compat` / `em_compat` score it as theirs;
+    by default data prep refuses it and `sub_em` never scores it (free accuracy)."""
+    from data_prep.packing import build_grid
+    from data_prep.records import DataError
+    from data_prep.sources import read_eval_file, read_hotpotqa
+    from parser.records.jsonl import write_records
+    from parser.records.metrics import score
+    from parser.records.sample import Record
+
+    rows = [{**_hotpot_row(name, [f"{name}1", f"{name}2"], [f"{name}1"]), "answer": answer}
+            for name, answer in (("a", "The"), ("b", "x"), ("c", "y"))]
+    with pytest.raises(DataError, match=r"record 0: answer\[0\] = 'The' normalizes to nothing"):
+        read_hotpotqa(rows)
+    questions, corpus = read_hotpotqa(rows, compat=True)
+    written = build_grid(questions, corpus, [4], seed=0, compat=True)[4]
+    back = read_eval_file(write_records(tmp_path / "eval_4.json", written))
+    assert back[0]["answers"] == ["The"] and Record.from_dict(back[0]).compat
+    for pred, gold, sub_em_theirs, em_theirs in EMPTY_GOLD_SCORES:
+        scores = score(pred, [gold])
+        assert (scores["sub_em_compat"], scores["em_compat"]) == (sub_em_theirs, em_theirs), (pred, gold)
+        assert scores["sub_em"] == scores["em"] == 0.0
+    # a training set cannot reward such a gold (MemAgent's filter drops it too: "" is in every reply)
+    from data_prep.recipes import train_set
+    from data_prep.verl_parquet import read_rl_parquet
+
+    path = train_set(source={"name": "hotpotqa", "path": str(write_records(tmp_path / "src.jsonl", rows))},
+                     out_dir=str(tmp_path), length=4, keep=None, compat=True)
+    assert len(read_rl_parquet(path)) == 2
+    assert json.loads(Path(f"{path}.card.json").read_text())["counts"]["unscorable_dropped"] == 1
+
+
+# 7. Table 1 with the authors' scoring -------------------------------------------------------------
+def test_a_report_can_use_their_scoring_and_labels_memagent_rows_with_it(tmp_path, capsys):
+    """`sub_em_compat` is MemAgent's and ReMemR1's scorer (row 35; their `update_answer`: a blank
+    answer " " is a hit). `parser report ... --metric sub_em_compat` fills Table 1 with it, and the
+    MemAgent/ReMemR1 rows say which scoring they carry; the default stays the paper's `sub_em`."""
+    from eval.report import main as report
+    from eval.store import ResultsStore
+    from parser.records.metrics import score
+    from parser.records.result import ResultRow
+
+    store = ResultsStore(tmp_path / "runs" / "memagent")
+    for method, label, answer in (("memagent", "MemAgent", " "), ("parser", "ParSer", "Quouv")):
+        store.append(ResultRow(dataset="hotpotqa", length=50, run=0, sample_id=f"{method}-q0", method=method, row=label,
+                               backbone="tiny", answers=["Quouv"], prediction=answer,
+                               scores=score(answer, ["Quouv"])))
+    report([str(tmp_path / "runs"), "--out", str(tmp_path / "theirs"), "--no-viewer", "--metric", "sub_em_compat"])
+    report([str(tmp_path / "runs"), "--out", str(tmp_path / "ours"), "--no-viewer"])
+    capsys.readouterr()
+    theirs, ours = ((tmp_path / d / "accuracy.md").read_text() for d in ("theirs", "ours"))
+    assert "Accuracy (sub_em_compat %)" in theirs and "| tiny | MemAgent [sub_em_compat] | 100.00" in theirs
+    assert "Accuracy (sub_em %)" in ours and "| tiny | MemAgent [sub_em] | 0.00" in ours
+    assert "| tiny | ParSer | **100.00**" in ours  # other rows keep their label
+    with pytest.raises(SystemExit):
+        report([str(tmp_path / "runs"), "--out", str(tmp_path / "x"), "--metric", "f1"])

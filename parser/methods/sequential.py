@@ -13,7 +13,8 @@ published behaviour, the default), `dense`, `chow_liu` (the CL paper's CL-order)
 the scores of `scorer:` (`parser.engine.scorers`: the embedder, or BM25), computed from the question and
 the chunks before the first call. Chunks are fixed token windows (`chunking: tokens`) or
 ParSer's paragraph packing (`chunking: paragraphs`); a document longer than
-`max_context_tokens` keeps its head and tail halves (MemAgent's reference truncation).
+`max_context_tokens` L keeps its first L//2 tokens and its last L - L//2 (MemAgent's and ReMemR1's
+`input_ids[:max_len//2] + input_ids[-max_len//2:]`: L tokens, the odd one in the tail).
 
     parser eval method=memagent method.order=chow_liu     # MemAgent (CL-order)
     parser eval method=coa_cl                             # CoA (CL-order)
@@ -145,8 +146,8 @@ class SequentialMethod:
         halves kept when longer than `max_context_tokens`."""
         ids = self.tokenizer.encode(context.strip(), add_special_tokens=False)
         if self.max_context_tokens and len(ids) > self.max_context_tokens:
-            half = self.max_context_tokens // 2
-            ids = ids[:half] + ids[len(ids) - half :]
+            head = self.max_context_tokens // 2  # theirs: ids[:L//2] + ids[-L//2:], -L//2 = -ceil(L/2)
+            ids = ids[:head] + ids[len(ids) - (self.max_context_tokens - head) :]
         return ids
 
     def reading_order(self, question: str, chunks: list[str]) -> list[int]:
@@ -176,7 +177,7 @@ class SequentialMethod:
         return reply
 
     def untrusted(self, text: str) -> str:
-        """Model-written text on its way into the next prompt: never control tokens there."""
+        """A document, question or model-written text on its way into a prompt: never control tokens there."""
         return CHATML.neutralize(text, self.tokenizer)
 
     def extract(self, reply: str) -> tuple[str | None, str]:
@@ -215,8 +216,7 @@ class SequentialMethod:
     # -- the loop ------------------------------------------------------------------------
     async def run(self, sample: Sample) -> MethodResult:
         started = time.perf_counter()
-        sample = dataclasses.replace(sample, context=CHATML.neutralize(sample.context, self.tokenizer),
-                                     question=CHATML.neutralize(sample.question, self.tokenizer))
+        sample = dataclasses.replace(sample, context=self.untrusted(sample.context), question=self.untrusted(sample.question))
         chunks = self.chunks(sample.context)
         order = self.reading_order(sample.question, chunks)
         order_s = time.perf_counter() - started

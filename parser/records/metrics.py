@@ -3,7 +3,8 @@ list of metric names (`ResultRow.scores` is keyed by it, the report reads `highe
 
 The definitions live in `parser.text.reward` (one for training and eval); this file only declares
 what eval reports. `sub_em` is the paper's table metric. The `_compat` variants reproduce the
-MemAgent/ReMemR1 reference scorer (an empty normalized prediction is a Sub_EM hit) so our
+MemAgent/ReMemR1 reference scorer (an empty normalized prediction is a Sub_EM hit, and so is
+every prediction on a gold that normalizes to "", which only compat data keeps) so our
 numbers can be set beside published ones; see `tests/test_eval_metrics_on_cpu.py`. One known
 difference remains: the reference scores only `answers[0]`, the core takes the max over all
 golds (identical on single-gold rows such as MemAgent's HotpotQA files).

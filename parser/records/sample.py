@@ -49,9 +49,16 @@ def scorable(answer: str) -> bool:
     return bool(normalize_answer(answer))
 
 
-def require_answers(values: Any, field: str, source: str) -> list[str]:
+def compat_row(row: Any) -> bool:
+    """Whether a record was written by a `compat` recipe (`meta.compat`, set by data_prep's packing
+    of questions read as the authors read them): its golds may normalize to nothing."""
+    return isinstance(row, dict) and isinstance(row.get("meta"), dict) and row["meta"].get("compat") is True
+
+
+def require_answers(values: Any, field: str, source: str, compat: bool = False) -> list[str]:
     """Gold answers: a non-empty list of strings (an integer is read as its digits), each
-    non-empty once normalized."""
+    non-empty once normalized; with `compat` (the authors' data, read as they read it) a gold
+    that normalizes to nothing is kept, and only the `_compat` metrics score it (as theirs: a hit)."""
     if not isinstance(values, (list, tuple)) or not values:
         raise DataError(f"{source}: field {field!r} must be a non-empty list of strings, got {type(values).__name__} {str(values)[:60]}")
     answers = []
@@ -60,7 +67,7 @@ def require_answers(values: Any, field: str, source: str) -> list[str]:
             value = str(value)
         if not isinstance(value, str):
             raise DataError(f"{source}: {field}[{i}] must be a string, got {type(value).__name__} {str(value)[:60]}")
-        if not scorable(value):
+        if not (compat or scorable(value)):
             raise DataError(f"{source}: {field}[{i}] = {value!r} normalizes to nothing; it would match every prediction")
         answers.append(value)
     return answers
@@ -96,12 +103,17 @@ class Record:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # a source's other fields, kept as read
     source: str = dataclasses.field(default="<record>", compare=False)  # file:line, for error messages
 
+    @property
+    def compat(self) -> bool:
+        """Written by a `compat` recipe (`meta.compat`): a gold that normalizes to nothing is kept."""
+        return compat_row({"meta": self.meta})
+
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise DataError(f"{self.source}: field 'id' must be a non-empty string, got {self.id!r:.60}")
         check_text(self.question, "question", self.source)
         check_text(self.context, "context", self.source)
-        object.__setattr__(self, "answers", tuple(require_answers(list(self.answers), "answers", self.source)))
+        object.__setattr__(self, "answers", tuple(require_answers(list(self.answers), "answers", self.source, self.compat)))
         for name in ("length", "num_docs"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
@@ -126,7 +138,7 @@ class Record:
         answers_field = next((f for f in _ANSWER_FIELDS if row.get(f) is not None), "answers")
         question = require_text(row, question_field, source)
         answers = require(row, answers_field, source)
-        answers = require_answers([answers] if isinstance(answers, str) else answers, answers_field, source)
+        answers = require_answers([answers] if isinstance(answers, str) else answers, answers_field, source, compat_row(row))
         context = require_text(row, "context", source)
         record_id = next((row[f] for f in _ID_FIELDS if row.get(f) is not None), None)
         if record_id is None:

@@ -16,10 +16,13 @@ train/scripts/reward.py; `parser.engine.protocol.ReleaseProtocol` trains with it
 *before* punctuation is removed, and punctuation is Unicode (`[^\w\s]`, so "¿", "–", "·" go and
 "_" stays). Their eval scorer uses this project's normalizer; `release_sub_em` is their eval Sub_EM.
 
-A gold answer that normalizes to "" ("", "the", "?") never scores, in any mode or protocol: ""
-is a substring of every prediction, so it would be free accuracy. Data prep refuses such records
-(`data_prep.records`); this guards what reaches scoring anyway. (The release would let an empty
-normalized prediction equal an empty normalized gold; that quirk is not kept.)
+A gold answer that normalizes to "" ("", "the", "?") never scores by default: "" is a substring
+of every prediction, so it would be free accuracy. Data prep refuses such records
+(`data_prep.records`) except under `compat` (the authors' readers keep them), and this guards what
+reaches scoring anyway. `compat=True` scores them as MemAgent's and ReMemR1's scorer does
+(`update_answer`): Sub_EM 1 for every non-empty prediction, EM 1 for one that normalizes to "".
+`release_sub_em` keeps the default rule for them. (The release would let an empty normalized
+prediction equal an empty normalized gold; that quirk is not kept.)
 """
 from __future__ import annotations
 
@@ -51,10 +54,11 @@ def release_normalize(text: str) -> str:
     return " ".join(_UNICODE_PUNCTUATION.sub("", text).split())
 
 
-def _golds(golds: str | Iterable[str], normalize: Callable[[str], str] = normalize_answer) -> list[str]:
-    """The normalized golds that can score (never an empty one)."""
+def _golds(golds: str | Iterable[str], normalize: Callable[[str], str] = normalize_answer,
+           compat: bool = False) -> list[str]:
+    """The normalized golds that can score: never an empty one, unless `compat` (the authors' scorer)."""
     raw = [golds] if isinstance(golds, str) else [str(g) for g in golds]
-    return [g for g in (normalize(r) for r in raw) if g]
+    return [g for g in (normalize(r) for r in raw) if g or compat]
 
 
 def exact_match(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
@@ -63,7 +67,7 @@ def exact_match(prediction: str | None, golds: str | Iterable[str], compat: bool
     pred = normalize_answer(prediction)
     if not pred and not compat:
         return 0.0
-    return float(any(pred == g for g in _golds(golds)))
+    return float(any(pred == g for g in _golds(golds, compat=compat)))
 
 
 def release_exact_match(prediction: str | None, golds: str | Iterable[str]) -> float:
@@ -81,7 +85,7 @@ def sub_em(prediction: str | None, golds: str | Iterable[str], compat: bool = Fa
     pred = normalize_answer(prediction)
     if not pred and not compat:
         return 0.0
-    for g in _golds(golds):
+    for g in _golds(golds, compat=compat):
         if g in pred or pred in g:
             return 1.0
     return 0.0
@@ -91,6 +95,7 @@ def release_sub_em(completion: str, golds: str | Iterable[str]) -> float:
     """The release's eval Sub_EM (release eval/eval.py) over a whole completion (every lead turn,
     thinking included): the last `<answer>` block, scored as the string "No answer found" when
     there is none, or — if that scores higher — the last `**bold**` span; reference Sub_EM."""
+    golds = [g for g in ([golds] if isinstance(golds, str) else map(str, golds)) if normalize_answer(g)]  # "" never scores
     answer = extract_answer(completion) or NO_ANSWER
     bold = _BOLD.findall(completion)
     candidates = [answer] + ([bold[-1].strip() or NO_ANSWER] if bold else [NO_ANSWER])

@@ -9,12 +9,17 @@ step-count test checks this).
 By default it behaves as its authors' evaluation code (`rules.py` beside this file, each rule's
 source in docs/fidelity.md): the prompts byte for byte (`prompts/v1/memagent_*.txt`: trailing
 newline kept, question stripped), chunks of fixed token windows (`chunking: tokens`, 5,000 tokens;
-a document longer than `max_context_tokens` keeps its head and tail halves), the memory becomes the
+a document longer than `max_context_tokens` L keeps its first L//2 and last L - L//2 tokens), the memory becomes the
 reply as it is (even empty), and the answer extracted as their run scripts score it: the
 "recurrent" mode (`answer_mode: recurrent`: "Therefore, the answer is ..."). The project's
 improvements are named options, off by default: `lenient_extraction` (boxed, else "the answer
 is", else the reply), `keep_memory_on_empty` (an empty or blank reply keeps the previous memory),
-`drop_thinking` (`SequentialMethod`). Run trained checkpoints by pointing the `lead` model config
+`drop_thinking` (`SequentialMethod`). Untrusted text (the document, the question, each memory) is
+shown as text by default: a control-token string of the tokenizer in it (`<|im_end|>`) gets a
+WORD JOINER after its first character (`CHATML.neutralize`, docs/security.md), which changes the
+prompt where such a string occurs; `untrusted_text: verbatim` sends the authors' prompts byte for
+byte instead, and then a document can end the user turn and write its own (their code does).
+Run trained checkpoints by pointing the `lead` model config
 at them. The chunk loop, the reading order (`order:`, default `document` as published; `chow_liu`
 gives "MemAgent (CL-order)") and the retries (every call through `parser.serving.retry`, the `retry:`
 section; one that still fails fails the sample) are `parser.methods.sequential`'s.
@@ -31,6 +36,7 @@ from parser.methods.sequential import SequentialMethod, extract_answer
 from parser.engine.prompts import PromptSet
 
 NO_MEMORY = "No previous memory"
+UNTRUSTED_TEXT = ("neutralize", "verbatim")
 PROMPTS = PromptSet(__package__, {
     "memagent_update": {"question", "memory", "chunk"},
     "memagent_final": {"question", "memory"},  # boxed: MemAgent's training prompt, its "recurrent-boxed" eval
@@ -46,11 +52,15 @@ class MemAgentMethod(SequentialMethod):
 
     def __init__(self, models: Models, *, chunk_size: int = 5000, max_memory_tokens: int = 1024, max_answer_tokens: int = 1024,
                  temperature: float = 0.7, answer_mode: str = "recurrent", lenient_extraction: bool = False,
-                 keep_memory_on_empty: bool = False, **options: Any):
-        """The authors' eval budgets and answer mode; `options`: `SequentialMethod`'s (chunking, order,
+                 keep_memory_on_empty: bool = False, untrusted_text: str = "neutralize", **options: Any):
+        """The authors' eval budgets and answer mode; `untrusted_text`: neutralize (default) or
+        verbatim (see the module docstring); `options`: `SequentialMethod`'s (chunking, order,
         scorer, thinking, drop_thinking, ...)."""
         if answer_mode not in ANSWER_MODES or answer_mode not in self.final_templates:
             raise ValueError(f"{self.name}: answer_mode must be one of {sorted(self.final_templates)}, got {answer_mode!r}")
+        if untrusted_text not in UNTRUSTED_TEXT:
+            raise ValueError(f"{self.name}: untrusted_text must be one of {UNTRUSTED_TEXT}, got {untrusted_text!r}")
+        self.verbatim = untrusted_text == "verbatim"
         super().__init__(models, chunk_size=chunk_size, max_update_tokens=max_memory_tokens, max_answer_tokens=max_answer_tokens,
                          temperature=temperature, **options)
         self.answer_mode = answer_mode
@@ -60,6 +70,10 @@ class MemAgentMethod(SequentialMethod):
 
     def new_state(self) -> dict[str, Any]:
         return {"memory": NO_MEMORY}
+
+    def untrusted(self, text: str) -> str:
+        """`SequentialMethod.untrusted`, or the text as it is with `untrusted_text: verbatim`."""
+        return text if self.verbatim else super().untrusted(text)
 
     def update_prompt(self, question: str, chunk: str, state: dict[str, Any]) -> str:
         return self.templates.render(self.update_template, self.prompt_version, question=question.strip(),

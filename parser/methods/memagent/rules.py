@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from parser.text.memagent_scoring import authors_boxed, boxed_matches
 from parser.text.reward import normalize_answer
 
 THINK_END = "</think>"
@@ -24,51 +25,13 @@ _DEEPSEEK_MARKERS = ("<｜Assistant｜>", "<｜end▁of▁sentence｜>")  # remo
 ANSWER_MODES = ("recurrent", "boxed")
 
 
-def authors_boxed(text: str) -> str | None:
-    r"""The boxed answer as MemAgent's and ReMemR1's scorers read it (`last_boxed_only_string` then
-    `remove_boxed`): if `\boxed ` (with a space) occurs anywhere, what follows its last occurrence up
-    to the next `$`; else the last `\boxed`, its braces counted from there, content unstripped. None
-    when there is none, when its braces never close, or for a lone `\fbox` (their `assert` fails:
-    the eval run stops, the RL reward catches it as 0)."""
-    if "\\boxed " in text:
-        return text.split("\\boxed ")[-1].split("$")[0]
-    start = text.rfind("\\boxed")
-    if start < 0:
-        return None
-    depth = 0
-    for i in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if text[i] == "}" and depth == 0:
-            found = text[start : i + 1]
-            return found[len("\\boxed{") : -1] if found.startswith("\\boxed{") else None
-    return None
-
-
-_MATH_STRING_RULES = (("\n", ""), ("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac"), ("\\left", ""),
-                      ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""), ("\\$", ""), ("\\%", ""), (" .", " 0."),
-                      ("{.", "{0."))
-
-
-def math_string(text: str) -> str:
-    """MemAgent's HotpotQA reward normaliser (verl/utils/reward_score/hotpotqa.py `strip_string`): the
-    replacements of `_MATH_STRING_RULES` in order, then every space removed. No article or
-    punctuation rule: "Paris." and "paris" differ."""
-    for old, new in _MATH_STRING_RULES:
-        text = text.replace(old, new)
-    return text.replace(" ", "")
-
-
 def memagent_rl_reward(reply: str, golds: str | Iterable[str]) -> float:
     r"""MemAgent's RL reward (hotpotqa.py `compute_score`): the last 300 characters of the final
     reply, lowercased; its boxed answer (`authors_boxed`); 1.0 if `math_string` of it equals
     `math_string` of a lowercased gold, else 0.0 (no boxed answer: 0.0). A gold that normalizes
     to "" never scores (as everywhere here)."""
-    boxed = authors_boxed(reply[-300:].lower())
-    if boxed is None:
-        return 0.0
-    answer = math_string(boxed)
     raw = [golds] if isinstance(golds, str) else [str(g) for g in golds]
-    return float(any(normalize_answer(g) and answer == math_string(g.lower()) for g in raw))
+    return float(any(normalize_answer(g) and boxed_matches(reply, g) for g in raw))
 
 
 def after_thinking(text: str) -> str:

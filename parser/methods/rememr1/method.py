@@ -24,17 +24,27 @@ from parser.engine.prompts import PromptSet
 NO_RECALLED_MEMORY = "No memory was recalled."
 NO_RECALL_RESULT = "None"  # what ReMemR1's eval shows when retrieval fails (an empty vocabulary): Python's None
 RECALL_ORDERS = ("eval", "training")
+RECALL_TIES = ("latest", "authors")
 PROMPTS = PromptSet(__package__, {"rememr1_update": {"question", "memory", "recalled_memory", "chunk"},
                                   "rememr1_final": {"question", "memory", "recalled_memory"}}, "prompts")
 
 
 class TfidfRecall:
     """Top-1 TF-IDF retrieval over past memories, tokenized by the model's tokenizer, as ReMemR1's
-    `TfidfRetriever.top1_retrieve`: the best cosine, even 0 (no word in common); ties go to the
-    latest memory (theirs: the last of numpy's argsort over a `set`, whose order is the hash seed's)."""
+    `TfidfRetriever.top1_retrieve`: the best cosine, even 0 (no word in common).
 
-    def __init__(self, tokenizer: Any):
+    Ties (`ties`): "latest" (default) gives the latest memory, the same on every run. "authors"
+    breaks them as their code does: the memories in the iteration order of a Python `set` they
+    were added to one by one (`history_memory`), `cosine_similarity`, then numpy's default
+    (quicksort: not stable) `np.argsort(sims)[::-1][0]`; on today's numpy that is the last tied
+    memory in the set's order, which follows the string hash seed (`PYTHONHASHSEED`), so a run
+    repeats theirs only under the same seed."""
+
+    def __init__(self, tokenizer: Any, ties: str = "latest"):
+        if ties not in RECALL_TIES:
+            raise ValueError(f"rememr1: recall_ties must be one of {RECALL_TIES}, got {ties!r}")
         self.tokenizer = tokenizer
+        self.ties = ties
 
     def _tokens(self, text: str) -> list[str]:
         lower = text.lower()
@@ -50,11 +60,21 @@ class TfidfRecall:
             return None
         from sklearn.feature_extraction.text import TfidfVectorizer  # baselines extra
 
+        if self.ties == "authors":
+            history: set[str] = set()
+            for memory in memories:  # one by one, as theirs `history_memory.add(memory)`
+                history.add(memory)
+            memories = list(history)
         vectorizer = TfidfVectorizer(tokenizer=self._tokens, lowercase=False, token_pattern=None)
         try:
             matrix = vectorizer.fit_transform(memories)
         except ValueError:  # empty vocabulary
             return None
+        if self.ties == "authors":
+            import numpy as np
+            from sklearn.metrics.pairwise import cosine_similarity
+
+            return memories[int(np.argsort(cosine_similarity(vectorizer.transform([query]), matrix).ravel())[::-1][0])]
         scores = (matrix @ vectorizer.transform([query]).T).toarray().ravel()  # rows are L2-normalised
         return memories[len(scores) - 1 - int(scores[::-1].argmax())]
 
@@ -65,15 +85,16 @@ class ReMemR1Method(MemAgentMethod):
     final_templates = {"boxed": "rememr1_final"}  # its eval has no recurrent final prompt
 
     def __init__(self, models: Models, *, max_memory_tokens: int = 2048, max_answer_tokens: int = 2048,
-                 answer_mode: str = "boxed", recall_order: str = "eval", **kwargs: Any):
+                 answer_mode: str = "boxed", recall_order: str = "eval", recall_ties: str = "latest", **kwargs: Any):
         """ReMemR1's eval budgets (2,048 new tokens a call) and boxed answers; `recall_order`:
         `eval` (their eval script: the new memory joins the history before the recall is answered)
-        or `training` (their training path: the recall searches earlier memories only)."""
+        or `training` (their training path: the recall searches earlier memories only);
+        `recall_ties`: `latest` or `authors` (`TfidfRecall`)."""
         if recall_order not in RECALL_ORDERS:
             raise ValueError(f"rememr1: recall_order must be one of {RECALL_ORDERS}, got {recall_order!r}")
         super().__init__(models, max_memory_tokens=max_memory_tokens, max_answer_tokens=max_answer_tokens,
                          answer_mode=answer_mode, **kwargs)
-        self.recall = TfidfRecall(self.tokenizer)
+        self.recall = TfidfRecall(self.tokenizer, recall_ties)
         self.recall_order = recall_order
 
     def new_state(self) -> dict[str, Any]:
