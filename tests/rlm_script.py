@@ -177,9 +177,10 @@ def run_rlms(name: str, server: ScriptServer) -> dict[str, Any]:
             "sub_sampling": sorted({json.dumps(sampling(b)) for b in server.subs()}), "usage_summary": usage}
 
 
-async def run_ours(name: str, server: ScriptServer, tokenizer: Any, prompt_source: str) -> tuple[Any, list[list[dict]]]:
-    """`method=rlm` on the case (root over /v1/completions, subs over chat); its result and the
-    message list it rendered at every turn."""
+async def run_ours(name: str, server: ScriptServer, tokenizer: Any, prompt_source: str, *, sub_url: str | None = None,
+                   **settings: Any) -> tuple[Any, list[list[dict]]]:
+    """`method=rlm` on the case (root over /v1/completions, subs over chat at `sub_url`, default the
+    server); its result and the message list it rendered at every turn. `settings`: RLMMethod's."""
     from parser.methods import Sample
     from parser.methods.rlm import RLMMethod
     from parser.methods.rlm.turns import RlmTurns
@@ -194,10 +195,11 @@ async def run_ours(name: str, server: ScriptServer, tokenizer: Any, prompt_sourc
         return seen[-1]
 
     models = Models(HttpBackend(server.url, api="completions", model="root", server="generic"), tokenizer,
-                    HttpBackend(server.url, api="chat", model="root", server="generic"), tokenizer)
+                    HttpBackend(sub_url or server.url, api="chat", model="root", server="generic"), tokenizer)
     method = RLMMethod(models, episode={"lead_temperature": 0.0, "lead_thinking": False, "max_attempts": 1,
                                         "max_turns": case.max_iterations, "max_tokens_per_turn": ROOT_MAX},
-                       max_errors=case.max_errors, sub_max_new_tokens=SUB_MAX, sub_temperature=0.0, prompt_source=prompt_source)
+                       **{"max_errors": case.max_errors, "sub_max_new_tokens": SUB_MAX, "sub_temperature": 0.0,
+                          "prompt_source": prompt_source, **settings})
     RlmTurns.messages = spy
     try:
         result = await method.run(Sample(name, QUESTION, [NEEDLE], CONTEXT))
