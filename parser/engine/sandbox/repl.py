@@ -31,6 +31,7 @@ import math
 import os
 import pathlib
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -117,11 +118,13 @@ class ReplSandbox:
         self._context_line = _encode({"context": context})
         self._llm, self.limits, self._slots, self.allow_unisolated = llm, limits, slots, allow_unisolated
         self._process: asyncio.subprocess.Process | None = None
+        self._init: int | None = None  # pidfd of the REPL process when it is a pid namespace's init
         self._directory: str | None = None
         self._slot: asyncio.Semaphore | None = None
         self._cpu_spent = 0.0  # by workers already gone
         self._cpu_now = 0.0  # by the current worker, as of its last cell
         self._closed = False
+        self._lost: str | None = None  # why the last worker is gone, until a cell's result has said so
         self.missing: tuple[str, ...] = ()  # isolation steps that failed (only with allow_unisolated)
 
     @classmethod
@@ -131,9 +134,10 @@ class ReplSandbox:
             raise TypeError(f"the REPL context must be a str, list or dict, got {type(context).__name__}")
         sandbox = cls(context, llm, limits, slots, allow_unisolated)
         try:
-            if slots is not None:
-                sandbox._slot = slots()
-                await sandbox._slot.acquire()
+            if slots is not None:  # one slot for the episode's worker, whichever worker that is
+                slot = slots()
+                await slot.acquire()
+                sandbox._slot = slot
             await sandbox._spawn()
         except _Broken as broken:
             await sandbox.aclose()
@@ -150,10 +154,13 @@ class ReplSandbox:
         await self.aclose()
 
     # ------------------------------------------------------------------------------------ the worker
+    def _cpu_left(self) -> float:
+        return self.limits.episode_cpu_s - self._cpu_spent
+
     async def _spawn(self) -> None:
-        cpu_left = self.limits.episode_cpu_s - self._cpu_spent
+        cpu_left = self._cpu_left()
         if cpu_left < 1:
-            raise _Broken(f"the episode's CPU budget of {self.limits.episode_cpu_s} s is spent; no new worker")
+            raise _Broken(f"the episode's CPU budget of {self.limits.episode_cpu_s} s is spent, so no worker runs")
         self._directory = tempfile.mkdtemp(prefix="parser-repl-")
         os.mkdir(os.path.join(self._directory, ".root"))
         settings = {"parent": os.getpid(), "directory": self._directory, "uid_base": WORKER_UID_BASE,
@@ -173,7 +180,12 @@ class ReplSandbox:
             raise _Broken(f"the worker did not start within {STARTUP_TIMEOUT_S:g} s") from None
 
     async def _handshake(self) -> None:
-        ready = await self._receive("ready")
+        kind, ready = await self._receive(("init", "ready"))
+        if kind == "init":  # isolated: the pid namespace's init, the REPL itself (see `_stop`)
+            if not isinstance(ready, int) or isinstance(ready, bool) or ready <= 0:
+                raise _Broken("the worker's init message is malformed")
+            self._init = os.pidfd_open(ready)
+            ready = await self._receive("ready")
         missing = ready.get("missing") if isinstance(ready, dict) else None
         if not isinstance(missing, list) or not all(isinstance(m, str) for m in missing):
             raise _Broken("the worker's ready message is malformed")
@@ -212,19 +224,28 @@ class ReplSandbox:
         (name, body), = message.items()
         return (name, body) if isinstance(kind, tuple) else body
 
-    def _kill(self) -> None:
-        if self._process is not None:
-            kill_group(self._process.pid)
-            self._cpu_spent += self._cpu_now
-
     async def _stop(self) -> None:
-        """Kill the worker's process group and remove its directory."""
-        process, directory = self._process, self._directory
-        self._kill()
-        self._process = self._directory = None
+        """Kill the worker and remove its directory. Isolated, the REPL is killed by its pidfd (its pid
+        namespace dies with it) and the process the host started reaps it and exits; the process group
+        is killed if that does not happen within `KILL_GRACE_S`, and first when there is no namespace."""
+        process, directory, init = self._process, self._directory, self._init
+        self._process = self._directory = self._init = None
         if process is not None:
-            with contextlib.suppress(asyncio.TimeoutError):
+            self._cpu_spent += self._cpu_now
+            if init is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(init, signal.SIGKILL)
+                os.close(init)
+            else:
+                kill_group(process.pid)
+            try:
                 await asyncio.wait_for(process.wait(), KILL_GRACE_S)
+            except asyncio.TimeoutError:
+                kill_group(process.pid)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(process.wait(), KILL_GRACE_S)
+        elif init is not None:
+            os.close(init)
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
 
@@ -239,15 +260,36 @@ class ReplSandbox:
             raise TypeError(f"a cell is a str of code, got {type(code).__name__}")
         started = time.monotonic()
         sub_calls: list[SubCall] = []
+        if self._process is None and self._cpu_left() < 1:
+            return CellResult(stdout="", stderr=f"REPL worker lost: the episode's CPU budget of "
+                              f"{self.limits.episode_cpu_s} s is spent, so no cell runs", variables=(),
+                              final_answer=None, seconds=0.0, sub_calls=(), lost_state=True)
         try:
-            if self._process is None:
-                await self._spawn()
-            return await self._cell(code, started, sub_calls)
-        except _Broken as broken:
-            return await self._replace(str(broken), started, sub_calls)
-        except BaseException:
+            try:
+                if self._process is None:
+                    await self._spawn()
+                result = await self._cell(code, started, sub_calls)
+            except _Broken as broken:
+                return await self._replace(str(broken), started, sub_calls)
+        except BaseException as error:  # cancelled, or the llm callback failed: no worker may outlive it
             await self._stop()
+            why = "cancelled" if isinstance(error, asyncio.CancelledError) else f"stopped by {type(error).__name__}"
+            self._lost = f"REPL worker lost: a cell was {why}; its variables are gone (a new worker holds `context`)"
             raise
+        if self._lost is not None:  # the worker this cell ran in replaced one killed by a cancellation
+            result = dataclasses.replace(result, lost_state=True, stderr=f"{self._lost}\n{result.stderr}")
+            self._lost = None
+        return result
+
+    @property
+    def directory(self) -> str | None:
+        """The worker's temporary directory on the host (its tmpfs root's mount point); removed at close."""
+        return self._directory
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id, which is also its process group's (None between workers)."""
+        return None if self._process is None else self._process.pid
 
     async def _cell(self, code: str, started: float, sub_calls: list[SubCall]) -> CellResult:
         await self._send_line(_encode({"run": code}))
@@ -302,20 +344,18 @@ class ReplSandbox:
 
     async def _replace(self, why: str, started: float, sub_calls: list[SubCall]) -> CellResult:
         """The worker is gone: say so in one line and start a fresh one with the context."""
-        if self._process is not None and self._process.returncode is None:
-            self._cpu_now += time.monotonic() - started  # killed mid-cell: charge at most its wall time
-        elif self._process is not None and self._process.returncode in (-24, -9, 128 + 24, 128 + 9):
-            self._cpu_now = self.limits.episode_cpu_s  # SIGXCPU / SIGKILL it did not get from us: the CPU limit
+        if self._process is not None and self._process.returncode in (-24, 128 + 24):
+            self._cpu_now = self.limits.episode_cpu_s  # its CPU limit, which is what the episode had left
+        else:  # killed mid-cell: charge the cell's wall time (its CPU time, unless it ran threads or forks)
+            self._cpu_now += time.monotonic() - started
         await self._stop()
         line = f"REPL worker lost: {why}; its variables are gone"
         try:
             await self._spawn()
             line += " (a new worker holds `context` again)"
         except _Broken as broken:
-            line += f"; {broken}"
-        except SandboxUnavailable:
             await self._stop()
-            raise
+            line += f"; {broken}"
         return CellResult(stdout="", stderr=line, variables=(), final_answer=None,
                           seconds=time.monotonic() - started, sub_calls=tuple(sub_calls), lost_state=True)
 
@@ -361,5 +401,5 @@ def _how(code: int | None) -> str:
     if code in (-24, 128 + 24):
         return "the episode's CPU limit"
     if code in (-9, 128 + 9):
-        return "killed: its memory, CPU or process limit"
+        return "killed by SIGKILL"
     return f"exit status {code}"

@@ -19,7 +19,8 @@ without `allow_unisolated` the worker exits there and the host refuses to start)
 
 Protocol (one JSON object per line; fds 0 and 1 are moved to private fds and replaced by /dev/null so a
 stray C-level print cannot corrupt it): the host sends `{"context": ...}` once, then `{"run": code}`;
-the worker answers `{"done": {...}}`, and while a cell runs it may ask `{"llm": {"prompts", "model"}}`
+the worker answers `{"done": {...}}` (after `{"init": pid}` from the process that waits for it, and
+`{"ready": ...}`, `{"loaded": ...}`), and while a cell runs it may ask `{"llm": {"prompts", "model"}}`
 and waits for `{"replies": [...]}`.
 
 The namespace mirrors rlms 0.1.3's LocalREPL (rlm/environments/local_repl.py): its builtins, `answer`
@@ -143,17 +144,40 @@ def _die_with(libc, parent: int) -> None:
         os._exit(137)
 
 
-def _become_init(libc, parent: int) -> None:
-    """Fork into the new pid namespace: the child (its init) runs the REPL; this process only waits and
-    exits as the child did, so the host's process (and process group) lives exactly as long as the REPL."""
+def _become_init(libc, parent: int, channel: "Channel") -> None:
+    """Fork into the new pid namespace: the child (its init) runs the REPL; this process tells the host
+    the child's pid (the host kills the REPL by it, so that this process reaps it: killed together, the
+    child would linger as a zombie of the host's init), then waits and exits as the child did."""
+    told_read, told_write = os.pipe()
     child = os.fork()
     if child:
+        os.close(told_read)
         _die_with(libc, parent)
-        _, status = os.waitpid(child, 0)
-        os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+        channel.send({"init": child})
+        os.close(told_write)  # the child speaks only after this line
+        _, status, usage = os.wait4(child, 0)
+        if os.WIFEXITED(status):
+            os._exit(os.WEXITSTATUS(status))
+        # A namespace's init ignores SIGXCPU, so the CPU limit kills with SIGKILL a second later: say which
+        cpu_limit = resource.getrlimit(resource.RLIMIT_CPU)[0]
+        spent = usage.ru_utime + usage.ru_stime >= cpu_limit > 0
+        os._exit(128 + (signal.SIGXCPU if spent else os.WTERMSIG(status)))
+    os.close(told_write)
+    os.read(told_read, 1)
+    os.close(told_read)
 
 
-def isolate(settings: dict) -> list[str]:
+def _give(directory: str, uid: int) -> bool:
+    """Make `uid` own the cwd (used if the file tree cannot be built); False where `uid` does not exist
+    (root of a user namespace that maps no other uid)."""
+    try:
+        os.chown(directory, uid, uid)
+    except OSError:
+        return False
+    return True
+
+
+def isolate(settings: dict, channel: "Channel") -> list[str]:
     """Steps 1-4; returns what could not be done (empty: fully isolated). Nothing here runs model code.
     As root the file tree is built first, with root's rights (the interpreter may live under a home only
     root can enter), and the user namespace comes after the uid drop; otherwise the user namespace
@@ -166,9 +190,8 @@ def isolate(settings: dict) -> list[str]:
     missing: list[str] = []
     proc_self = os.open("/proc/self", os.O_RDONLY | os.O_DIRECTORY)
     try:
-        if os.geteuid() == 0:
-            uid = settings["uid_base"] + os.getpid()
-            os.chown(settings["directory"], uid, uid)  # the cwd if the file tree cannot be built
+        uid = settings["uid_base"] + os.getpid()
+        if os.geteuid() == 0 and _give(settings["directory"], uid):  # root that can name other uids
             try:
                 _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
                 _new_root(libc, mount_point, settings["file_bytes"], uid)
@@ -185,7 +208,7 @@ def isolate(settings: dict) -> list[str]:
     except OSError as error:
         missing.append(str(error))
     else:
-        _become_init(libc, settings["parent"])
+        _become_init(libc, settings["parent"], channel)
         try:
             _drop_capabilities(libc)
         except OSError as error:
@@ -222,7 +245,7 @@ class Capture(io.TextIOBase):
         return "".join(self.parts)
 
 
-class AnswerDict(dict):
+class _AnswerDict(dict):
     """rlms' _AnswerDict: a plain dict to the model; setting a truthy `ready` reports `content`."""
 
     def __init__(self, on_ready):
@@ -243,14 +266,14 @@ class AnswerDict(dict):
 class Repl:
     """One persistent namespace; `llm` is the channel's sub-call (prompts, model) -> replies."""
 
-    def __init__(self, llm, keep: int, max_message_bytes: int):
-        self._llm, self.keep, self.max_message_bytes = llm, keep, max_message_bytes
+    def __init__(self, llm, keep: int):
+        self._llm, self.keep = llm, keep
         namespace = {name: getattr(builtins, name) for name in SAFE_BUILTINS}
         namespace.update(dict.fromkeys(BLOCKED_BUILTINS))
         self.globals = {"__builtins__": namespace, "__name__": "__main__", "SHOW_VARS": self.show_vars,
                         "llm_query": self.llm_query, "llm_query_batched": self.llm_query_batched,
                         "rlm_query": self.llm_query, "rlm_query_batched": self.llm_query_batched}
-        self.locals: dict = {"answer": AnswerDict(self._capture)}
+        self.locals: dict = {"answer": _AnswerDict(self._capture)}
         self.final: str | None = None
         self.pid = os.getpid()
 
@@ -275,20 +298,14 @@ class Repl:
         if model is not None and not isinstance(model, str):
             return [f"Error: Invalid model name: {model!r}"] * len(prompts)
         if asked:
-            size = sum(len(p.encode("utf-8", "surrogatepass")) for p in asked)
-            if size > self.max_message_bytes:
-                answers = [f"Error: the sub-call's prompts are {size} bytes, over the sandbox's bound of "
-                           f"{self.max_message_bytes}"] * len(asked)
-            else:
-                answers = iter(self._llm(asked, model))
-            answers = iter(answers)
+            answers = iter(self._llm(asked, model))
             replies = [next(answers) if reply is None else reply for reply in replies]
         return replies
 
     def _restore_scaffold(self) -> None:
         current = self.locals.get("answer")
-        if not isinstance(current, AnswerDict):  # rebound: take a ready plain dict's answer, wrap it again
-            replacement = AnswerDict(self._capture)
+        if not isinstance(current, _AnswerDict):  # rebound: take a ready plain dict's answer, wrap it again
+            replacement = _AnswerDict(self._capture)
             if isinstance(current, dict):
                 for key, value in current.items():
                     dict.__setitem__(replacement, key, value)
@@ -351,11 +368,13 @@ class Repl:
 
 # --------------------------------------------------------------------------------------------------- main
 class Channel:
-    def __init__(self, reader, writer):
-        self.reader, self.writer = reader, writer
+    """The pipe to the host. Lines are ASCII JSON (a lone surrogate a cell printed travels escaped)."""
+
+    def __init__(self, reader, writer, max_message_bytes: int):
+        self.reader, self.writer, self.max_message_bytes = reader, writer, max_message_bytes
 
     def send(self, message: dict) -> None:
-        self.writer.write(json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
+        self.writer.write(json.dumps(message).encode("ascii") + b"\n")
         self.writer.flush()
 
     def receive(self) -> dict:
@@ -365,7 +384,12 @@ class Channel:
         return json.loads(line.decode("utf-8", "surrogatepass"))
 
     def llm(self, prompts: list[str], model) -> list[str]:
-        self.send({"llm": {"prompts": prompts, "model": model}})
+        line = json.dumps({"llm": {"prompts": prompts, "model": model}}).encode("ascii") + b"\n"
+        if len(line) > self.max_message_bytes:  # the host would take it for a flood and kill the worker
+            return [f"Error: the sub-call's prompts are {len(line)} bytes as sent, over the sandbox's bound of "
+                    f"{self.max_message_bytes}"] * len(prompts)
+        self.writer.write(line)
+        self.writer.flush()
         replies = self.receive().get("replies")
         return [r if isinstance(r, str) else "Error: no reply" for r in replies][: len(prompts)]
 
@@ -377,12 +401,14 @@ def main() -> None:
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
-    channel = Channel(reader, writer)
-    missing = isolate(settings)
+    channel = Channel(reader, writer, settings["message_bytes"])
+    missing = isolate(settings, channel)
     channel.send({"ready": {"missing": missing}})
     if missing and not settings["allow_unisolated"]:
         os._exit(3)
-    repl = Repl(channel.llm, settings["output_chars"], settings["message_bytes"])
+    # At the CPU limit: exit now, saying why (a namespace's init would ignore SIGXCPU; SIGKILL comes 1 s later)
+    signal.signal(signal.SIGXCPU, lambda *_: os._exit(128 + signal.SIGXCPU))
+    repl = Repl(channel.llm, settings["output_chars"])
     repl.load_context(channel.receive()["context"])
     channel.send({"loaded": {"variables": repl.variables()}})
     while True:
