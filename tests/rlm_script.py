@@ -197,7 +197,8 @@ async def run_ours(name: str, server: ScriptServer, tokenizer: Any, prompt_sourc
     models = Models(HttpBackend(server.url, api="completions", model="root", server="generic"), tokenizer,
                     HttpBackend(sub_url or server.url, api="chat", model="root", server="generic"), tokenizer)
     method = RLMMethod(models, episode={"lead_temperature": 0.0, "lead_thinking": False, "max_attempts": 1,
-                                        "max_turns": case.max_iterations, "max_tokens_per_turn": ROOT_MAX},
+                                        "max_turns": case.max_iterations, "max_tokens_per_turn": ROOT_MAX,
+                                        **settings.pop("episode", {})},
                        **{"max_errors": case.max_errors, "sub_max_new_tokens": SUB_MAX, "sub_temperature": 0.0,
                           "prompt_source": prompt_source, **settings})
     RlmTurns.messages = spy

@@ -84,6 +84,9 @@ def test_token_and_time_limits_end_with_rlms_best_partial_answer(tiny_tokenizer)
     part = by_time.trace.extras["rlm"]
     assert (part["stop_reason"], len(part["iterations"])) == ("max_timeout", 1)
     assert by_time.answer == CASES["probe"].turns[0] and by_time.trace.stop_reason == "max_timeout"
+    # the engine's own response budget (20 tokens; the scripted first reply is longer) ends it the same way
+    by_engine = scripted("probe", tiny_tokenizer, episode={"max_response_tokens": 20})
+    assert (by_engine.trace.extras["rlm"]["stop_reason"], by_engine.answer) == ("response_length", CASES["probe"].turns[0])
 
 
 def test_failed_sub_calls_reach_the_repl_as_error_strings_and_the_episode_goes_on(tiny_tokenizer):

@@ -141,6 +141,7 @@ class RLMMethod:
                              usage=usage, max_blocks=self.config.max_tool_calls_per_turn,
                              prompt_version=self.config.prompt_version, **self.budgets)
             trajectory = await self.engine.run_tools(sample.question, turns, doc_id=sample.id)
+        turns.cut_by_engine(trajectory.stop_reason)
         trajectory.answer, trajectory.stop_reason = turns.answer, turns.stop_reason
         sub = usage["sub"]
         return MethodResult(

@@ -64,7 +64,7 @@ class RlmTurns:
         self.iterations: list[dict[str, Any]] = []
         self.answer: str | None = None
         self.best_partial: str | None = None  # rlms' `_best_partial_answer`: the last non-empty reply
-        self.stop_reason = "max_iterations"
+        self.stop_reason: str | None = None  # set when the episode ends here (answer, fallback, a limit)
         self.consecutive_errors = 0
         self.index, self.current, self.blocks, self.results = 0, {}, [], []
 
@@ -165,6 +165,12 @@ class RlmTurns:
     def _stop(self, reason: str) -> str:
         self.answer, self.stop_reason = self.best_partial, reason
         return reason
+
+    def cut_by_engine(self, reason: str) -> None:
+        """The engine ended the episode first (its response budget, an empty generation): as at a
+        limit, the best partial answer."""
+        if self.stop_reason is None:
+            self._stop(reason)
 
     def tokens_used(self) -> int:
         return sum(u.input_tokens + u.output_tokens for u in self.usage.values())
