@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any, Mapping
 
 from parser.base.config import EpisodeConfig
@@ -132,7 +133,7 @@ class RLMMethod:
             """The sandbox's host callback; `model` is recorded by the sandbox, the subagent answers."""
             return list(await asyncio.gather(*(self._sub_call(p, sample.id, usage["sub"], failures) for p in prompts)))
 
-        lead_tokenizer = self.models.lead_tokenizer
+        lead_tokenizer, started = self.models.lead_tokenizer, time.perf_counter()
         async with await ReplSandbox.start(sample.context, llm=llm, limits=self.limits, slots=self.repl_slots,
                                            allow_unisolated=self.allow_unisolated) as repl:
             turns = RlmTurns(self.prompts, sample.question, sample.context, repl,
@@ -145,7 +146,7 @@ class RLMMethod:
         trajectory.answer, trajectory.stop_reason = turns.answer, turns.stop_reason
         sub = usage["sub"]
         return MethodResult(
-            answer=turns.answer, steps=trajectory.num_turns, wall_s=trajectory.wall_s,
+            answer=turns.answer, steps=trajectory.num_turns, wall_s=time.perf_counter() - started,  # the REPL's start and end too
             lead_output_tokens=int(trajectory.stats()["lead_tokens"]), subagent_output_tokens=sub.output_tokens,
             trace=dataclasses.replace(trajectory, extras={"rlm": turns.trace_part()}),
             failed=(f"all {sub.calls} sub-calls failed (first: {failures[0]})" if sub.calls and len(failures) == sub.calls

@@ -176,9 +176,9 @@ class RlmTurns:
         return sum(u.input_tokens + u.output_tokens for u in self.usage.values())
 
     def trace_part(self) -> dict[str, Any]:
-        """RLM's part of the trajectory's `extras` (`rlm`): each iteration's prompt size, reply,
-        blocks (code, stdout, stderr, variables, sub-calls); the
-        usage per role; the stop reason; the rlms version whose prompts ran."""
+        """RLM's part of the trajectory's `extras` (`rlm`): each iteration's prompt size, reply and
+        blocks (code, stdout, stderr, variables, sub-calls); the usage per role; the stop reason;
+        the rlms version whose prompts ran."""
         return {"rlms_version": self.prompts.version, "prompt_source": self.prompts.source,
                 "max_iterations": self.max_iterations, "stop_reason": self.stop_reason, "answer": self.answer,
                 "best_partial_answer": self.best_partial, "iterations": self.iterations,
