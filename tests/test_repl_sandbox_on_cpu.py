@@ -120,6 +120,7 @@ def test_a_cell_past_max_sub_calls_gets_error_strings_without_calling_llm():
 
 # -- escapes: each blocked or bounded, the host unchanged ----------------------------------------------
 SECRET = "sk-parser-fake-secret-5e2f"
+ROOT = pathlib.Path(__file__).resolve().parent.parent  # the checkout the host scripts import from
 SMALL = ReplLimits(cell_timeout_s=2.0, episode_cpu_s=30, memory_bytes=256 << 20, file_bytes=4 << 20, processes=8,
                    output_chars=1000, message_bytes=1 << 20)
 
@@ -175,10 +176,23 @@ def escapes(monkeypatch, tmp_path):
 def test_os_system_subprocess_and_a_subclasses_walk_reach_no_program(escapes):
     walk = ("w = [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == '_wrap_close'][0]\n"
             "print(w.__init__.__globals__['system']('touch TARGET'))")
-    system, spawn, walked = escapes("import os\nprint(os.system('touch TARGET'))",
-                                    "import subprocess\nsubprocess.run(['/bin/sh', '-c', 'touch TARGET'])", walk)
-    assert system.stdout == walked.stdout == "32512\n"  # the shell is not there: exit status 127
-    assert spawn.stderr == "\nFileNotFoundError: [Errno 2] No such file or directory: '/bin/sh'"
+    system, spawn, walked, loader = escapes(
+        "import os\nprint(os.system('touch TARGET'))", "import subprocess\nsubprocess.run(['/bin/sh', '-c', 'touch TARGET'])",
+        walk, "import os\nos.execv('/lib64/ld-linux-x86-64.so.2', ['ld.so', '--version'])")
+    assert system.stdout == walked.stdout == "32512\n"  # the forked shell could not exec: exit status 127
+    assert spawn.stderr == "\nPermissionError: [Errno 1] Operation not permitted: '/bin/sh'"  # seccomp, before lookup
+    assert loader.stderr == "\nPermissionError: [Errno 1] Operation not permitted"  # the loader is there, exec is not
+
+
+def test_native_code_it_writes_cannot_be_loaded(escapes):
+    import ctypes.util
+
+    library = ctypes.util.find_library("m")
+    if library is None:
+        pytest.skip("no libm to copy")
+    copied, = escapes(f"import ctypes, shutil\nshutil.copy('/lib/{os.uname().machine}-linux-gnu/{library}', 'mine.so')\n"
+                      "ctypes.CDLL('/work/mine.so')")
+    assert "failed to map segment from shared object" in copied.stderr  # its tmpfs is noexec
 
 
 def test_no_network_loopback_or_outside(escapes):
@@ -380,6 +394,21 @@ def test_without_namespaces_it_refuses_unless_allowed(tmp_path):
     assert allowed.returncode == 0, allowed.stderr
     missing, pid, output = allowed.stdout.splitlines()[:3]
     assert "unshare(CLONE_NEWUSER" in missing and output == "go"
+
+
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or SYSTEM_PYTHON is None,
+                    reason="needs root (to become another user), setpriv and a python3 outside root's home")
+def test_a_host_that_is_not_root_isolates_too():
+    """Run as uid 65534 (the user namespace comes first there, and builds the file tree)."""
+    script = (HOST.format(options="").replace("while True: pass", "import os\\nprint(sorted(os.listdir('/')))")
+              .replace("import asyncio, sys", f"import asyncio, sys\nsys.path.insert(0, {str(ROOT)!r})"))
+    host = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "env", "-i",
+                           SYSTEM_PYTHON, "-I", "-c", script], capture_output=True, text=True, timeout=60, cwd="/")
+    assert host.returncode == 0, host.stderr
+    assert host.stdout.splitlines()[0] == "()" and host.stdout.splitlines()[2:4] == ["go", "['lib', 'lib64', 'tmp', 'usr', 'work']"]
 
 
 # -- the namespace is rlms' LocalREPL's ------------------------------------------------------------------

@@ -33,10 +33,10 @@ from typing import Mapping
 
 KILL_GRACE_S = 2.0  # after the deadline: how long the killed group may take to close its output
 # Runs before the tool (same process, via exec): die with the parent (a killed eval must not
-# leave searches behind), set the limits, then become the tool. A limit of -1 is unlimited.
+# leave searches behind), set the limits, then become the tool.
 _LIMITS_SHIM = (
     "import os, resource as r, sys\n"
-    "memory, cpu, fsize, nproc, parent = (int(a) for a in sys.argv[1:6])\n"
+    "memory, cpu, fsize, parent = (int(a) for a in sys.argv[1:5])\n"
     "if sys.platform.startswith('linux'):\n"
     "    import ctypes, signal\n"
     "    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG\n"
@@ -46,20 +46,15 @@ _LIMITS_SHIM = (
     "r.setrlimit(r.RLIMIT_CPU, (cpu, cpu + 1))\n"
     "r.setrlimit(r.RLIMIT_FSIZE, (fsize, fsize))\n"
     "r.setrlimit(r.RLIMIT_CORE, (0, 0))\n"
-    "if nproc >= 0:\n"
-    "    r.setrlimit(r.RLIMIT_NPROC, (nproc, nproc))\n"
-    "os.execv(sys.argv[6], sys.argv[6:])\n"
+    "os.execv(sys.argv[5], sys.argv[5:])\n"
 )
 
 
-def limited_argv(argv: list[str], *, memory_limit_bytes: int, cpu_s: int, file_bytes: int = 0,
-                 processes: int = -1) -> list[str]:
+def limited_argv(argv: list[str], *, memory_limit_bytes: int, cpu_s: int, file_bytes: int = 0) -> list[str]:
     """`argv` behind the limits shim: address space, CPU seconds (SIGXCPU at `cpu_s`, SIGKILL a
-    second later), largest file it may write (0: none), processes of its user (-1: unlimited; a
-    root user is exempt, so a caller that needs it drops to another user), no core dumps, and death
-    with this process. Shared by the DCI commands (`run_limited`) and the RLM REPL worker
-    (`parser.engine.sandbox.repl`)."""
-    limits = (memory_limit_bytes, cpu_s, file_bytes, processes, os.getpid())
+    second later), largest file it may write (0: none), no core dumps, and death with this process.
+    Shared by the DCI commands (`run_limited`) and the RLM REPL worker (`parser.engine.sandbox.repl`)."""
+    limits = (memory_limit_bytes, cpu_s, file_bytes, os.getpid())
     return [sys.executable, "-I", "-S", "-c", _LIMITS_SHIM, *(str(int(v)) for v in limits), *argv]
 
 

@@ -165,10 +165,11 @@ class ReplSandbox:
         os.mkdir(os.path.join(self._directory, ".root"))
         settings = {"parent": os.getpid(), "directory": self._directory, "uid_base": WORKER_UID_BASE,
                     "allow_unisolated": self.allow_unisolated, "file_bytes": self.limits.file_bytes,
-                    "output_chars": self.limits.output_chars, "message_bytes": self.limits.message_bytes}
+                    "output_chars": self.limits.output_chars, "message_bytes": self.limits.message_bytes,
+                    "processes": self.limits.processes}
         argv = limited_argv([sys.executable, "-I", "-S", "-X", "utf8", str(WORKER), json.dumps(settings)],
                             memory_limit_bytes=self.limits.memory_bytes, cpu_s=math.floor(cpu_left),
-                            file_bytes=self.limits.file_bytes, processes=self.limits.processes)
+                            file_bytes=self.limits.file_bytes)
         self._process = await asyncio.create_subprocess_exec(
             *argv, cwd=self._directory, env={}, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL, start_new_session=True, limit=self.limits.message_bytes)

@@ -6,16 +6,17 @@ nothing of the project (the host starts it by path, `python -I -S -X utf8 repl_w
 
 Isolation, before any message is read (Linux; each step that fails is named in the `ready` message, and
 without `allow_unisolated` the worker exits there and the host refuses to start):
-  1. as root, drop to a uid of its own (the host picks an unused one), so every host file is "other" to it
-     and RLIMIT_NPROC counts this worker's processes only;
+  1. as root, drop to a uid of its own (WORKER_UID_BASE + its pid), so every host file is "other" to it
+     and RLIMIT_NPROC holds (set once inside the user namespace, it counts only that namespace's processes);
   2. `unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID)`: a network namespace with a
      down loopback and nothing else; a pid namespace whose init is the REPL (when it dies, the kernel kills
      every process it started, however they detached); a mount namespace in which
-  3. a size-bounded tmpfs becomes the root, with only the interpreter's standard library and the system
-     libraries bind-mounted read-only (no binaries, no /etc, /proc, /home, project files), then
+  3. a size-bounded, noexec tmpfs becomes the root, with only the interpreter's standard library and the
+     shared libraries bind-mounted read-only (no /bin, /etc, /proc, /home, project files), then
      `pivot_root` and a detached old root: there is nothing of the host's file tree left to reach;
   4. every capability dropped (bounding set too) and `no_new_privs`, so the namespace's root cannot
-     remount, unmount or chroot its way out; then death with its parent.
+     remount, unmount or chroot its way out;
+  5. a seccomp filter that refuses execve/execveat: no program runs at all; then death with its parent.
 
 Protocol (one JSON object per line; fds 0 and 1 are moved to private fds and replaced by /dev/null so a
 stray C-level print cannot corrupt it): the host sends `{"context": ...}` once, then `{"run": code}`;
@@ -40,10 +41,16 @@ import sys
 import time
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x20000000, 0x10000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
-SYSTEM_LIBRARIES = ("/usr/lib", "/usr/lib64", "/lib", "/lib64")  # what the interpreter's extensions link
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 22, 38
+SECCOMP_MODE_FILTER = 2
+# What the interpreter's extension modules link (the multiarch directory, not all of /usr/lib with its
+# hundreds of programs); /lib and /lib64 are links into /usr on merged-/usr systems, and are kept so.
+_MULTIARCH = f"/usr/lib/{os.uname().machine}-linux-gnu"
+SYSTEM_LIBRARIES = (_MULTIARCH if os.path.isdir(_MULTIARCH) else "/usr/lib", "/usr/lib64", "/lib", "/lib64")
+# execve/execveat per architecture: (AUDIT_ARCH_*, execve, execveat)
+EXEC_SYSCALLS = {"x86_64": (0xC000003E, 59, 322), "aarch64": (0xC00000B7, 221, 281)}
 ROOT_MOUNT_POINT = ".root"  # inside the host's temporary directory: where the tmpfs root is mounted
 
 # rlms' _SAFE_BUILTINS: these names are the real builtins; these others are None (blocked there too).
@@ -105,7 +112,7 @@ def _new_root(libc, mount_point: str, tmpfs_bytes: int, owner: int) -> None:
     """Step 3, in a mount namespace this process may change: a tmpfs root holding /work (the cwd, owned
     by `owner`), /tmp and read-only binds of the stdlib and system libraries; pivot into it."""
     _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount(/, MS_PRIVATE)")
-    _check(libc.mount(b"tmpfs", mount_point.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+    _check(libc.mount(b"tmpfs", mount_point.encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
                       f"size={max(tmpfs_bytes, 1 << 20)},mode=0755".encode()), "mount(tmpfs root)")
     for path in (*SYSTEM_LIBRARIES, os.path.dirname(os.__file__)):
         target = mount_point + path
@@ -136,6 +143,31 @@ def _drop_capabilities(libc) -> None:
             _check(-1, f"prctl(PR_CAPBSET_DROP, {cap})")
     header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3, all zero
     _check(libc.capset(ctypes.byref(header), data), "capset")
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _forbid_exec(libc) -> None:
+    """Step 5: a seccomp filter that fails execve/execveat with EPERM (and every syscall of another ABI:
+    x32 numbers, 32-bit calls), so no program runs: not the helpers among the system libraries, not the
+    loader, not a binary the code wrote (its tmpfs is noexec as well)."""
+    machine = os.uname().machine
+    if machine not in EXEC_SYSCALLS:
+        raise OSError(0, f"a seccomp filter for {machine} (known: {', '.join(EXEC_SYSCALLS)})")
+    arch, execve, execveat = EXEC_SYSCALLS[machine]
+    load, equal, at_least, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    program = [(load, 0, 0, 4), (equal, 0, 5, arch), (load, 0, 0, 0), (at_least, 3, 0, 0x40000000),
+               (equal, 2, 0, execve), (equal, 1, 0, execveat), (ret, 0, 0, 0x7FFF0000), (ret, 0, 0, 0x00050001)]
+    filters = (_SockFilter * len(program))(*(_SockFilter(*op) for op in program))
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(_SockFprog(len(program), filters)), 0, 0),
+           "prctl(PR_SET_SECCOMP)")
 
 
 def _die_with(libc, parent: int) -> None:
@@ -178,7 +210,7 @@ def _give(directory: str, uid: int) -> bool:
 
 
 def isolate(settings: dict, channel: "Channel") -> list[str]:
-    """Steps 1-4; returns what could not be done (empty: fully isolated). Nothing here runs model code.
+    """Steps 1-5; returns what could not be done (empty: fully isolated). Nothing here runs model code.
     As root the file tree is built first, with root's rights (the interpreter may live under a home only
     root can enter), and the user namespace comes after the uid drop; otherwise the user namespace
     comes first and gives the rights to build it."""
@@ -215,6 +247,14 @@ def isolate(settings: dict, channel: "Channel") -> list[str]:
             missing.append(f"dropping capabilities: {error}")
     finally:
         os.close(proc_self)  # a directory fd of the host's /proc would lead back out of the new root
+    try:
+        _forbid_exec(libc)
+    except OSError as error:
+        missing.append(f"no exec: {error}")
+    # Set inside the new user namespace, the limit counts that namespace's processes only (the kernel
+    # checks the outer levels against the limit the namespace was created under): a host user's own
+    # processes do not use up the worker's.
+    resource.setrlimit(resource.RLIMIT_NPROC, (settings["processes"], settings["processes"]))
     _die_with(libc, settings["parent"])
     os.environ.update(HOME=os.getcwd(), TMPDIR="/tmp" if not missing else os.getcwd())
     return missing
