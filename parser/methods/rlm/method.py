@@ -56,6 +56,9 @@ from .reference import MAX_OUTPUT_CHARS, load_prompts
 from .turns import RlmTurns, RoleUsage
 
 
+UNCONSTRAINED = {"constrain_lead": False, "distinct_queries": False, "query_first": False, "answer_last_turn": False}
+
+
 class RLMMethod:
     name = "rlm"
     view = "parser.methods.rlm.view:render"  # each iteration's code, output and sub-calls, in eval.viewer
@@ -80,9 +83,12 @@ class RLMMethod:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
                 raise ValueError(f"rlm: {field} must be positive or null (no limit), got {value!r}")
         self.models, self.prompts = models, load_prompts(prompt_source)
+        # the root writes free text with code blocks: the lead constraints of tool-call turns (the CPU
+        # preset's) do not apply, as under any prompt from state
+        episode = {**(episode or {}), **UNCONSTRAINED}
         # rlms' max_iterations is the episode's turn limit; the engine runs one turn more, the fallback call
-        iterations = EpisodeConfig(**(episode or {})).max_turns
-        self.config = EpisodeConfig(**{**(episode or {}), "max_turns": iterations + 1})
+        iterations = EpisodeConfig(**episode).max_turns
+        self.config = EpisodeConfig(**{**episode, "max_turns": iterations + 1})
         self.protocol = protocol_for(self.config)
         self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, config=self.config, protocol=self.protocol)
         self.limits = ReplLimits(**sandbox)
