@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import pathlib
 import select
@@ -23,6 +24,8 @@ from omegaconf import OmegaConf
 
 from parser.engine.sandbox.process import ProcessSlots
 from parser.engine.sandbox.repl import CONFIG, WORKER_UID_BASE, ReplLimits, ReplSandbox, SubCall
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent  # the checkout the host scripts import from
 
 
 class ScriptedLlm:
@@ -39,6 +42,30 @@ class ScriptedLlm:
 
 def run(coro):
     return asyncio.run(coro)
+
+
+@functools.cache
+def isolation_missing() -> tuple[str, ...]:
+    """What the worker cannot set up on this machine (empty here: root, user namespaces allowed)."""
+    async def probe():
+        async with await ReplSandbox.start("", llm=ScriptedLlm(), allow_unisolated=True) as repl:
+            return repl.missing
+
+    return run(probe())
+
+
+NEED_NO_ISOLATION = {"test_yaml_is_the_dataclass_defaults", "test_limits_out_of_domain_name_the_field",
+                     "test_without_namespaces_it_refuses_unless_allowed"}
+
+
+@pytest.fixture(autouse=True)
+def isolation(request):
+    """Where the worker cannot be isolated the sandbox refuses to start, so these tests cannot run there
+    (the refusal itself is still tested); PARSER_REQUIRE_EXTRAS=1 makes that a failure instead."""
+    if request.node.originalname not in NEED_NO_ISOLATION and isolation_missing():
+        if os.environ.get("PARSER_REQUIRE_EXTRAS") == "1":
+            pytest.fail(f"this machine cannot isolate the RLM REPL worker: {'; '.join(isolation_missing())}")
+        pytest.skip(f"this machine cannot isolate the RLM REPL worker: {'; '.join(isolation_missing())}")
 
 
 async def cells(context, *codes, llm=None, **options):
@@ -120,7 +147,6 @@ def test_a_cell_past_max_sub_calls_gets_error_strings_without_calling_llm():
 
 # -- escapes: each blocked or bounded, the host unchanged ----------------------------------------------
 SECRET = "sk-parser-fake-secret-5e2f"
-ROOT = pathlib.Path(__file__).resolve().parent.parent  # the checkout the host scripts import from
 SMALL = ReplLimits(cell_timeout_s=2.0, episode_cpu_s=30, memory_bytes=256 << 20, file_bytes=4 << 20, processes=8,
                    output_chars=1000, message_bytes=1 << 20)
 
@@ -222,9 +248,10 @@ def test_host_files_are_not_there_to_read_or_write(escapes):
     assert write.stderr == ""  # it wrote: into its own tmpfs (`escapes` checks the host's path stays absent)
 
 
-def test_no_secret_in_the_environment(escapes):
-    env, = escapes("import os\nprint(sorted(os.environ))")
+def test_no_secret_in_the_environment_and_nothing_of_the_host_in_sight(escapes):
+    env, host = escapes("import os\nprint(sorted(os.environ))", "import socket\nprint(socket.gethostname())")
     assert env.stdout == "['HOME', 'LC_CTYPE', 'TMPDIR']\n"  # built from nothing; LC_CTYPE is Python's own
+    assert host.stdout == "repl\n"  # its own UTS namespace (and IPC, cgroup)
 
 
 def test_ctypes_cannot_mount_chroot_or_change_user(escapes):
@@ -235,15 +262,16 @@ def test_ctypes_cannot_mount_chroot_or_change_user(escapes):
 
 
 def test_fork_bombs_stop_at_the_process_limit_and_leave_nothing(escapes):
-    _, bomb, after, detached = escapes(
-        "kept = 1", "import os\nwhile True:\n    os.fork()",
-        "print(kept)",
-        "import os\nfor _ in range(20):\n    try:\n        if os.fork() == 0:\n            os.setsid()\n"
-        "            while True: pass\n    except OSError: pass\nwhile True: pass",
-        limits=dataclasses.replace(SMALL, cell_timeout_s=1.0))
+    _, bomb, after = escapes("kept = 1", "import os\nwhile True:\n    os.fork()", "print(kept)")
     assert bomb.stderr == "\nBlockingIOError: [Errno 11] Resource temporarily unavailable" and not bomb.lost_state
     assert after.stdout == "1\n"  # its forks left quietly; the REPL's state is intact
-    assert detached.lost_state and "deadline of 1 s" in detached.stderr  # the setsid spinners die with it
+
+
+def test_detached_spinners_die_with_the_worker(escapes):
+    detached, = escapes("import os\nfor _ in range(20):\n    try:\n        if os.fork() == 0:\n            os.setsid()\n"
+                        "            while True: pass\n    except OSError: pass\nwhile True: pass",
+                        limits=dataclasses.replace(SMALL, cell_timeout_s=1.0))
+    assert detached.lost_state and "deadline of 1 s" in detached.stderr  # `escapes` finds none of them left
 
 
 def test_a_memory_bomb_is_a_memory_error_and_the_state_survives(escapes):
@@ -360,7 +388,7 @@ asyncio.run(main())
 def test_the_worker_dies_with_its_host(tmp_path):
     script = tmp_path / "host.py"
     script.write_text(HOST.format(options=""))
-    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     host = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert host.stdout.readline() == "()\n"
@@ -374,26 +402,32 @@ def test_the_worker_dies_with_its_host(tmp_path):
         host.wait()
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare is not installed")
 def test_without_namespaces_it_refuses_unless_allowed(tmp_path):
-    """A user namespace whose max_user_namespaces is 0 stands in for a machine without them."""
+    """A user namespace whose max_user_namespaces is 0 stands in for a machine without them (on such a
+    machine the host runs as it is)."""
     script = tmp_path / "host.py"
-    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    stand_in = not isolation_missing()
+    if stand_in and shutil.which("unshare") is None:
+        pytest.skip("util-linux unshare is not installed")
 
     def host(options):
         script.write_text(HOST.format(options=options).replace("while True: pass", "print(2)"))
-        return subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c",
-                               f"echo 0 > /proc/sys/user/max_user_namespaces && exec {sys.executable} {script}"],
-                              capture_output=True, text=True, env=env, timeout=60)
+        argv = [sys.executable, str(script)]
+        if stand_in:
+            argv = ["unshare", "--user", "--map-root-user", "sh", "-c",
+                    f"echo 0 > /proc/sys/user/max_user_namespaces && exec {sys.executable} {script}"]
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
 
     refused = host("")
     assert refused.returncode == 1 and "SandboxUnavailable: the RLM REPL sandbox cannot isolate its worker" in refused.stderr
-    assert "unshare(CLONE_NEWUSER|CLONE_NEWNET|CLONE_NEWPID)" in refused.stderr
     assert "sandbox.allow_unisolated" in refused.stderr
     allowed = host(", allow_unisolated=True")
     assert allowed.returncode == 0, allowed.stderr
     missing, pid, output = allowed.stdout.splitlines()[:3]
-    assert "unshare(CLONE_NEWUSER" in missing and output == "go"
+    assert missing != "()" and output == "go"
+    if stand_in:
+        assert "unshare(CLONE_NEWUSER|CLONE_NEWNET|CLONE_NEWPID|...)" in refused.stderr and "unshare(" in missing
 
 
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")

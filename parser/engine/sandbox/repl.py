@@ -59,7 +59,7 @@ class ReplLimits:
     episode_cpu_s: int = 600  # RLIMIT_CPU over the episode: workers replaced after a kill get what is left
     memory_bytes: int = 2 << 30  # RLIMIT_AS of the worker
     file_bytes: int = 64 << 20  # RLIMIT_FSIZE, and the size of the worker's private tmpfs
-    processes: int = 32  # RLIMIT_NPROC of the worker's own uid: processes and threads (no fork bombs)
+    processes: int = 32  # RLIMIT_NPROC inside the worker's user namespace: processes and threads (no fork bombs)
     output_chars: int = 20_000  # of stdout and of stderr kept per cell (the method makes rlms' exact cut)
     max_sub_calls_per_cell: int = 256  # prompts one cell may send to `llm`; past it each gets an "Error: ..."
     message_bytes: int = 64 << 20  # largest message the worker may send (a sub-call's prompts)
@@ -99,7 +99,7 @@ class CellResult:
     stderr: str  # as rlms' LocalREPL writes it: what the cell wrote, then "\n{type}: {message}" if it raised
     variables: tuple[str, ...]  # the names rlms' format_execution_result lists, in its order
     final_answer: str | None  # str(answer["content"]) once the cell set answer["ready"] (or rebound a ready dict)
-    seconds: float
+    seconds: float  # wall time of `run`, its sub-calls included
     sub_calls: tuple[SubCall, ...]
     lost_state: bool  # the worker died (deadline, memory, CPU, protocol); a fresh one holds the context again
     stdout_chars: int | None = None  # the whole length when `stdout` was cut (None: `stdout` is whole)
@@ -119,10 +119,11 @@ class ReplSandbox:
         self._llm, self.limits, self._slots, self.allow_unisolated = llm, limits, slots, allow_unisolated
         self._process: asyncio.subprocess.Process | None = None
         self._init: int | None = None  # pidfd of the REPL process when it is a pid namespace's init
+        self._repl_pid: int | None = None  # the REPL process (the init, or the worker itself unisolated)
         self._directory: str | None = None
         self._slot: asyncio.Semaphore | None = None
         self._cpu_spent = 0.0  # by workers already gone
-        self._cpu_now = 0.0  # by the current worker, as of its last cell
+        self._cpu_now = 0.0  # by the current worker, as the host last read it (never as the worker says)
         self._closed = False
         self._lost: str | None = None  # why the last worker is gone, until a cell's result has said so
         self.missing: tuple[str, ...] = ()  # isolation steps that failed (only with allow_unisolated)
@@ -185,7 +186,7 @@ class ReplSandbox:
         if kind == "init":  # isolated: the pid namespace's init, the REPL itself (see `_stop`)
             if not isinstance(ready, int) or isinstance(ready, bool) or ready <= 0:
                 raise _Broken("the worker's init message is malformed")
-            self._init = os.pidfd_open(ready)
+            self._init, self._repl_pid = os.pidfd_open(ready), ready
             ready = await self._receive("ready")
         missing = ready.get("missing") if isinstance(ready, dict) else None
         if not isinstance(missing, list) or not all(isinstance(m, str) for m in missing):
@@ -230,7 +231,7 @@ class ReplSandbox:
         namespace dies with it) and the process the host started reaps it and exits; the process group
         is killed if that does not happen within `KILL_GRACE_S`, and first when there is no namespace."""
         process, directory, init = self._process, self._directory, self._init
-        self._process = self._directory = self._init = None
+        self._process = self._directory = self._init = self._repl_pid = None
         if process is not None:
             self._cpu_spent += self._cpu_now
             if init is not None:
@@ -278,7 +279,9 @@ class ReplSandbox:
             self._lost = f"REPL worker lost: a cell was {why}; its variables are gone (a new worker holds `context`)"
             raise
         if self._lost is not None:  # the worker this cell ran in replaced one killed by a cancellation
-            result = dataclasses.replace(result, lost_state=True, stderr=f"{self._lost}\n{result.stderr}")
+            note = f"{self._lost}\n"
+            result = dataclasses.replace(result, lost_state=True, stderr=note + result.stderr, stderr_chars=None
+                                         if result.stderr_chars is None else len(note) + result.stderr_chars)
             self._lost = None
         return result
 
@@ -328,27 +331,36 @@ class ReplSandbox:
             variables = body["variables"]
             final = body["final_answer"]
             lengths = [body["stdout_chars"], body["stderr_chars"]]
-            cpu = body["cpu_s"]
             if (not isinstance(variables, list) or not all(isinstance(v, str) for v in variables)
                     or not (final is None or isinstance(final, str))
-                    or not all(isinstance(n, int) and n >= 0 for n in lengths)
-                    or not isinstance(cpu, (int, float))):
+                    or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in lengths)):
                 raise TypeError
         except (KeyError, TypeError):
             raise _Broken("the worker sent a malformed cell result") from None
-        self._cpu_now = float(cpu)
+        self._read_cpu()
         keep = self.limits.output_chars
-        return CellResult(stdout=stdout[:keep], stderr=stderr[:keep], variables=tuple(variables),
-                          final_answer=final, seconds=time.monotonic() - started, sub_calls=tuple(sub_calls),
-                          lost_state=False, stdout_chars=lengths[0] if lengths[0] > len(stdout) else None,
-                          stderr_chars=lengths[1] if lengths[1] > len(stderr) else None)
+        (stdout, stdout_chars), (stderr, stderr_chars) = (_kept(text, whole, keep) for text, whole in
+                                                          ((stdout, lengths[0]), (stderr, lengths[1])))
+        return CellResult(stdout=stdout, stderr=stderr, variables=tuple(variables), final_answer=final,
+                          seconds=time.monotonic() - started, sub_calls=tuple(sub_calls), lost_state=False,
+                          stdout_chars=stdout_chars, stderr_chars=stderr_chars)
+
+    def _read_cpu(self) -> None:
+        """The REPL's CPU seconds (its own and its reaped children's), read by the host from /proc: what a
+        worker reports about itself is untrusted."""
+        pid = self._repl_pid if self._repl_pid is not None else self._process.pid
+        try:
+            fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return
+        self._cpu_now = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime..cstime
 
     async def _replace(self, why: str, started: float, sub_calls: list[SubCall]) -> CellResult:
         """The worker is gone: say so in one line and start a fresh one with the context."""
         if self._process is not None and self._process.returncode in (-24, 128 + 24):
             self._cpu_now = self.limits.episode_cpu_s  # its CPU limit, which is what the episode had left
-        else:  # killed mid-cell: charge the cell's wall time (its CPU time, unless it ran threads or forks)
-            self._cpu_now += time.monotonic() - started
+        elif self._process is not None and self._process.returncode is None:
+            self._read_cpu()  # still running (its deadline, a broken message): as of now, before the kill
         await self._stop()
         line = f"REPL worker lost: {why}; its variables are gone"
         try:
@@ -372,6 +384,12 @@ class ReplSandbox:
 
 def _encode(message: dict) -> bytes:
     return json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n"
+
+
+def _kept(text: str, whole: int, keep: int) -> tuple[str, int | None]:
+    """At most `keep` characters of `text`, and its whole length if that is more than what is kept."""
+    whole = max(whole, len(text))
+    return text[:keep], (whole if whole > min(len(text), keep) else None)
 
 
 def _text(body: Any, key: str) -> str:

@@ -8,9 +8,9 @@ Isolation, before any message is read (Linux; each step that fails is named in t
 without `allow_unisolated` the worker exits there and the host refuses to start):
   1. as root, drop to a uid of its own (WORKER_UID_BASE + its pid), so every host file is "other" to it
      and RLIMIT_NPROC holds (set once inside the user namespace, it counts only that namespace's processes);
-  2. `unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID)`: a network namespace with a
-     down loopback and nothing else; a pid namespace whose init is the REPL (when it dies, the kernel kills
-     every process it started, however they detached); a mount namespace in which
+  2. `unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID)` and IPC, UTS, cgroup: a network
+     namespace with a down loopback and nothing else; a pid namespace whose init is the REPL (when it
+     dies, the kernel kills every process it started, however they detached); a mount namespace in which
   3. a size-bounded, noexec tmpfs becomes the root, with only the interpreter's standard library and the
      shared libraries bind-mounted read-only (no /bin, /etc, /proc, /home, project files), then
      `pivot_root` and a detached old root: there is nothing of the host's file tree left to reach;
@@ -38,9 +38,9 @@ import os
 import resource
 import signal
 import sys
-import time
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x20000000, 0x10000000, 0x40000000
+CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x02000000, 0x04000000, 0x08000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 22, 38
@@ -98,7 +98,7 @@ def _enter_namespaces(libc, flags: int, proc_self: int) -> None:
     """Step 2: root of fresh namespaces (`flags`), mapped to the outer uid; `proc_self` is /proc/self
     opened before the file tree changed."""
     outer_uid, outer_gid = os.geteuid(), os.getegid()
-    _check(libc.unshare(flags), "unshare(CLONE_NEWUSER|CLONE_NEWNET|CLONE_NEWPID) (user namespaces disabled? "
+    _check(libc.unshare(flags), "unshare(CLONE_NEWUSER|CLONE_NEWNET|CLONE_NEWPID|...) (user namespaces disabled? "
                                 "sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone)")
     for name, text in (("setgroups", "deny"), ("uid_map", f"0 {outer_uid} 1"), ("gid_map", f"0 {outer_gid} 1")):
         fd = os.open(name, os.O_WRONLY, dir_fd=proc_self)
@@ -218,7 +218,8 @@ def isolate(settings: dict, channel: "Channel") -> list[str]:
         return [f"Linux namespaces (this is {sys.platform})"]
     libc = ctypes.CDLL(None, use_errno=True)
     mount_point = os.path.join(settings["directory"], ROOT_MOUNT_POINT)
-    namespaces = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID
+    # and the host's SysV IPC and message queues, its hostname and cgroup paths out of sight
+    namespaces = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
     missing: list[str] = []
     proc_self = os.open("/proc/self", os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -242,6 +243,7 @@ def isolate(settings: dict, channel: "Channel") -> list[str]:
     else:
         _become_init(libc, settings["parent"], channel)
         try:
+            _check(libc.sethostname(b"repl", 4), "sethostname")
             _drop_capabilities(libc)
         except OSError as error:
             missing.append(f"dropping capabilities: {error}")
@@ -356,7 +358,6 @@ class Repl:
             self.locals["context"] = self.locals["context_0"]
 
     def execute(self, code: str, hidden: dict | None = None) -> dict:
-        started = time.perf_counter()
         self.final = None
         out, err = Capture(self.keep), Capture(self.keep)
         saved = sys.stdout, sys.stderr
@@ -379,10 +380,8 @@ class Repl:
         if os.getpid() != self.pid:  # a process the cell forked: it must never speak for the REPL
             os._exit(0)
         stderr = (err.getvalue() + error[: self.keep])[: self.keep]
-        usage = resource.getrusage(resource.RUSAGE_SELF)
         return {"stdout": out.getvalue(), "stdout_chars": out.total, "stderr": stderr,
-                "stderr_chars": err.total + len(error), "variables": self.variables(), "final_answer": self.final,
-                "seconds": time.perf_counter() - started, "cpu_s": usage.ru_utime + usage.ru_stime}
+                "stderr_chars": err.total + len(error), "variables": self.variables(), "final_answer": self.final}
 
     def variables(self) -> list[str]:
         names = []
