@@ -70,6 +70,25 @@ CASES = {
 }
 
 
+_SANDBOX: list[dict[str, Any]] = []  # sandbox_settings' answer, once per process
+
+
+async def sandbox_settings() -> dict[str, Any]:
+    """The method's `sandbox` section for these tests: the shipped default where this machine can
+    isolate the REPL worker; where it cannot (a container without user namespaces), the named unsafe
+    option, since every cell here is the test's own code (the isolation itself is
+    tests/test_repl_sandbox_on_cpu.py's)."""
+    from parser.engine.sandbox.repl import ReplSandbox
+
+    async def llm(prompts: list[str], model: str | None) -> list[str]:
+        return ["" for _ in prompts]
+
+    if not _SANDBOX:
+        async with await ReplSandbox.start("", llm=llm, allow_unisolated=True) as repl:
+            _SANDBOX.append({"allow_unisolated": True} if repl.missing else {})
+    return _SANDBOX[0]
+
+
 def sub_reply(prompt: str) -> str:
     """The sub-model's rule: the name where a prompt holds it, else "unknown"."""
     return NEEDLE if NEEDLE in prompt else "unknown"
@@ -200,7 +219,7 @@ async def run_ours(name: str, server: ScriptServer, tokenizer: Any, prompt_sourc
                                         "max_turns": case.max_iterations, "max_tokens_per_turn": ROOT_MAX,
                                         **settings.pop("episode", {})},
                        **{"max_errors": case.max_errors, "sub_max_new_tokens": SUB_MAX, "sub_temperature": 0.0,
-                          "prompt_source": prompt_source, **settings})
+                          "prompt_source": prompt_source, "sandbox": await sandbox_settings(), **settings})
     RlmTurns.messages = spy
     try:
         result = await method.run(Sample(name, QUESTION, [NEEDLE], CONTEXT))

@@ -26,7 +26,7 @@ from parser.methods import method_config
 from parser.methods.rlm import RLMMethod
 from parser.methods.rlm.reference import PIN
 from parser.records.result import ResultRow
-from rlm_script import CASES, FIXTURES, ScriptServer, run_ours
+from rlm_script import CASES, FIXTURES, ScriptServer, run_ours, sandbox_settings
 
 PROMPTS_JSON = str(FIXTURES / "prompts.json")
 
@@ -37,7 +37,8 @@ def test_eval_run_with_the_tiny_model(tmp_path):
             f"hydra.searchpath=[file://{CONFIGS}]", f"out_dir={tmp_path}", "progress=false", "method=rlm_cpu",
             "limit=1", "runs=1", "dataset.lengths=[10]", "method.episode.max_tokens_per_turn=8", f"method.prompt_source={PROMPTS_JSON}",
             # one iteration and the fallback call, without the addendum: two ~1.5K-token prefills (CPU time)
-            "method.episode.max_turns=1", "method.orchestrator=false"])
+            "method.episode.max_turns=1", "method.orchestrator=false",
+            *(f"method.sandbox.{key}={str(value).lower()}" for key, value in asyncio.run(sandbox_settings()).items())])
     assert asyncio.run(evaluate(cfg)) == 0
     rows = list(read_jsonl(tmp_path / RESULTS))
     assert len(rows) == 1 and rows[0]["method"] == "rlm"
