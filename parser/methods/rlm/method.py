@@ -9,8 +9,8 @@ the variable list, each block cut at 20,000 characters). Code ends the episode b
 `answer["ready"] = True`; after `max_iterations` iterations without it, rlms' fallback call (the
 history plus a request sent as an assistant message) gives the answer. `llm_query` /
 `llm_query_batched` (and `rlm_query*`, which at depth 1 fall back to them as in rlms) are sub-calls
-on the subagent role: through `parser.serving.retry` (retries, per-attempt deadline) under the
-method's request slots (`episode.max_concurrency`); one that still fails returns rlms' "Error: ..."
+on the subagent role: through `parser.serving.retry.RetryingBackend` (retries, per-attempt deadline)
+under the method's request slots (`episode.max_concurrency`, as the engine's); one that still fails returns rlms' "Error: ..."
 string to the REPL and never ends the episode. Budgets as rlms': `max_iterations` (the episode's `max_turns`), `max_timeout`
 (wall seconds), `max_tokens` (input + output of every call, root and sub) and `max_errors`
 (consecutive iterations with stderr) each end with rlms' best partial answer (the last non-empty
@@ -50,7 +50,7 @@ from parser.engine.sandbox.process import ProcessSlots
 from parser.engine.sandbox.repl import ReplLimits, ReplSandbox
 from parser.methods.base import MethodResult, Sample
 from parser.serving.backends.models import Models
-from parser.serving.retry import CallFailed, RetryPolicy
+from parser.serving.retry import CallFailed, RetryingBackend, RetryPolicy
 from parser.serving.types import SamplingParams
 from .reference import MAX_OUTPUT_CHARS, load_prompts
 from .turns import RlmTurns, RoleUsage
@@ -96,7 +96,7 @@ class RLMMethod:
             raise ValueError(f"rlm: sandbox.output_chars={self.limits.output_chars} keeps less of a cell's output than "
                              f"rlms shows; it must be >= {MAX_OUTPUT_CHARS}")
         self.repl_slots, self.request_slots = ProcessSlots(workers), ProcessSlots(self.config.max_concurrency)
-        self.retry = RetryPolicy.of(self.config)
+        self.subagent = RetryingBackend(models.subagent, RetryPolicy.of(self.config))  # retries, per-attempt deadline
         self.sub_sampling = SamplingParams(max_new_tokens=sub_max_new_tokens, temperature=sub_temperature)
         self.sub_thinking = sub_thinking
         self.budgets = {"max_iterations": iterations, "orchestrator": orchestrator, "max_errors": max_errors,
@@ -110,7 +110,7 @@ class RLMMethod:
         """rlms' sub-call is one user message; a backend whose server renders the template gets it
         as messages, any other the subagent's template rendering."""
         messages = [{"role": "user", "content": self._untrusted(prompt, self.models.subagent_tokenizer)}]
-        if getattr(self.models.subagent, "renders_chat_template", False):
+        if self.subagent.renders_chat_template:
             return messages
         return render_chat(self.models.subagent_tokenizer, messages, enable_thinking=self.sub_thinking)
 
@@ -118,8 +118,8 @@ class RLMMethod:
         request = self._sub_prompt(prompt)
         try:
             async with self.request_slots():
-                completion, _ = await self.retry.call(lambda: self.models.subagent.generate(
-                    request, self.sub_sampling, routing_key=f"{doc_id}:rlm", request_id=doc_id))
+                completion = await self.subagent.generate(request, self.sub_sampling, routing_key=f"{doc_id}:rlm",
+                                                          request_id=doc_id)
         except CallFailed as error:
             failures.append(str(error))
             usage.calls += 1
