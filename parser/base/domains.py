@@ -112,6 +112,10 @@ DOMAINS: dict[str, Domain] = {
     "top_p": PROBABILITY_MASS,
     "lead_top_k": Domain(integer=True, low=1, also=(-1,)),
     "top_k": COUNT,  # agentic RAG's chunks per query
+    # RLM's budgets (configs/method/rlm.yaml, rlms' names); null: no limit, as rlms' None
+    "max_timeout": Domain(integer=False, low=0, open=True, nullable=True),  # wall seconds
+    "max_tokens": OPTIONAL_COUNT,
+    "max_errors": OPTIONAL_COUNT,
     "batch_size": COUNT,
     "read_window": COUNT,
     "mem_fraction_static": PROBABILITY_MASS,
