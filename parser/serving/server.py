@@ -72,6 +72,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from parser.base.signals import stop_on_signals
 from parser.serving.backends import TRANSFORMERS, build_backend
 from parser.serving.types import ROUTING_HEADER, Backend, BackendError, Completion, SamplingParams
 from parser.serving.wire.common import Bounds, ErrorBody, ModelCard, ModelList, describe
@@ -525,15 +526,23 @@ def main(argv: list[str] | None = None) -> None:
         ap.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
     args = ap.parse_args(argv)
     limits = ServerLimits(**{field.name: getattr(args, field.name) for field in dataclasses.fields(ServerLimits)})
-
-    backend, tokenizer = build_backend({"_target_": TRANSFORMERS, "model": args.model, "name": args.model})
-    server = ModelServer(backend, tokenizer=tokenizer, model_name=args.model,
-                         worker_id=args.worker_id or f"{args.host}:{args.port}",
-                         context_length=args.context_length, limits=limits)
-    print(f"parser.serving.server: {args.model} on http://{args.host}:{args.port} "
-          f"(worker {server.worker_id})", flush=True)
-    web.run_app(server.app(), host=args.host, port=args.port, backlog=BACKLOG, access_log=None, print=None,
-                shutdown_timeout=10.0, handler_cancellation=True, keepalive_timeout=limits.idle_timeout_s)
+    with stop_on_signals():  # SIGINT / SIGTERM while the model loads too, even started with SIGINT ignored
+        try:
+            print(f"parser.serving.server: loading {args.model}", flush=True)
+            backend, tokenizer = build_backend({"_target_": TRANSFORMERS, "model": args.model, "name": args.model})
+            server = ModelServer(backend, tokenizer=tokenizer, model_name=args.model,
+                                 worker_id=args.worker_id or f"{args.host}:{args.port}",
+                                 context_length=args.context_length, limits=limits)
+            ready = (f"parser.serving.server: {args.model} on http://{args.host}:{args.port} "
+                     f"(worker {server.worker_id})")
+            # aiohttp prints once the port listens, and from then on stops gracefully on SIGINT/SIGTERM itself
+            web.run_app(server.app(), host=args.host, port=args.port, backlog=BACKLOG, access_log=None,
+                        print=lambda _listening: print(ready, flush=True), shutdown_timeout=10.0,
+                        handler_cancellation=True, keepalive_timeout=limits.idle_timeout_s)
+        except KeyboardInterrupt:  # before the server listened: nothing to drain
+            print("parser.serving.server: interrupted before serving", flush=True)
+            raise SystemExit(130) from None
+    print("parser.serving.server: stopped", flush=True)
 
 
 if __name__ == "__main__":
