@@ -16,6 +16,13 @@ string, or an object's `text`, `content` or `context`), rendered as numbered doc
 are Hydra overrides (`key=value`) of `configs/ask.yaml`, the same presets eval.run composes. Each
 round is printed as it ends; then the answer and the findings it rests on: the chunk each came
 from and its quote, checked verbatim against that chunk's text.
+
+Nothing loads until everything it needs is known to be usable: the file decodes as UTF-8 (else
+`file:line` and the byte), is not a directory or empty, no question is blank, the settings
+compose, and the `--json` destination opens for writing; each is one line and exit 2. Each
+answer's `--json` line is written and flushed as soon as it exists, so Ctrl-C (or SIGTERM, exit
+130) or a server that fails for good (one line naming it and the reason, exit 1) on question 3
+keeps questions 1 and 2.
 """
 from __future__ import annotations
 
