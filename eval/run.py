@@ -61,6 +61,7 @@ from parser.base.signals import stop_on_signals
 from parser.methods import Method, MethodResult, Sample, build_method
 from parser.base.resources import config_dir
 from parser.records.result import Key, ResultRow, TimingLine
+from parser.records.sample import DataError
 from parser.records.trace import dump_trace
 
 
@@ -324,7 +325,8 @@ def _main(cfg: DictConfig) -> None:
     try:
         with stop_on_signals():  # Ctrl-C and SIGTERM alike, even started with SIGINT ignored (a background job)
             sys.exit(asyncio.run(evaluate(cfg)))
-    except (BadSetting, RunDirLocked, InputsChanged, ConfigError, provenance.ManifestDamaged) as error:
+    except (BadSetting, RunDirLocked, InputsChanged, ConfigError, provenance.ManifestDamaged, DataError,
+            FileNotFoundError) as error:  # each names its file, line or key: one line, before any model loads
         print(f"eval.run: error: {error}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:  # what was saved and how to resume is already said, in one line
