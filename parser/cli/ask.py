@@ -196,13 +196,14 @@ class QuestionFailed(RuntimeError):
 
 
 async def ask_async(document: str, questions: Iterable[str], cfg: Any, echo: bool = True,
-                    on_reply: Callable[[Reply], None] | None = None) -> list[Reply]:
-    """Each question in turn on one method; `on_reply` gets each reply as soon as it exists (the
-    command writes and flushes its `--json` line there, so an interrupt or a failure later keeps it)."""
+                    on_reply: Callable[[Reply], None] | None = None, method: Any = None) -> list[Reply]:
+    """Each question in turn on one method (`method`, else built from `cfg`; closed at the end);
+    `on_reply` gets each reply as soon as it exists (the command writes and flushes its `--json`
+    line there, so an interrupt or a failure later keeps it)."""
     from parser.cli.demo import print_turn
     from parser.methods import Sample
 
-    method, _ = build(cfg)
+    method = method or build(cfg)[0]
     replies = []
     try:
         protocol, models = getattr(method, "protocol", None), getattr(method, "models", None)
@@ -304,7 +305,8 @@ def _main(argv: Sequence[str] | None) -> None:
         return f"; {kept} of {len(questions)} answers kept in {args.json}" if out else ""
 
     try:
-        asyncio.run(ask_async(document, questions, cfg, on_reply=keep if out else None))
+        method, _ = build(cfg)  # before the event loop: there Ctrl-C would wait for the load to end
+        asyncio.run(ask_async(document, questions, cfg, on_reply=keep if out else None, method=method))
     except (ConfigError, FileNotFoundError) as error:
         _stop(f"error: {error}{saved()}", 2)
     except (BackendError, QuestionFailed) as error:  # a server that failed for good: named, with its reason
