@@ -31,8 +31,9 @@ or less with `--context-length`.
     POST /flush_cache
 
 Every response carries `X-Worker-Id`, so clients and gateway tests can see which worker
-answered. It binds 127.0.0.1 unless `--host` says otherwise, and shuts down gracefully on
-SIGINT/SIGTERM. Streaming, `n > 1` and batched prompts are refused with a 400.
+answered. It binds 127.0.0.1 unless `--host` says otherwise, prints its ready line once the port
+listens, and shuts down gracefully on SIGINT/SIGTERM (while the model still loads, either ends it
+in one line, exit 130; both are installed explicitly, even when started with SIGINT ignored). Streaming, `n > 1` and batched prompts are refused with a 400.
 
 A client error is a 4xx naming the field, never a 500 (which clients and routers retry):
 token ids outside the vocabulary (checked with the body, whatever the request then does),
