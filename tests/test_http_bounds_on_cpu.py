@@ -183,3 +183,17 @@ def test_a_request_ends_at_its_deadline_however_slowly_the_server_answers(reply,
             generate(server.url, timeout_s=0.5)
         assert time.monotonic() - started < 2.0
     assert failed.value.retryable
+
+
+def test_waiting_for_a_worker_that_trickles_its_health_ends_at_the_deadline():
+    """`parser.serving.gateway.wait_ready` (the demo's and the gateway's workers) polls with the
+    same total deadline: urllib's per-read timeout let one trickled /health outlast the wait."""
+    from parser.serving.gateway import wait_ready
+
+    with Trickle(http_reply(b'{"status": "ok"}'), interval_s=0.025) as server:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=rf"{server.url}/health not ready after 1s \(TimeoutError"):
+            wait_ready(server.url, timeout_s=1.0)
+        assert time.monotonic() - started < 3.0
+    with Trickle(http_reply(b'{"status": "ok"}'), at_once=1 << 10) as server:
+        wait_ready(server.url, timeout_s=5.0)  # a worker that answers is ready at once
