@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from parser.cli.ask import evidence_for, main, read_document
+from parser.records.jsonl import parse_json
 from parser.records.trajectory import Finding, QueryRecord, Trajectory, Turn
 from parser.text.chunking import Chunk
 from parser.base.config import ConfigError
@@ -207,7 +208,7 @@ class TwoThenStop:
         assert len(self.out.read_bytes().splitlines()) == number  # written and flushed as answered
         if number == 2:
             raise self.stop
-        return MethodResult(answer=f"answer {number}", steps=1, wall_s=0.0)
+        return MethodResult(answer=f"answer {number}" + " \ud83d" * number, steps=1, wall_s=0.0)  # a lone surrogate: model text
 
     async def aclose(self):
         self.closed = True
@@ -232,7 +233,7 @@ def test_each_answer_is_written_as_it_comes_so_a_stop_on_the_third_keeps_two(tmp
         main([str(path), "Q1?", "Q2?", "Q3?", "models=tiny_cpu", "--json", str(out)])
     assert exit_.value.code == code and method.closed
     assert capsys.readouterr().err.splitlines() == [f"parser.cli.ask: {line.format(out=out)}"]
-    assert [orjson.loads(row)["answer"] for row in out.read_bytes().splitlines()] == ["answer 0", "answer 1"]
+    assert [parse_json(row)["answer"] for row in out.read_bytes().splitlines()] == ["answer 0", "answer 1 \ufffd"]
 
 
 def test_a_failing_server_ends_the_command_in_one_line_each_retry_said(tmp_path, capsys):

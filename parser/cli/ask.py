@@ -41,6 +41,7 @@ from parser.text.chunking import Chunk, render_paragraphs
 from parser.base.config import ConfigError, check_episode_keys, preset_spelling
 from parser.base.resources import config_dir
 from parser.base.signals import stop_on_signals
+from parser.records.jsonl import dumps_line
 from parser.records.trace import Trace
 from parser.records.trajectory import Trajectory
 from parser.serving.types import BackendError
@@ -297,8 +298,11 @@ def _main(argv: Sequence[str] | None) -> None:
 
     def keep(reply: Reply) -> None:
         nonlocal kept
-        out.write(orjson.dumps(dataclasses.asdict(reply)) + b"\n")
-        out.flush()
+        try:  # a lone surrogate in model text is written as its escape (orjson refused the whole line)
+            out.write(dumps_line(dataclasses.asdict(reply)))
+            out.flush()
+        except OSError as error:  # the disk filled up, the folder went away
+            raise ConfigError(f"--json {args.json}: cannot be written ({error.strerror or error})") from None
         kept += 1
 
     def saved() -> str:
