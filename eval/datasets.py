@@ -52,11 +52,12 @@ def _read(path: str | Path) -> tuple[list[dict[str, Any]], str]:
     if not path.exists():
         raise FileNotFoundError(f"eval data file {path} does not exist; build it with `parser data` "
                                 f"or point dataset.path at it")
+    records = read_records(path)  # first: it refuses a directory or a bad line, naming the file
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    return read_records(path), digest.hexdigest()
+    return records, digest.hexdigest()
 
 
 def _digest_rows(records: list[dict[str, Any]]) -> str:

@@ -80,9 +80,11 @@ def rl_markdown(tables: dict[str, dict[str, Any]]) -> str:
 
 
 def read_train_log(path: str | Path) -> dict[int, dict[str, float]]:
-    """verl's file-logger JSONL -> step -> metrics (a resumed run's repeated steps: the last wins)."""
+    """verl's file-logger JSONL -> step -> metrics (a resumed run's repeated steps: the last wins).
+    Records end at `\\n` only: `str.splitlines` also cut at U+2028, U+2029 and U+0085, which a
+    JSON string may hold unescaped."""
     steps: dict[int, dict[str, float]] = {}
-    for n, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -21,6 +21,9 @@ Features
 - A sample whose method raises, or that got no fair run (`MethodResult.failed`: ParSer with
   every subagent call failed, `parser.serving.retry`), is logged to `errors.jsonl` (with its trace) and
   not written, so a re-run retries it; the command then exits 1.
+- Ctrl-C or SIGTERM (handlers installed explicitly, so a run started as a shell's background job,
+  SIGINT ignored, stops too): the samples in flight are cancelled, the session is closed in the
+  manifest, one line says how many samples are saved; exit 130.
 - One process per `out_dir`: a second `eval.run` on a directory in use exits 2 with a message
   naming the holder (`eval.store.lock_run_dir`).
 
@@ -55,9 +58,11 @@ from parser.base import hydra_help
 from parser.engine import progress
 from parser.base.config import ConfigError, check_episode_keys, preset_spelling
 from parser.base.settings import check_composed, precheck
+from parser.base.signals import stop_on_signals
 from parser.methods import Method, MethodResult, Sample, build_method
 from parser.base.resources import config_dir
 from parser.records.result import Key, ResultRow, TimingLine
+from parser.records.sample import DataError
 from parser.records.trace import dump_trace
 
 
@@ -320,8 +325,10 @@ CONFIGS = config_dir()
 @hydra.main(config_path=str(CONFIGS / "eval"), config_name="default", version_base="1.3")
 def _main(cfg: DictConfig) -> None:
     try:
-        sys.exit(asyncio.run(evaluate(cfg)))
-    except (BadSetting, RunDirLocked, InputsChanged, ConfigError, provenance.ManifestDamaged) as error:
+        with stop_on_signals():  # Ctrl-C and SIGTERM alike, even started with SIGINT ignored (a background job)
+            sys.exit(asyncio.run(evaluate(cfg)))
+    except (BadSetting, RunDirLocked, InputsChanged, ConfigError, provenance.ManifestDamaged, DataError,
+            FileNotFoundError) as error:  # each names its file, line or key: one line, before any model loads
         print(f"eval.run: error: {error}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:  # what was saved and how to resume is already said, in one line

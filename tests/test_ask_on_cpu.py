@@ -1,19 +1,25 @@
 """`python -m parser.cli.ask`: your own file and questions, rounds printed as they end, the answer
 with the evidence it rests on (each quote checked against its chunk), on the real engine with the
-tiny in-process models.
+tiny in-process models. Input that cannot be read (not UTF-8, a directory, nothing, a blank
+question) and a `--json` destination that cannot be written are refused in one line before any
+model loads; each answer is on disk as soon as it exists, so a Ctrl-C or a failed server keeps it.
 
     .venv/bin/pytest tests/test_ask_on_cpu.py -q
 """
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 
 from parser.cli.ask import Reply, evidence_for, main, print_reply, read_document
+from parser.records.jsonl import parse_json
 from parser.records.trajectory import Finding, QueryRecord, Trajectory, Turn
 from parser.text.chunking import Chunk
 from parser.base.config import ConfigError
 from parser.text.quotes import check_quote
+from support.slow_server import Trickle, http_reply
 
 DOCUMENT = """# The Zorvan expedition
 
@@ -143,3 +149,160 @@ def test_ask_against_a_local_openai_server_with_one_url_setting(tiny_qwen3_5_mod
               "method=parser_cpu", "method.episode.max_turns=2"])
     printed = capsys.readouterr().out
     assert "turn 1 (lead" in printed and "\nanswer: " in printed and "answer: none" not in printed
+
+
+# ---------------------------------------------------------------------- refused before any model loads
+@pytest.fixture
+def no_model(monkeypatch):
+    """`build` is where models load (the backend preset, then the method): reaching it fails the test."""
+    def build(cfg):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("parser.cli.ask.build", build)
+
+
+def refused(argv, capsys) -> str:
+    """The command's one stderr line, having checked it exits 2."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("content,stdin,question,expected", [
+    ("Zorvan is a film.\ncafé".encode("latin-1"), None, "Q?", r"notes\.md:2: not UTF-8 text \(byte 21: b'\\xe9'\)"),
+    ("Zorvan".encode("utf-16"), None, "Q?", r"notes\.md:1: not UTF-8 text \(byte 0"),
+    (None, None, "Q?", r"notes\.md: a directory, not a file"),
+    (b"", None, "Q?", r"notes\.md: the document is empty"),
+    (None, b"", "Q?", r"stdin \(-\): the document is empty"),
+    (None, b" \n\t\n", "Q?", r"stdin \(-\): the document is empty"),
+    (None, b"Zorvan \xff\xfe", "Q?", r"stdin \(-\):1: not UTF-8 text \(byte 7"),
+    (DOCUMENT.encode(), None, "", r"question 1 is empty \(''\)"),
+    (DOCUMENT.encode(), None, " \t ", r"question 1 is empty \(' \\t '\)"),
+], ids=["latin-1", "utf-16", "directory", "empty-file", "empty-stdin", "blank-stdin", "stdin-not-utf8",
+        "empty-question", "blank-question"])
+def test_input_that_cannot_be_read_is_one_line_naming_it(tmp_path, monkeypatch, capsys, no_model, content, stdin, question,
+                                                         expected):
+    import io
+
+    path = tmp_path / "notes.md"
+    if content is None and stdin is None:
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    if stdin is not None:
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    assert re.search(expected, refused(["-" if stdin is not None else str(path), question, "models=tiny_cpu"], capsys))
+
+
+def test_a_second_question_that_is_blank_is_named_by_its_place(tmp_path, capsys, no_model):
+    path = tmp_path / "notes.md"
+    path.write_text(DOCUMENT)
+    assert "question 2 is empty ('   ')" in refused([str(path), "Who directed Zorvan?", "   ", "models=tiny_cpu"], capsys)
+
+
+@pytest.mark.parametrize("where", ["directory", "missing-folder", "file-as-folder", "cannot-create", "read-only-folder"])
+def test_a_json_destination_that_cannot_be_written_is_refused_before_any_model_loads(tmp_path, capsys, no_model, where):
+    import os
+
+    path = tmp_path / "notes.md"
+    path.write_text(DOCUMENT)
+    out, expected = {"directory": (tmp_path, "a directory, not a file"),
+                     "missing-folder": (tmp_path / "no" / "out.jsonl", f"the folder {tmp_path / 'no'} does not exist"),
+                     "file-as-folder": (path / "out.jsonl", f"the folder {path} does not exist"),
+                     "cannot-create": ("/proc/self/answers.jsonl", "cannot be written"),  # even root cannot
+                     "read-only-folder": (tmp_path / "ro" / "out.jsonl", "cannot be written (Permission denied)")}[where]
+    if where == "read-only-folder":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a read-only folder; /proc/self stands for an unwritable one")
+        (tmp_path / "ro").mkdir(mode=0o500)
+    assert f"--json {out}: {expected}" in refused([str(path), "Q?", "models=tiny_cpu", "--json", str(out)], capsys)
+
+
+def test_jsonl_records_end_at_newline_only(tmp_path):
+    """U+2028, U+2029 and U+0085 are valid unescaped inside a JSON string (orjson writes them raw);
+    `str.splitlines` cut a record there and refused the file as 'not JSON'. CRLF ends a line too."""
+    path = tmp_path / "passages.jsonl"
+    passages = ["Zorvan\u2028is a film.", {"text": "Miro Tal\u2029was born in 1950."}, "Ines\x85Varo", "Aurel\u2028\u2029"]
+    path.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(orjson.dumps(p) for p in passages) + b"\r\n")
+    assert read_document(path) == ("Document 1:\nZorvan\u2028is a film.\n\nDocument 2:\nMiro Tal\u2029was born in 1950.\n\n"
+                                   "Document 3:\nInes\x85Varo\n\nDocument 4:\nAurel")
+
+
+# ---------------------------------------------------------------------- every answer kept
+class TwoThenStop:
+    """Stands in for the method and its models: answers the first two questions, then on the third
+    either Ctrl-C lands or the model server fails for good. Before each question it reads the
+    `--json` file: every earlier answer must already be on disk."""
+
+    def __init__(self, out, stop: BaseException):
+        self.out, self.stop, self.closed = out, stop, False
+
+    async def run(self, sample):
+        from parser.methods import MethodResult
+
+        number = int(sample.id.removeprefix("ask-"))
+        assert len(self.out.read_bytes().splitlines()) == number  # written and flushed as answered
+        if number == 2:
+            raise self.stop
+        return MethodResult(answer=f"answer {number}" + " \ud83d" * number, steps=1, wall_s=0.0)  # a lone surrogate: model text
+
+    async def aclose(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("stop,code,line", [
+    (KeyboardInterrupt(), 130, "interrupted; 2 of 3 answers kept in {out}"),
+    ("server", 1, "error: BackendError: POST http://127.0.0.1:9/v1/completions: HTTP 503: overloaded (after 4 attempts)"
+                  "; 2 of 3 answers kept in {out}"),
+], ids=["ctrl-c", "server-failed"])
+def test_each_answer_is_written_as_it_comes_so_a_stop_on_the_third_keeps_two(tmp_path, monkeypatch, capsys, stop, code, line):
+    from parser.serving.retry import CallFailed
+    from parser.serving.types import BackendError
+
+    path, out = tmp_path / "notes.md", tmp_path / "answers.jsonl"
+    path.write_text(DOCUMENT)
+    if stop == "server":
+        stop = CallFailed(BackendError("POST http://127.0.0.1:9/v1/completions: HTTP 503: overloaded", retryable=True), 4)
+    method = TwoThenStop(out, stop)
+    monkeypatch.setattr("parser.cli.ask.build", lambda cfg: (method, {}))
+    with pytest.raises(SystemExit) as exit_:
+        main([str(path), "Q1?", "Q2?", "Q3?", "models=tiny_cpu", "--json", str(out)])
+    assert exit_.value.code == code and method.closed
+    assert capsys.readouterr().err.splitlines() == [f"parser.cli.ask: {line.format(out=out)}"]
+    assert [parse_json(row)["answer"] for row in out.read_bytes().splitlines()] == ["answer 0", "answer 1 \ufffd"]
+
+
+def test_a_failing_server_ends_the_command_in_one_line_each_retry_said(tmp_path, capsys):
+    """The OpenAI preset against a server that lists its model and then answers every completion
+    with a 503: each retry is one stderr line, then the command ends in one line naming the URL
+    and the reason (exit 1), never a traceback. A server failing its model list ends it in one
+    line before any model loads (exit 2). Real HTTP on 127.0.0.1; the server is an aiohttp app."""
+    from aiohttp import web
+
+    from parser.serving.server import ServerHandle
+
+    async def models(request):
+        return web.json_response({"data": [{"id": "tiny-qwen3.5", "object": "model", "owned_by": "parser"}]})
+
+    async def overloaded(request):
+        return web.json_response({"error": {"message": "overloaded", "type": "server_error"}}, status=503)
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", overloaded)
+    path = tmp_path / "notes.md"
+    path.write_text(DOCUMENT)
+    with ServerHandle(app) as server:
+        with pytest.raises(SystemExit) as exit_:
+            main([str(path), "Who directed Zorvan?", "backend@models=openai", f"models.lead.base_url={server.url}",
+                  "method=parser_cpu", "method.episode.max_attempts=3", "method.episode.retry_backoff_s=0.01"])
+    err = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 1
+    assert [line.split(" in ")[0] for line in err[:-1]] == ["[parser] retry 2 of 3", "[parser] retry 3 of 3"]
+    assert all(f"POST {server.url}/v1/completions: HTTP 503: overloaded" in line for line in err)
+    assert err[-1].startswith("parser.cli.ask: error: ") and err[-1].endswith("(after 3 attempts)")
+    with Trickle(http_reply(b"internal error", "500 Internal Server Error"), at_once=1 << 10) as failing:
+        line = refused([str(path), "Q?", "backend@models=openai", f"models.lead.base_url={failing.url}"], capsys)
+    assert f"models.lead: GET {failing.url}/v1/models answered 500 Internal Server Error ('internal error')" in line

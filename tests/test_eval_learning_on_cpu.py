@@ -73,3 +73,11 @@ def test_a_bad_training_log_names_its_line(tmp_path):
     log.write_text(json.dumps({"step": 1, "data": {}}) + "\nnot json\n")
     with pytest.raises(ValueError, match=r"train.jsonl:2"):
         learning.read_train_log(log)
+
+
+def test_a_training_log_line_is_cut_at_newline_only(tmp_path):
+    """U+2028 / U+2029 / U+0085 unescaped inside a JSON string are characters, not line ends."""
+    log = tmp_path / "train.jsonl"
+    rows = [{"step": s, "data": {f"note{sep}": 0.5}} for s, sep in enumerate(("\u2028", "\u2029", "\x85"), start=1)]
+    log.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    assert learning.read_train_log(log) == {row["step"]: row["data"] for row in rows}

@@ -90,7 +90,8 @@ def test_a_non_retryable_error_is_recorded_after_one_attempt(tiny_tokenizer):
     assert (call.status, call.attempts, reader.reads) == ("failed", 1, 1)
 
 
-def test_a_timeout_and_a_transient_error_are_retried_to_a_finding(tiny_tokenizer):
+def test_a_timeout_and_a_transient_error_are_retried_to_a_finding(tiny_tokenizer, capsys):
+    """Each retry says so in one stderr line: the attempt, the wait, the reason."""
     class SlowOnce(FailingReader):
         async def read(self, query, chunk, doc_id):
             if self.reads == 0:
@@ -101,6 +102,9 @@ def test_a_timeout_and_a_transient_error_are_retried_to_a_finding(tiny_tokenizer
     reader = SlowOnce(BackendError("connection reset"))
     (call,) = _calls(_episode(tiny_tokenizer, reader, request_timeout_s=0.2))
     assert (call.status, call.attempts) == ("finding", 3)
+    said = [re.sub(r" in \d+\.\d s ", " in S ", line) for line in capsys.readouterr().err.splitlines()]
+    assert said == ["[parser] retry 2 of 3 in S after TimeoutError (no answer within the attempt's deadline)",
+                    "[parser] retry 3 of 3 in S after BackendError: connection reset"]
 
 
 # ------------------------------------------------------------------------------------- the lead

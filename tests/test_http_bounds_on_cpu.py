@@ -1,4 +1,5 @@
-"""HttpBackend reads bounded bodies and decompresses nothing it did not ask for.
+"""HttpBackend reads bounded bodies, decompresses nothing it did not ask for, and ends each
+request at its deadline however slowly the server answers.
 
     .venv/bin/pytest tests/test_http_bounds_on_cpu.py -q
 
@@ -21,6 +22,7 @@ from aiohttp import web
 from parser.serving.types import BackendError, SamplingParams
 from parser.serving.backends.http import HttpBackend
 from parser.serving.server import ServerHandle
+from support.slow_server import Trickle, http_reply
 
 SP = SamplingParams(max_new_tokens=8, temperature=0.0)
 MB = 1 << 20
@@ -164,3 +166,34 @@ def test_a_gzip_reply_within_the_bound_still_works(hostile):
 def test_a_response_bound_that_cannot_work_is_refused(value):
     with pytest.raises(ValueError, match="max_response_bytes"):
         HttpBackend("http://127.0.0.1:1", max_response_bytes=value)
+
+
+REPLY = http_reply(b'{"text": "' + b"a" * 200 + META)  # ~5 s at a byte per 25 ms
+
+
+@pytest.mark.parametrize("reply,at_once", [(REPLY, 0), (REPLY, REPLY.index(b"\r\n\r\n") + 4), (None, 0)],
+                         ids=["trickled-headers", "trickled-body", "silent"])
+def test_a_request_ends_at_its_deadline_however_slowly_the_server_answers(reply, at_once):
+    """`timeout_s` is the whole exchange's (connect, headers, body), not each read's: a lead or
+    subagent server that trickles bytes or never answers fails the attempt at the deadline, as a
+    retryable `BackendError` naming the URL (the worker's fault: a retry may reach a healthy one)."""
+    with Trickle(reply, at_once=at_once, interval_s=0.025) as server:
+        started = time.monotonic()
+        with pytest.raises(BackendError, match=rf"POST {server.url}/generate: no complete answer within 0\.5s") as failed:
+            generate(server.url, timeout_s=0.5)
+        assert time.monotonic() - started < 2.0
+    assert failed.value.retryable
+
+
+def test_waiting_for_a_worker_that_trickles_its_health_ends_at_the_deadline():
+    """`parser.serving.gateway.wait_ready` (the demo's and the gateway's workers) polls with the
+    same total deadline: urllib's per-read timeout let one trickled /health outlast the wait."""
+    from parser.serving.gateway import wait_ready
+
+    with Trickle(http_reply(b'{"status": "ok"}'), interval_s=0.025) as server:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=rf"{server.url}/health not ready after 1s \(TimeoutError"):
+            wait_ready(server.url, timeout_s=1.0)
+        assert time.monotonic() - started < 3.0
+    with Trickle(http_reply(b'{"status": "ok"}'), at_once=1 << 10) as server:
+        wait_ready(server.url, timeout_s=5.0)  # a worker that answers is ready at once

@@ -122,3 +122,32 @@ def test_an_empty_training_table_is_refused_naming_the_file(tmp_path):
     with pytest.raises(DataError, match="no rows to write"):
         write_rl_parquet(tmp_path / "none.parquet", [], data_source="synthetic")
     assert not (tmp_path / "none.parquet").exists()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda path: path.mkdir(), r"eval_1\.jsonl: a directory, not a data file"),
+    (lambda path: path.write_bytes(b'{"question": "caf\xe9"}\n'), r"eval_1\.jsonl:1: .*byte 17 is not UTF-8"),
+])
+def test_an_eval_file_that_cannot_be_read_as_records_is_refused_naming_it(tmp_path, make, message):
+    """A directory was an IsADirectoryError traceback; both end `parser eval` in one line, exit 2."""
+    from eval.datasets import load_subsets
+
+    make(tmp_path / "eval_1.jsonl")
+    with pytest.raises(DataError, match=message):
+        load_subsets({"name": "x", "source": "files", "lengths": [1], "path": str(tmp_path / "eval_{length}.jsonl")})
+
+
+def test_parser_eval_ends_a_bad_data_file_in_one_line_before_any_model_loads(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "eval_50.jsonl").mkdir()
+    done = subprocess.run([sys.executable, "-m", "eval.run", "--config-name", "tiny_cpu", f"out_dir={tmp_path / 'out'}",
+                           "dataset=hotpotqa", "dataset.name=files", f"dataset.path='{tmp_path}/eval_{{length}}.jsonl'",
+                           "dataset.lengths=[50]"], cwd=Path(__file__).resolve().parent.parent,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.splitlines() == [f"eval.run: error: {tmp_path}/eval_50.jsonl: a directory, not a data file; "
+                                        "give the JSON or JSONL file itself"]

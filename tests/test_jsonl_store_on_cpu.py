@@ -342,3 +342,16 @@ def test_a_line_with_thousands_of_nested_row_starts_still_gives_back_the_fused_r
     path.write_bytes(b'{"id": "a"}\n' + fragment + b'{"id": "b"}\n{"id": "c"}\n')
     store = JsonlStore(path, key=by_id)
     assert [r["id"] for r in store.rows] == ["a", "b", "c"] and "fused" in store.problems[0]
+
+
+def test_rows_holding_unicode_line_separators_stay_whole(tmp_path):
+    """A record ends at `\\n` only: U+2028, U+2029 and U+0085 are valid unescaped inside a JSON
+    string (orjson writes them raw), and `str.splitlines` would cut the row there."""
+    from parser.records.jsonl import read_records, write_jsonl
+
+    rows = [{"id": str(i), "text": f"a{sep}b"} for i, sep in enumerate(("\u2028", "\u2029", "\x85", "\r"))]
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    assert "\u2028".encode() in path.read_bytes()  # raw in the file, not escaped
+    assert read_records(path) == rows
+    store = JsonlStore(path, key=lambda row: row["id"])
+    assert store.rows == rows and not store.problems

@@ -1,7 +1,9 @@
 """Remote backends are asked once before anything runs (parser.serving.backends.preflight): a server that
 is down fails at once naming its URL; `server: auto`, `model: null` and `tokenizer: null` are read
 from GET /v1/models; offline, an unknown model or tokenizer name is refused with the valid
-offline names instead of retrying the hub.
+offline names instead of retrying the hub. The probe's deadline is the whole GET's, whatever the
+server trickles, and each bad answer (5xx, 4xx, not JSON, a `data` that is not a list of model
+objects, a model name it does not serve) is one line naming the URL and the reason.
 
 The servers here are aiohttp apps on 127.0.0.1 answering GET /v1/models as vLLM, SGLang and a
 generic OpenAI server do (the `owned_by` field they send); nothing else of them is needed.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 from aiohttp import web
@@ -20,6 +23,7 @@ from parser.serving.backends import build_backend
 from parser.serving.backends.loading import load_tokenizer
 from parser.serving.backends.preflight import ServerUnavailable, probe
 from parser.base.config import ConfigError
+from support.slow_server import Trickle, http_reply
 
 
 def free_port() -> int:
@@ -119,3 +123,59 @@ def test_offline_an_unknown_model_name_is_refused_with_the_offline_names(monkeyp
         load_tokenizer("tiny-qwen35")
     with pytest.raises(ConfigError, match="smollm2"):
         build_backend({"_target_": "parser.serving.backends.transformers.TransformersBackend.from_config", "model": "smolm2"})
+
+
+# ---------------------------------------------------------------------- deadlines and bad answers
+# `support.slow_server.Trickle` stands in for a server that is stuck mid-reply or never answers
+# (interval_s=0 with the whole reply at once: a server that answers at once, badly).
+MODELS = b'{"object": "list", "data": [{"id": "tiny-qwen3.5", "object": "model", "owned_by": "vllm"}]}'
+
+
+@pytest.mark.parametrize("reply,at_once", [(http_reply(MODELS), 0),  # the status line itself, a byte at a time
+                                           (http_reply(MODELS), len(http_reply(MODELS)) - len(MODELS) + 5),  # the body
+                                           (None, 0)],  # accepts, never answers
+                         ids=["trickled-headers", "trickled-body", "silent"])
+def test_the_probe_ends_at_its_deadline_however_slowly_the_server_answers(reply, at_once):
+    """urllib's timeout was per read: a byte every 50 ms held the probe for the whole reply (and a
+    slower trickle for ever). The deadline is the whole GET's."""
+    with Trickle(reply, at_once=at_once, interval_s=0.05) as server:
+        started = time.monotonic()
+        with pytest.raises(ServerUnavailable, match=rf"models\.lead: GET {server.url}/v1/models gave no complete answer "
+                                                    r"within 0\.5 s") as refused:
+            probe(server.url, "completions", "models.lead", timeout_s=0.5)
+        assert time.monotonic() - started < 2.0  # the whole reply takes ~5 s to trickle
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("reply,reason", [
+    (http_reply(b"upstream exploded", "500 Internal Server Error", "text/plain"), r"answered 500 Internal Server Error \('upstream exploded'\): the server is failing"),
+    (http_reply(b"", "503 Service Unavailable"), r"answered 503 Service Unavailable \(an empty body\)"),
+    (http_reply(b'{"detail": "Not Found"}', "404 Not Found"), r"answered 404 Not Found: is this the server's base URL"),
+    (http_reply(b"nope", "401 Unauthorized"), r"answered 401 Unauthorized"),
+    (http_reply(b"<html><body>It works!</body></html>", content_type="text/html"), r"the answer is not JSON \('<html>"),
+    (http_reply(b'\xff\xfe{\x00"\x00'), r"the answer is not JSON"),  # UTF-16, or just not UTF-8
+    (http_reply(b'{"data": [{"id": "m"}]'), r"the answer is not JSON"),  # cut off
+    (http_reply(b'[{"id": "m"}]'), r"no `data` list of models"),
+    (http_reply(b'{"data": {"id": "m"}}'), r"no `data` list of models"),
+    (http_reply(b'{"data": "m"}'), r"no `data` list of models"),
+    (http_reply(b'{"models": [{"id": "m"}]}'), r"no `data` list of models"),
+    (http_reply(b'{"data": ["m"]}'), r"data\[0\] is not a model object with an `id` \(\"m\"\)"),
+    (http_reply(b'{"data": [{"id": "m"}, {"name": "n"}]}'), r"data\[1\] is not a model object"),
+    (http_reply(b'{"data": [{"id": 7}]}'), r"data\[0\] is not a model object"),
+    (http_reply(b'{"data": []}'), r"lists no served model"),
+    (b"SSH-2.0-OpenSSH_9.6\r\n", r"did not answer HTTP \(SSH-2\.0-OpenSSH_9\.6\)"),  # not HTTP at all
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 90\r\n\r\n{\"data\"", r"the answer is not JSON \('\{\"data\"'\)"),  # closed mid-body
+], ids=lambda value: value[:24].decode("ascii", "replace") if isinstance(value, bytes) else None)
+def test_a_bad_answer_is_one_line_naming_the_url_and_the_reason(reply, reason):
+    with Trickle(reply, at_once=len(reply)) as server:
+        with pytest.raises(ServerUnavailable, match=rf"models\.subagent: .*{server.url}/v1/models.*{reason}") as refused:
+            probe(server.url, "chat", "models.subagent")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_model_the_server_does_not_serve_is_refused_before_anything_runs():
+    """Every request would be a 404 (vLLM's "The model `x` does not exist"), retried by nobody."""
+    with Trickle(http_reply(MODELS), at_once=len(http_reply(MODELS))) as server:
+        with pytest.raises(ServerUnavailable, match=rf"models\.lead: {server.url} does not serve 'qwen3.5-4b' \(it serves "
+                                                    r"'tiny-qwen3\.5'\); set models\.lead\.model to one of them"):
+            build_backend(openai_section(server.url, model="qwen3.5-4b"), where="models.lead")

@@ -18,6 +18,13 @@ round is printed as it ends; then the answer and the findings it rests on: the c
 from and its quote, checked verbatim against that chunk's text; "quote found in the chunk" is
 printed only for a quote that also states the answer with something said about it
 (`parser.text.quotes`), never for "the" or "in 1997".
+
+Nothing loads until everything it needs is known to be usable: the file decodes as UTF-8 (else
+`file:line` and the byte), is not a directory or empty, no question is blank, the settings
+compose, and the `--json` destination opens for writing; each is one line and exit 2. Each
+answer's `--json` line is written and flushed as soon as it exists, so Ctrl-C (or SIGTERM, exit
+130) or a server that fails for good (one line naming it and the reason, exit 1) on question 3
+keeps questions 1 and 2.
 """
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ import dataclasses
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, NoReturn, Sequence
 
 import orjson
 
@@ -36,8 +43,11 @@ from parser.text.chunking import Chunk, render_paragraphs
 from parser.text.quotes import check_quote
 from parser.base.config import ConfigError, check_episode_keys, preset_spelling
 from parser.base.resources import config_dir
+from parser.base.signals import stop_on_signals
+from parser.records.jsonl import dumps_line
 from parser.records.trace import Trace
 from parser.records.trajectory import Trajectory
+from parser.serving.types import BackendError
 from parser.text.reward import normalize_answer
 
 CONFIG_DIR = config_dir()
@@ -70,27 +80,55 @@ class Reply:
 
 def read_document(path: str | Path) -> str:
     """The document in `path` (`-`: stdin). JSONL: one passage per line, as numbered documents.
-    Errors name the file and line."""
-    text = sys.stdin.read() if str(path) == "-" else Path(path).read_text(encoding="utf-8")
+    What cannot be read as text is refused before any model loads, naming the file (and line):
+    a directory, a missing or unreadable file, bytes that are not UTF-8, nothing at all. JSONL
+    records end at `\\n` only: U+2028, U+2029 and U+0085 are characters inside a JSON string
+    (`str.splitlines` cut the record there)."""
+    name = "stdin (-)" if str(path) == "-" else str(path)
+    text = _decoded(_read_bytes(path), name)
     if str(path).endswith(".jsonl"):
         passages = []
-        for number, line in enumerate(text.splitlines(), start=1):
+        for number, line in enumerate(text.split("\n"), start=1):
             if not line.strip():
                 continue
             try:
                 value = orjson.loads(line)
             except orjson.JSONDecodeError as err:
-                raise ConfigError(f"{path}:{number}: not JSON ({err})") from None
+                raise ConfigError(f"{name}:{number}: not JSON ({err})") from None
             if isinstance(value, dict):
                 value = next((value[f] for f in PASSAGE_FIELDS if isinstance(value.get(f), str)), None)
             if not isinstance(value, str) or not value.strip():
-                raise ConfigError(f"{path}:{number}: expected a JSON string or an object with a text field "
+                raise ConfigError(f"{name}:{number}: expected a JSON string or an object with a text field "
                                   f"({', '.join(PASSAGE_FIELDS)})")
             passages.append(value.strip())
         text = render_paragraphs(passages) if passages else ""
     if not text.strip():
-        raise ConfigError(f"{path}: the document is empty")
+        raise ConfigError(f"{name}: the document is empty")
     return text
+
+
+def _read_bytes(path: str | Path) -> bytes:
+    if str(path) == "-":
+        stdin = getattr(sys.stdin, "buffer", None)  # bytes, so the decoding below is ours, not the locale's
+        return stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8")
+    try:
+        return Path(path).read_bytes()
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: a directory, not a file; give one text, Markdown or JSONL file") from None
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
+
+
+def _decoded(data: bytes, name: str) -> str:
+    """UTF-8 (a leading byte-order mark dropped), else refused with the line and byte that are not."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ConfigError(f"{name}:{line}: not UTF-8 text (byte {err.start}: {data[err.start:err.start + 1]!r}); "
+                          "convert it first, e.g. iconv -t UTF-8") from None
 
 
 def evidence_for(answer: str | None, trace: Trace | None, chunks: Sequence[Chunk]) -> list[Evidence]:
@@ -154,11 +192,20 @@ def build(cfg: Any) -> tuple[Any, dict[str, Any]]:
     return build_method(method_cfg, build_models(models_cfg)), models_cfg
 
 
-async def ask_async(document: str, questions: Iterable[str], cfg: Any, echo: bool = True) -> list[Reply]:
+class QuestionFailed(RuntimeError):
+    """A question that got no fair run (`MethodResult.failed`: every subagent call failed, the
+    first failure named); the questions after it would fail the same way, so asking stops."""
+
+
+async def ask_async(document: str, questions: Iterable[str], cfg: Any, echo: bool = True,
+                    on_reply: Callable[[Reply], None] | None = None, method: Any = None) -> list[Reply]:
+    """Each question in turn on one method (`method`, else built from `cfg`; closed at the end);
+    `on_reply` gets each reply as soon as it exists (the command writes and flushes its `--json`
+    line there, so an interrupt or a failure later keeps it)."""
     from parser.cli.demo import print_turn
     from parser.methods import Sample
 
-    method, _ = build(cfg)
+    method = method or build(cfg)[0]
     replies = []
     try:
         protocol, models = getattr(method, "protocol", None), getattr(method, "models", None)
@@ -171,9 +218,13 @@ async def ask_async(document: str, questions: Iterable[str], cfg: Any, echo: boo
                 print(f"\n=== {sample.question}", flush=True)
             with progress.listening(lambda _doc, turn: print_turn(turn, len(chunks)) if echo else None):
                 result = await method.run(sample)
+            if result.failed:
+                raise QuestionFailed(f"{sample.question!r}: {result.failed}")
             reply = Reply(sample.question, result.answer, evidence_for(result.answer, result.trace, chunks), result.to_dict())
             if echo:
                 print_reply(reply)
+            if on_reply is not None:
+                on_reply(reply)
             replies.append(reply)
     finally:
         await method.aclose()
@@ -190,35 +241,92 @@ def ask(path: str | Path, questions: str | Sequence[str], echo: bool = False, **
     """The Python API: `ask("notes.md", "Who?", models="tiny_cpu")`; `settings` are the same keys
     as the command's overrides (`method="memagent"`, ...)."""
     overrides = [f"{key}={value}" for key, value in settings.items()]
-    questions = [questions] if isinstance(questions, str) else list(questions)
+    questions = check_questions([questions] if isinstance(questions, str) else list(questions))
     return asyncio.run(ask_async(read_document(path), questions, compose(overrides), echo=echo))
 
 
+def check_questions(questions: Sequence[str]) -> list[str]:
+    """At least one question, none empty or only whitespace (it would cost a whole episode to
+    answer nothing); the offending argument is named."""
+    if not questions:
+        raise ConfigError("give at least one question")
+    for number, question in enumerate(questions, start=1):
+        if not isinstance(question, str) or not question.strip():
+            raise ConfigError(f"question {number} is empty ({question!r}); ask something")
+    return list(questions)
+
+
+def open_output(path: str) -> BinaryIO:
+    """`--json OUT`, opened before any model loads, so a destination that cannot be written (a
+    directory, a folder that does not exist, no permission) costs nothing but this line."""
+    out = Path(path)
+    if out.is_dir():
+        raise ConfigError(f"--json {path}: a directory, not a file")
+    if not out.parent.is_dir():
+        raise ConfigError(f"--json {path}: the folder {out.parent} does not exist")
+    try:
+        return open(out, "wb")
+    except OSError as err:
+        raise ConfigError(f"--json {path}: cannot be written ({err.strerror or err})") from None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    with stop_on_signals():  # Ctrl-C and SIGTERM end it with one line, even started with SIGINT ignored
+        _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> None:
     parser = argparse.ArgumentParser(
         prog="parser ask", description=__doc__.split("\n\n")[0],
         epilog="Settings: key=value Hydra overrides of configs/ask.yaml, e.g. models=tiny_cpu method=memagent "
                "method.episode.max_turns=6 backend@models=openai models.lead.base_url=http://127.0.0.1:8000")
     parser.add_argument("file", help="a text, Markdown or JSONL file; - for stdin")
     parser.add_argument("words", nargs="+", metavar="question|key=value", help="one or more questions, then settings")
-    parser.add_argument("--json", metavar="OUT", help="write one JSON line per question (answer, evidence, trajectory)")
+    parser.add_argument("--json", metavar="OUT", help="write one JSON line per question as it is answered "
+                                                      "(answer, evidence, trajectory)")
     args = parser.parse_args(argv)
     overrides = [w for w in args.words if OVERRIDE.match(w)]
-    questions = [w for w in args.words if w not in overrides]
-    if not questions:
-        parser.error("give at least one question")
-    try:
+    out = None
+    try:  # everything a run needs, checked before any model loads
+        questions = check_questions([w for w in args.words if w not in overrides])
         document = read_document(args.file)
-        replies = asyncio.run(ask_async(document, questions, compose(overrides)))
+        cfg = compose(overrides)
+        out = open_output(args.json) if args.json else None
+    except ConfigError as error:
+        _stop(f"error: {error}", 2)
+    kept = 0
+
+    def keep(reply: Reply) -> None:
+        nonlocal kept
+        try:  # a lone surrogate in model text is written as its escape (orjson refused the whole line)
+            out.write(dumps_line(dataclasses.asdict(reply)))
+            out.flush()
+        except OSError as error:  # the disk filled up, the folder went away
+            raise ConfigError(f"--json {args.json}: cannot be written ({error.strerror or error})") from None
+        kept += 1
+
+    def saved() -> str:
+        return f"; {kept} of {len(questions)} answers kept in {args.json}" if out else ""
+
+    try:
+        method, _ = build(cfg)  # before the event loop: there Ctrl-C would wait for the load to end
+        asyncio.run(ask_async(document, questions, cfg, on_reply=keep if out else None, method=method))
     except (ConfigError, FileNotFoundError) as error:
-        print(f"parser.cli.ask: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        _stop(f"error: {error}{saved()}", 2)
+    except (BackendError, QuestionFailed) as error:  # a server that failed for good: named, with its reason
+        _stop(f"error: {error}{saved()}", 1)
     except KeyboardInterrupt:
-        print("parser.cli.ask: interrupted", file=sys.stderr)
-        sys.exit(130)
-    if args.json:
-        Path(args.json).write_bytes(b"".join(orjson.dumps(dataclasses.asdict(r)) + b"\n" for r in replies))
+        _stop(f"interrupted{saved()}", 130)
+    finally:
+        if out is not None:
+            out.close()
+    if out:
         print(f"trajectories written to {args.json}", file=sys.stderr)
+
+
+def _stop(line: str, code: int) -> NoReturn:
+    print(f"parser.cli.ask: {line}", file=sys.stderr)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from parser.serving.backends.models import build_models
 from parser.base.config import check_episode_keys, episode_preset
 from parser.base.settings import precheck
 from parser.base import hydra_help
+from parser.base.signals import stop_on_signals
 from parser.engine import progress
 from parser.serving.gateway import ProcessGroup, worker_launches
 from parser.methods import MethodResult, Sample
@@ -116,37 +117,37 @@ def round_summary(query: QueryRecord, chunks: int, shown: int = 4) -> str:
     return f"{answered} of {chunks} chunks answered in {query.latency_s:.1f} s{failures}" + (f": {answers}{more}" if answers else "")
 
 
-async def run_demo(cfg: DictConfig, log_dir: Path) -> list[tuple[dict[str, Any], Trajectory]]:
-    """Each sample's JSON row (written to `cfg.output`) and its trajectory (read for the summary)."""
+def prepare(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any], list[Sample]]:
+    """(models config, episode, samples): the preset chosen, the episode's keys checked (a typo
+    fails before any model loads or process starts), the synthetic samples built."""
     preset, reason = choose_backend(cfg.models)
     print(f"models: {preset} ({reason})")
     models_cfg = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "backend" / f"{preset}.yaml"))
     episode = OmegaConf.to_container(cfg.episode)
-    check_episode_keys(episode)  # a typo fails before any model loads
+    check_episode_keys(episode)
     if needs_cpu_budgets(models_cfg):
         episode = cpu_episode(episode)
         print(f"CPU budgets instead of the paper's (configs/episode/{CPU_PRESET}.yaml): {episode}")
     rows = build_synthetic_eval(num_questions=cfg.num_samples, lengths=(cfg.length,), seed=cfg.seed)
-    samples = [Sample.from_record(row, source=f"synthetic[{i}]") for i, row in enumerate(rows)]
-    workers = start_subagent_workers(models_cfg, cfg.workers, log_dir) if cfg.workers else None
+    return models_cfg, episode, [Sample.from_record(row, source=f"synthetic[{i}]") for i, row in enumerate(rows)]
+
+
+async def run_demo(method: ParSerMethod, samples: list[Sample]) -> list[tuple[dict[str, Any], Trajectory]]:
+    """Each sample's JSON row (written to `cfg.output`) and its trajectory (read for the summary);
+    `method` is closed at the end."""
     rows_out = []
     try:
-        method = ParSerMethod(build_models(models_cfg), episode=episode)
-        try:
-            for sample in samples:
-                chunks = len(method.protocol.chunk(sample.context, method.models.subagent_tokenizer))
-                print_header(sample, chunks)
-                with progress.listening(lambda _doc, turn: print_turn(turn, chunks)):
-                    result = await method.run(sample)
-                score = sub_em(result.answer, sample.answers)
-                print_result(sample, result, score)
-                row = {"id": sample.id, "question": sample.question, "answers": sample.answers, "sub_em": score, **result.to_dict()}
-                rows_out.append((row, result.trace))
-        finally:
-            await method.aclose()
+        for sample in samples:
+            chunks = len(method.protocol.chunk(sample.context, method.models.subagent_tokenizer))
+            print_header(sample, chunks)
+            with progress.listening(lambda _doc, turn: print_turn(turn, chunks)):
+                result = await method.run(sample)
+            score = sub_em(result.answer, sample.answers)
+            print_result(sample, result, score)
+            row = {"id": sample.id, "question": sample.question, "answers": sample.answers, "sub_em": score, **result.to_dict()}
+            rows_out.append((row, result.trace))
     finally:
-        if workers:
-            workers.stop()
+        await method.aclose()
     return rows_out
 
 
@@ -162,13 +163,14 @@ def start_subagent_workers(models_cfg: dict[str, Any], num: int, log_dir: Path) 
     try:
         for launch in launches:
             group.start(launch)
+        print(f"subagents: starting {num} parser.serving.server workers (logs in {log_dir})", flush=True)
         for launch in launches:
             group.wait_ready(launch, timeout_s=600)
     except BaseException:
         group.stop()
         raise
     urls = [launch.url for launch in launches]
-    print(f"subagents: {num} parser.serving.server workers at {', '.join(urls)} (logs in {log_dir})")
+    print(f"subagents: {num} parser.serving.server workers at {', '.join(urls)}", flush=True)
     models_cfg["subagent"] = {"_target_": "parser.serving.backends.http_backend", "api": "sglang", "base_urls": urls,
                               "tokenizer": sub["model"]}
     return group
@@ -185,7 +187,25 @@ def main() -> None:
 
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="demo")
 def _main(cfg: DictConfig) -> None:
-    done = asyncio.run(run_demo(cfg, Path(HydraConfig.get().runtime.output_dir) / "workers"))
+    """Workers start and stop, and models load, outside the event loop, in this thread: Ctrl-C or
+    SIGTERM (`stop_on_signals`, even when started with SIGINT ignored) lands as KeyboardInterrupt
+    wherever it is (inside the loop, as the cancellation of the running sample), waiting for a
+    worker or a model load included, and `ProcessGroup.stop` ends every worker."""
+    with stop_on_signals():
+        try:
+            models_cfg, episode, samples = prepare(cfg)
+            log_dir = Path(HydraConfig.get().runtime.output_dir) / "workers"
+            workers = start_subagent_workers(models_cfg, cfg.workers, log_dir) if cfg.workers else None
+            try:  # models load here, not in the event loop, where Ctrl-C would wait for the load to end
+                method = ParSerMethod(build_models(models_cfg), episode=episode)
+                done = asyncio.run(run_demo(method, samples))
+            finally:
+                if workers:
+                    workers.stop()
+        except KeyboardInterrupt:
+            stopped = f"; its {cfg.workers} workers are stopped" if cfg.workers else ""
+            print(f"parser demo: interrupted{stopped}", file=sys.stderr, flush=True)
+            sys.exit(130)
     output = Path(hydra.utils.get_original_cwd()) / cfg.output
     output.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row, _ in done))
     accuracy = sum(row["sub_em"] for row, _ in done) / max(len(done), 1)

@@ -25,21 +25,16 @@ carries the tail of that process's log.
 """
 from __future__ import annotations
 
-import signal
 import time
-from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 
+from parser.base.signals import stop_on_signals
 from parser.serving.gateway import Gateway
 from parser.base.resources import config_dir
-
-
-def _stop_on_sigterm(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # unwinds through `with gateway:`, which stops the processes
 
 
 def describe(gateway: Gateway) -> str:
@@ -71,10 +66,9 @@ def main(cfg: DictConfig) -> None:
         return
 
     # -- run until told to stop ---------------------------------------------------------------
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     started = time.monotonic()
-    try:
-        with gateway:
+    try:  # Ctrl-C or SIGTERM, even started with SIGINT ignored, unwinds `with gateway:`, which stops every process
+        with stop_on_signals(), gateway:
             print(f"ready after {time.monotonic() - started:.0f}s; logs in {conf['log_dir']}", flush=True)
             print(describe(gateway), flush=True)
             reported_dead: set[str] = set()

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import http.client
 import json
 import os
 import re
@@ -46,11 +47,10 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from parser.serving.backends.preflight import get
 from parser.serving.types import ROUTING_HEADER
 from parser.base.instantiate import locate, with_target
 from parser.base.resources import config_dir
@@ -295,21 +295,18 @@ def wait_ready(url: str, path: str = "/health", *, timeout_s: float = 600.0,
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"{url}: process {process.pid} exited with {process.returncode} "
                                f"before it was ready\n{_tail(log)}")
-        try:
-            with urllib.request.urlopen(url + path, timeout=5) as resp:
-                body = resp.read()
-                if resp.status == 200 and not workers:
+        try:  # each poll whole within its 5 s (or what is left): a worker trickling its answer cannot hold it
+            status, _, body = get(url + path, max(0.1, min(5.0, deadline - time.monotonic())))
+            if status == 200 and not workers:
+                return
+            if status == 200:
+                healthy = _healthy_workers(body)
+                if healthy >= workers:
                     return
-                if resp.status == 200:
-                    healthy = _healthy_workers(body)
-                    if healthy >= workers:
-                        return
-                    last = f"{healthy} of {workers} workers healthy"
-                else:
-                    last = f"HTTP {resp.status}"
-        except urllib.error.HTTPError as e:
-            last = f"HTTP {e.code}"
-        except (urllib.error.URLError, OSError) as e:
+                last = f"{healthy} of {workers} workers healthy"
+            else:
+                last = f"HTTP {status}"
+        except (OSError, http.client.HTTPException) as e:
             last = f"{type(e).__name__}: {e}"
         time.sleep(interval_s)
     raise TimeoutError(f"{url}{path} not ready after {timeout_s:.0f}s ({last})\n{_tail(log)}")

@@ -10,7 +10,8 @@ report's traffic uses the same tenacity policy (`retrying`).
 The rule, stated once:
 - a timeout (the per-attempt deadline, or one the backend raises) or a
   `BackendError(retryable=True)` (5xx, dropped connection) is retried with exponential backoff
-  and jitter, up to `max_attempts` attempts in all;
+  and jitter, up to `max_attempts` attempts in all, and each retry says so in one line on
+  stderr (`say_retry`: the attempt, the reason, the wait);
 - a `BackendError(retryable=False)` (4xx, a prompt longer than the context) is not retried;
 - either, once it is final, is raised as `CallFailed` (a `BackendError` that carries the number
   of attempts and the last error): `QueryAgents` records it as a failed subagent call, which
@@ -29,7 +30,7 @@ import dataclasses
 import sys
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from parser.serving.types import BackendError, Completion, Prompt, SamplingParams
 from parser.base.config import EpisodeConfig
@@ -37,6 +38,7 @@ from parser.base.config import EpisodeConfig
 T = TypeVar("T")
 # A baseline's `retry:` section takes EpisodeConfig's names for the same three knobs.
 RETRY_KEYS = ("max_attempts", "retry_backoff_s", "request_timeout_s")
+MAX_RETRY_LINE_CHARS = 300  # of a retry's line on stderr (a server's error message can be long)
 
 
 def is_retryable(error: BaseException) -> bool:
@@ -44,14 +46,27 @@ def is_retryable(error: BaseException) -> bool:
     return isinstance(error, asyncio.TimeoutError) or (isinstance(error, BackendError) and error.retryable)
 
 
-def retrying(max_attempts: int, backoff_s: float, max_backoff_s: float = 30.0) -> AsyncRetrying:
+def retrying(max_attempts: int, backoff_s: float, max_backoff_s: float = 30.0,
+             before_sleep: Callable[[RetryCallState], None] | None = None) -> AsyncRetrying:
     """Exponential backoff with jitter from `backoff_s` (capped at `max_backoff_s`); re-raises the last error."""
     return AsyncRetrying(
         stop=stop_after_attempt(max_attempts),
         wait=wait_exponential_jitter(multiplier=backoff_s, max=max_backoff_s, jitter=backoff_s),
         retry=retry_if_exception(is_retryable),
+        before_sleep=before_sleep,
         reraise=True,
     )
+
+
+def say_retry(state: RetryCallState, max_attempts: int, limit: int = MAX_RETRY_LINE_CHARS) -> None:
+    """One line on stderr per retry: which attempt failed, why (a `BackendError` names the URL) and
+    when the next starts. A retried call used to be silent until it failed for good, minutes later."""
+    error = state.outcome.exception() if state.outcome is not None else None
+    reason = (f"{type(error).__name__}: {error}" if str(error) else
+              f"{type(error).__name__} (no answer within the attempt's deadline)")
+    line = (f"[parser] retry {state.attempt_number + 1} of {max_attempts} "
+            f"in {state.next_action.sleep if state.next_action else 0:.1f} s after {reason}")
+    print(line if len(line) <= limit else f"{line[:limit]}...", file=sys.stderr, flush=True)
 
 
 class CallFailed(BackendError):
@@ -94,7 +109,8 @@ class RetryPolicy:
         deadline starts once a slot is held, so waiting for a slot never counts as a timeout."""
         attempts = 0
         try:
-            async for retry in retrying(self.max_attempts, self.backoff_s, self.max_backoff_s):
+            async for retry in retrying(self.max_attempts, self.backoff_s, self.max_backoff_s,
+                                        before_sleep=lambda state: say_retry(state, self.max_attempts)):
                 with retry:
                     attempts += 1
                     if slots is None:

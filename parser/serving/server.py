@@ -31,8 +31,9 @@ or less with `--context-length`.
     POST /flush_cache
 
 Every response carries `X-Worker-Id`, so clients and gateway tests can see which worker
-answered. It binds 127.0.0.1 unless `--host` says otherwise, and shuts down gracefully on
-SIGINT/SIGTERM. Streaming, `n > 1` and batched prompts are refused with a 400.
+answered. It binds 127.0.0.1 unless `--host` says otherwise, prints its ready line once the port
+listens, and shuts down gracefully on SIGINT/SIGTERM (while the model still loads, either ends it
+in one line, exit 130; both are installed explicitly, even when started with SIGINT ignored). Streaming, `n > 1` and batched prompts are refused with a 400.
 
 A client error is a 4xx naming the field, never a 500 (which clients and routers retry):
 token ids outside the vocabulary, in the prompt or in `stop_token_ids` (checked with the body,
@@ -73,6 +74,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from parser.base.domains import argparse_type, problem
+from parser.base.signals import stop_on_signals
 from parser.serving.backends import TRANSFORMERS, build_backend
 from parser.serving.types import ROUTING_HEADER, Backend, BackendError, Completion, SamplingParams
 from parser.serving.wire.common import Bounds, ErrorBody, ModelCard, ModelList, describe
@@ -529,15 +531,23 @@ def main(argv: list[str] | None = None) -> None:
                         default=field.default)
     args = ap.parse_args(argv)
     limits = ServerLimits(**{field.name: getattr(args, field.name) for field in dataclasses.fields(ServerLimits)})
-
-    backend, tokenizer = build_backend({"_target_": TRANSFORMERS, "model": args.model, "name": args.model})
-    server = ModelServer(backend, tokenizer=tokenizer, model_name=args.model,
-                         worker_id=args.worker_id or f"{args.host}:{args.port}",
-                         context_length=args.context_length, limits=limits)
-    print(f"parser.serving.server: {args.model} on http://{args.host}:{args.port} "
-          f"(worker {server.worker_id})", flush=True)
-    web.run_app(server.app(), host=args.host, port=args.port, backlog=BACKLOG, access_log=None, print=None,
-                shutdown_timeout=10.0, handler_cancellation=True, keepalive_timeout=limits.idle_timeout_s)
+    with stop_on_signals():  # SIGINT / SIGTERM while the model loads too, even started with SIGINT ignored
+        try:
+            print(f"parser.serving.server: loading {args.model}", flush=True)
+            backend, tokenizer = build_backend({"_target_": TRANSFORMERS, "model": args.model, "name": args.model})
+            server = ModelServer(backend, tokenizer=tokenizer, model_name=args.model,
+                                 worker_id=args.worker_id or f"{args.host}:{args.port}",
+                                 context_length=args.context_length, limits=limits)
+            ready = (f"parser.serving.server: {args.model} on http://{args.host}:{args.port} "
+                     f"(worker {server.worker_id})")
+            # aiohttp prints once the port listens, and from then on stops gracefully on SIGINT/SIGTERM itself
+            web.run_app(server.app(), host=args.host, port=args.port, backlog=BACKLOG, access_log=None,
+                        print=lambda _listening: print(ready, flush=True), shutdown_timeout=10.0,
+                        handler_cancellation=True, keepalive_timeout=limits.idle_timeout_s)
+        except KeyboardInterrupt:  # before the server listened: nothing to drain
+            print("parser.serving.server: interrupted before serving", flush=True)
+            raise SystemExit(130) from None
+    print("parser.serving.server: stopped", flush=True)
 
 
 if __name__ == "__main__":

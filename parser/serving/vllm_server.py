@@ -17,13 +17,15 @@ Must never: bind anything but 127.0.0.1, or outlive the `with` block.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import socket
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 from typing import Iterator
+
+from parser.serving.backends.preflight import get
 
 SERVED_NAME = "smollm2"
 MAX_MODEL_LEN = 4096
@@ -37,10 +39,10 @@ def free_port() -> int:
 
 
 def healthy(url: str) -> bool:
+    """GET /health answered 200, all of it within 5 s (`preflight.get`: not 5 s per read)."""
     try:
-        with urllib.request.urlopen(url + "/health", timeout=5) as resp:
-            return resp.status == 200
-    except OSError:
+        return get(url + "/health", 5.0)[0] == 200
+    except (OSError, http.client.HTTPException):
         return False
 
 

