@@ -23,7 +23,7 @@ requests). The record (trace `extras`) keeps every plan, its searches (query, to
 where reading stopped.
 
     vllm serve ucmp137538/infmem-4B      # or SGLang; any OpenAI-compatible server at :8000
-    parser eval method=infmem backend@models=openai models.lead.tokenizer=ucmp137538/infmem-4B
+    parser eval method=infmem backend@models=infmem_4b report.backbone=InfMem-4B   # configs/backend/infmem_4b.yaml
     parser eval --config-name tiny_cpu method=infmem_cpu limit=1 runs=1   # CPU: exercises the loop only
 """
 from __future__ import annotations
