@@ -23,6 +23,10 @@ duplicate sample, a bad row or a bad `--out` ends in one line, exit 2.
   runs and resumed sessions) and mean sequential steps, per concurrency (Table 2, Figure 3),
   with baseline/ParSer speedups.
 - `tokens.{md,csv}`: mean output tokens per sample, lead and subagents (Table 6).
+- `cost.{md,csv}`: accuracy beside what it cost, per row and length: mean steps (calls on the
+  critical path), sub-calls (ParSer's subagent requests, RLM's llm_query prompts), InfMem's planner
+  calls and how often it stopped early, and mean seconds per sample, read from each row's trace
+  (`trace_costs`); the peers grid (configs/eval/peers.yaml) sets RLM and InfMem beside ParSer with it.
 - `lead_prompt.md`: the lead's prompt tokens turn by turn (from saved records): ParSer's grows
   with its history, LongHarness's stays within its state budget.
 - `controlled.{md,csv}`: Sub_EM per condition for the controlled sets (Figure 2), with each
@@ -66,7 +70,7 @@ from parser.records.metrics import mean as _mean
 from eval.provenance import ManifestDamaged, read_manifest
 from eval.store import RESULTS, read_results, read_timings
 from parser.records.result import ResultRow, TimingLine
-from parser.records.trace import SequentialTrace
+from parser.records.trace import SequentialTrace, Trace
 from parser.records.trajectory import Trajectory
 
 MARKERS = ("o", "s", "^", "D", "v", "x", "P", "*")
@@ -397,6 +401,38 @@ def speedups(latency: Sequence[dict[str, Any]], parser_row: str = "ParSer") -> l
     return out
 
 
+def trace_costs(trace: Trace | None) -> dict[str, float]:
+    """The counts a row's trace holds beyond `steps`: `sub_calls` for an episode (RLM: its sub-model
+    calls, `record.rlm.usage.sub`; any other: its subagent requests), `plans` and `stopped_early` for
+    InfMem's pass (its planner calls); {} for a row saved without its trace or a method with neither."""
+    if isinstance(trace, Trajectory):
+        rlm = trace.extras.get("rlm")
+        return {"sub_calls": float(rlm["usage"]["sub"]["calls"] if rlm else trace.stats()["subagent_calls"])}
+    if isinstance(trace, SequentialTrace) and "plans" in trace.extras:
+        return {"plans": float(len(trace.extras["plans"])), "stopped_early": float(bool(trace.extras["stopped_early"]))}
+    return {}
+
+
+def cost_table(rows: Sequence[ResultRow], metric: str = PRIMARY) -> list[dict[str, Any]]:
+    """Per (dataset, backbone, row, length): accuracy (`metric`, as the accuracy table averages it),
+    mean steps, mean wall seconds per sample, and the means of `trace_costs` over the rows that hold
+    each count (None where none does: printed "–", never 0)."""
+    scale = 100 if BY_NAME[metric].percent else 1
+    groups: dict[tuple, list[ResultRow]] = collections.defaultdict(list)
+    for r in rows:
+        if r.condition is None:
+            groups[(r.dataset, r.backbone, r.row, r.length)].append(r)
+    table = []
+    for (d, b, m, L), g in sorted(groups.items()):
+        costs = [trace_costs(r.trace) for r in g]
+        known = {name: [c[name] for c in costs if name in c] for name in ("sub_calls", "plans", "stopped_early")}
+        table.append({"dataset": d, "backbone": b, "row": m, "length": L, "samples": len(g),
+                      "accuracy": scale * run_averaged(g, methodcaller("score", metric)),
+                      "steps": _mean([float(r.steps) for r in g]), "wall_s": _mean([r.wall_s for r in g]),
+                      **{name: _mean(values) if values else None for name, values in known.items()}})
+    return table
+
+
 def token_table(rows: Sequence[ResultRow]) -> list[dict[str, Any]]:
     groups: dict[tuple, list[ResultRow]] = collections.defaultdict(list)
     for r in rows:
@@ -680,6 +716,18 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
     (out / "tokens.csv").write_text(table_to_csv(tok_header, tok_body))
     sections.append(tok_md)
 
+    costs = cost_table(rows, metric)
+    cost_header = ["Dataset", "Backbone", "Method", "Length", f"{metric}{' %' if BY_NAME[metric].percent else ''}", "steps",
+                   "sub-calls", "planner calls", "stopped early", "s/sample (mean)", "samples"]
+    cost_body = [[c["dataset"], c["backbone"], c["row"], str(c["length"]), _fmt(c["accuracy"]), f"{c['steps']:.2f}",
+                  *("–" if c[k] is None else f"{c[k]:.{p}f}" for k, p in (("sub_calls", 1), ("plans", 1), ("stopped_early", 2))),
+                  f"{c['wall_s']:.3f}", str(c["samples"])] for c in costs]
+    cost_md = ("## Accuracy beside its cost: steps, sub-calls and seconds per sample (means)\n\n"
+               + table_to_markdown(cost_header, cost_body))
+    (out / "cost.md").write_text(cost_md)
+    (out / "cost.csv").write_text(table_to_csv(cost_header, cost_body))
+    sections.append(cost_md)
+
     prompts = lead_prompt_table(rows)
     if prompts:
         pr_header = ["Dataset", "Backbone", "Method", "Length", "turns", "prompt tokens by turn (mean)", "max"]
@@ -740,7 +788,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
         sections.append("## Trajectory viewer\n\n" + "\n".join(f"- `{p}`" for p in pages) + "\n")
     (out / "report.md").write_text("\n".join(sections))
     return {"run_dirs": run_dirs, "tables": tables, "reading": reading, "latency": latency, "speedups": speed,
-            "tokens": tokens, "controlled": controlled, "figures": figures, "viewer": pages, "report": out / "report.md",
+            "tokens": tokens, "costs": costs, "controlled": controlled, "figures": figures, "viewer": pages, "report": out / "report.md",
             "rl": rl, "rows": rows, "train_steps": steps}
 
 

@@ -326,3 +326,40 @@ def test_the_command_ends_in_one_line_with_exit_2(tmp_path, capsys, case, said):
         main([*args, "--out", str(out).rstrip("/"), "--no-viewer"])
     err = capsys.readouterr().err
     assert ended.value.code == 2 and said in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_the_cost_table_sets_steps_sub_calls_and_seconds_beside_accuracy_for_each_peer(tmp_path):
+    """Issue 54: the two RLM rows and InfMem-4B stay apart (row and backbone), and each shows what it
+    cost, read from its trace: RLM's sub-model calls, ParSer's subagent requests, InfMem's planner calls
+    and early stop; MemAgent has neither count ("–", not 0)."""
+    from parser.records.trajectory import QueryRecord, SubagentCall, Turn
+
+    def rlm(sub_calls):
+        usage = {"root": {"calls": 3, "input_tokens": 9, "output_tokens": 9}, "sub": {"calls": sub_calls, "input_tokens": 1, "output_tokens": 1}}
+        return Trajectory("q?", "d", 0, extras={"rlm": {"usage": usage, "iterations": []}})
+
+    def infmem(plans, stopped):
+        return SequentialTrace(4, [0, 1, 2, 3][:plans], extras={"plans": [{"chunk": i} for i in range(plans)], "stopped_early": stopped})
+
+    scatter = QueryRecord("who?", [], [SubagentCall(i, "abstain") for i in range(5)], "")
+    parser = Trajectory("q?", "d", 5, turns=[Turn(0, "", "", [scatter], None, None, 1, "stop", 0.1)])
+    for sid, trace, row, backbone, sub, wall in (
+            ("a", rlm(6), "RLM (same models as ParSer)", "tiny", 1.0, 2.0), ("b", rlm(2), "RLM (same models as ParSer)", "tiny", 0.0, 4.0),
+            ("a", rlm(10), "RLM (authors' setup)", "strong root", 1.0, 9.0), ("a", infmem(3, True), "InfMem", "InfMem-4B", 1.0, 5.0),
+            ("b", infmem(4, False), "InfMem", "InfMem-4B", 1.0, 7.0), ("a", parser, "ParSer", "tiny", 1.0, 1.0),
+            ("a", SequentialTrace(4, [0, 1, 2, 3]), "MemAgent", "tiny", 0.0, 3.0)):
+        ResultsStore(tmp_path / f"{backbone}-{row}").append(_row(sid=sid, row=row, backbone=backbone, sub=sub, steps=3,
+                                                                 trace=trace, wall_s=wall))
+    out = build_report([tmp_path], tmp_path / "report", viewer=False)
+    costs = {(c["backbone"], c["row"]): c for c in out["costs"]}
+    assert len(costs) == 5  # every row apart
+    same = costs[("tiny", "RLM (same models as ParSer)")]
+    assert (same["accuracy"], same["sub_calls"], same["wall_s"], same["plans"]) == (50.0, 4.0, 3.0, None)
+    assert costs[("strong root", "RLM (authors' setup)")]["sub_calls"] == 10.0
+    infmem_row = costs[("InfMem-4B", "InfMem")]
+    assert (infmem_row["plans"], infmem_row["stopped_early"], infmem_row["sub_calls"]) == (3.5, 0.5, None)
+    assert costs[("tiny", "ParSer")]["sub_calls"] == 5.0
+    table = (tmp_path / "report" / "cost.md").read_text()
+    assert "| tiny | MemAgent | 50 | 0.00 | 3.00 | – | – | – | 3.000 | 1 |" in table
+    assert "| InfMem-4B | InfMem | 50 | 100.00 | 3.00 | – | 3.5 | 0.50 | 6.000 | 2 |" in table
+    assert table in (tmp_path / "report" / "report.md").read_text()
