@@ -8,9 +8,16 @@ same controlled sets, with each method's spread (max − min accuracy over a set
 
 Each (method, set) cell is one ordinary eval (`eval.run.evaluate`: the same engine, store and
 resume) composed exactly as `parser eval method=<m> dataset=<d>` would be, into its own
-folder under `study.root`; every cell shares one set of built models. Then `eval.report`
+folder under `study.root`; cells on the same models share one set of built models, and an entry
+whose `overrides` pick other models (`backend@models=...`: a peer's own checkpoint) gets its
+own, built when its first cell runs. Then `eval.report`
 writes the tables (`controlled.md`: accuracy per condition and the spread; `sensitivity.md`:
-the spreads alone) and figures (`figures/controlled_sensitivity.png`) to `{study.root}/report`.
+the spreads alone; `cost.md`: accuracy beside steps, sub-calls and seconds) and figures
+(`figures/controlled_sensitivity.png`) to `{study.root}/report`. The same runner runs the peers
+grid (configs/eval/peers.yaml: ParSer, MemAgent, RLM on ParSer's models and as its authors run it,
+InfMem-4B, on the paper's HotpotQA lengths):
+
+    parser order-study --config-name peers_tiny_cpu         # the peers grid on tiny CPU models
 
     parser order-study                                     # configs/eval/order_study.yaml: paper models, HotpotQA/2Wiki sets
     parser order-study --config-name order_study_tiny_cpu  # CPU smoke: tiny random models, synthetic world
@@ -59,24 +66,33 @@ async def run_study(cfg: DictConfig, compose_cell: Any) -> int:
 
     methods, datasets = _entries(cfg.study.methods, "methods"), _entries(cfg.study.datasets, "datasets")
     cells = [(i, compose_cell(cell_overrides(m, d))) for i, m in enumerate(methods) for d in datasets]
-    models_cfg = OmegaConf.to_container(cells[0][1].models, resolve=True)
-    for _, cell in cells:
-        if OmegaConf.to_container(cell.models, resolve=True) != models_cfg:
-            raise ValueError(f"study: every cell must run on the same models; {cell.method.name} on {cell.dataset.name} "
-                             "changes the `models` section (set models once, on the command line or in the study config)")
+    models_cfgs = [OmegaConf.to_container(cell.models, resolve=True) for _, cell in cells]
     for _, cell in cells:  # before any model is built: a setting no cell can honour stops the study at once
         check_settings(cell)
-    labels = [cell.report.row for _, cell in cells[:: len(datasets)]]
+    labels = [(cell.report.backbone, cell.report.row) for _, cell in cells[:: len(datasets)]]
     if len(set(labels)) != len(labels):
         raise ValueError(f"study.methods: two entries give the same table row ({labels}); give each its own order or label")
-    models = build_models(models_cfg)
+    for index in range(len(methods)):  # an entry's models are one set over its datasets: it is built once
+        mine = models_cfgs[index * len(datasets): (index + 1) * len(datasets)]
+        if any(m != mine[0] for m in mine):
+            raise ValueError(f"study: study.methods[{index}] runs on other models on some datasets; "
+                             "set models in the entry's overrides, not in a dataset's")
+    shared: list[tuple[dict[str, Any], Any]] = []  # (models config, built models): one per distinct config
+
+    def models_for(config: dict[str, Any]) -> Any:
+        for known, models in shared:
+            if known == config:
+                return models
+        shared.append((config, build_models(config)))
+        return shared[-1][1]
+
     built: dict[int, Any] = {}
     status = 0
     try:
-        for index, cell in cells:
+        for (index, cell), models_cfg in zip(cells, models_cfgs, strict=True):
             print(f"[study] {cell.report.row} on {cell.dataset.name} -> {cell.out_dir}")
             if index not in built:
-                built[index] = build_eval_method(cell, models)
+                built[index] = build_eval_method(cell, models_for(models_cfg))
             try:
                 status |= await evaluate(cell, built[index])
             except RunDirLocked as error:  # another process evaluates this cell: record it, run the others
@@ -85,11 +101,12 @@ async def run_study(cfg: DictConfig, compose_cell: Any) -> int:
     finally:
         for method in built.values():
             await method.aclose()  # the models are shared; closing them twice is safe
-        if not built:
+        for _, models in shared:
             await models.aclose()
     report = build_report([cfg.study.root], Path(str(cfg.study.root)) / "report", viewer=bool(cfg.study.viewer))
     print(f"[study] report {report['report']}\n")
-    print((Path(report["report"]).parent / "sensitivity.md").read_text())
+    summary = Path(report["report"]).parent / ("sensitivity.md" if report["controlled"] else "cost.md")
+    print(summary.read_text())
     return status
 
 

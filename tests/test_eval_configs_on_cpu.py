@@ -148,3 +148,25 @@ def test_a_users_search_path_keeps_parsers_configs_first():
         "--config-name", "tiny_cpu", f"hydra.searchpath=[{ours},file:///mine]", "limit=1"]
     assert with_search_path([f"hydra.searchpath=[file:///mine,{ours}]"]) == [f"hydra.searchpath=[{ours},file:///mine]"]
     assert with_search_path(["--config-name", "tiny_cpu", "limit=1"]) == ["--config-name", "tiny_cpu", f"hydra.searchpath=[{ours}]", "limit=1"]
+
+
+def test_the_peers_grid_gives_each_row_its_label_models_and_folder():
+    """Issue 54's comparison rows (configs/eval/peers*.yaml), each cell composed as the study runner
+    composes it: RLM on ParSer's models (same compute), RLM as its authors run it (its own two
+    servers), InfMem on InfMem-4B; no two cells share a table row or a folder, all under the study root.
+    (peers_tiny_cpu, the same grid on the tiny models, composes in test_primary_configs_compose.)"""
+    from eval.order_study import _entries, cell_overrides
+
+    grid = "peers"
+    cfg = _compose(grid)
+    entries = _entries(cfg.study.methods, "methods"), _entries(cfg.study.datasets, "datasets")
+    cells = {m["config"]: _compose(grid, *cell_overrides(m, d)) for m in entries[0] for d in entries[1]}
+    assert len({(c.report.backbone, c.report.row) for c in cells.values()}) == len(cells) == len(entries[0])
+    assert len({c.out_dir for c in cells.values()}) == len(cells)
+    assert all(c.out_dir.startswith(f"{cfg.study.root}/") for c in cells.values())
+    models = {name: OmegaConf.to_container(c.models, resolve=True) for name, c in cells.items()}
+    assert cells["rlm"].report.row == "RLM (same models as ParSer)" and models["rlm"] == models["parser"]  # same compute
+    assert models["infmem"]["lead"]["tokenizer"] == "ucmp137538/infmem-4B" and cells["infmem"].report.backbone == "InfMem-4B"
+    authors = models["rlm_authors"]
+    assert (authors["lead"]["api"], authors["subagent"]["api"], cells["rlm_authors"].report.row) == (
+        "completions", "chat", "RLM (authors' setup)")
