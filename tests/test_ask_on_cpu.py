@@ -121,6 +121,36 @@ def test_the_command_prints_each_round_and_the_answer_and_writes_the_trajectory(
     assert "lead: the last turn answers" in rows[0]["record"]["record"]["constraints"]
 
 
+
+@pytest.mark.parametrize("method, settings", [
+    # one iteration, then rlms' fallback call; the REPL worker is the real sandbox (rlm_script.sandbox_settings)
+    ("rlm", ["method.episode.max_turns=1", "method.episode.max_tokens_per_turn=8", "method.orchestrator=false",
+             "method.sub_max_new_tokens=8"]),
+    # one 1,024-token chunk: a plan, a write (unless the plan stops it) and the answer, each two short stages
+    ("infmem", ["method.chunk_size=1024", "method.thinking_budget=4", "method.max_new_tokens=4"]),
+])
+def test_the_peers_answer_a_question_through_ask_on_the_tiny_models(method, settings, tmp_path, capsys):
+    """Issue 54: `parser ask FILE "q" method=rlm|infmem` runs each peer on the tiny CPU models and
+    writes its record (RLM's iterations and usage, InfMem's plans) as any method's."""
+    import asyncio
+
+    from rlm_script import sandbox_settings
+
+    path, out = tmp_path / "notes.md", tmp_path / "replies.jsonl"
+    path.write_text(DOCUMENT)
+    sandbox = [f"method.sandbox.{k}={str(v).lower()}" for k, v in asyncio.run(sandbox_settings()).items()] if method == "rlm" else []
+    main([str(path), "Who directed Zorvan?", "models=tiny_cpu", f"method={method}", *settings, *sandbox, "--json", str(out)])
+    assert "\nanswer: " in capsys.readouterr().out
+    (row,) = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    result = row["record"]
+    if method == "rlm":
+        rlm = result["record"]["rlm"]
+        assert rlm["stop_reason"] == "fallback" and result["steps"] == 2 == rlm["usage"]["root"]["calls"]
+        assert result["answer"] == rlm["answer"] and rlm["rlms_version"]
+    else:
+        plans, updates = result["record"]["plans"], result["record"]["updates"]
+        assert len(plans) == result["record"]["num_chunks"] == 1 and result["steps"] == len(plans) + len(updates) + 1
+
 def test_unknown_presets_and_keys_are_refused_with_the_valid_names(tmp_path, capsys):
     path = tmp_path / "notes.md"
     path.write_text(DOCUMENT)
