@@ -4,6 +4,7 @@
     parser ask notes.md "Who founded it?" "When?" models=tiny_cpu   # any backend preset (configs/backend/)
     cat report.txt | parser ask - "What failed?" --json out.jsonl    # stdin; trajectories as JSONL
     parser ask paper.md "Q?" method=memagent                    # any method (configs/method/)
+    parser ask paper.md "Q?" method=rlm                         # the peers: rlm, infmem (on a CPU: rlm_cpu, infmem_cpu)
     parser ask notes.md "Q?" backend@models=openai models.lead.base_url=http://127.0.0.1:8000
 
     from parser.cli.ask import ask
