@@ -72,6 +72,11 @@ async def run_study(cfg: DictConfig, compose_cell: Any) -> int:
     labels = [(cell.report.backbone, cell.report.row) for _, cell in cells[:: len(datasets)]]
     if len(set(labels)) != len(labels):
         raise ValueError(f"study.methods: two entries give the same table row ({labels}); give each its own order or label")
+    folders = [str(cell.out_dir) for _, cell in cells]
+    if len(set(folders)) != len(folders):  # a second entry would resume, or be refused by, the first one's rows
+        twice = sorted({f for f in folders if folders.count(f) > 1})
+        raise ValueError(f"study: two cells write to the same folder ({', '.join(twice)}); give the entry its own "
+                         "method config (its `name` names the folder)")
     for index in range(len(methods)):  # an entry's models are one set over its datasets: it is built once
         mine = models_cfgs[index * len(datasets): (index + 1) * len(datasets)]
         if any(m != mine[0] for m in mine):

@@ -80,6 +80,25 @@ def test_the_order_study_records_a_locked_cell_and_runs_the_others(tmp_path, cap
     assert len(list((tmp_path / "study").rglob(RESULTS))) == 1  # the other cell ran
 
 
+def test_a_study_whose_two_entries_share_a_folder_is_refused_before_any_model_loads(tmp_path, monkeypatch):
+    """Two labels on one method config write to one folder (its `name`): refused, naming it, before
+    models are built (the second would have resumed the first's rows)."""
+    from hydra import compose, initialize_config_dir
+
+    import parser.serving.backends.models as models_module
+    from eval.order_study import run_study
+    from eval.run import CONFIGS
+
+    monkeypatch.setattr(models_module, "build_models", lambda *_: pytest.fail("models were built"))
+    methods = "[{config: memagent_cpu}, {config: memagent_cpu, overrides: [\"method.label='MemAgent (again)'\"]}]"
+    base = [f"hydra.searchpath=[file://{CONFIGS}]", f"study.root={tmp_path}", f"study.methods={methods}",
+            "study.datasets=[{config: synthetic}]"]
+    with initialize_config_dir(config_dir=str(CONFIGS / "eval"), version_base="1.3"):
+        cfg = compose("peers_tiny_cpu", overrides=base)
+        with pytest.raises(ValueError, match=f"two cells write to the same folder \\({tmp_path}/synthetic/memagent\\)"):
+            asyncio.run(run_study(cfg, lambda overrides: compose("peers_tiny_cpu", overrides=[*base, *overrides])))
+
+
 # -- every numeric setting has a declared domain, checked where configs are composed (issue 55 item 5) --
 def _eval(*overrides: str):
     from eval.run import CONFIGS
