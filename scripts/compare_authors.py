@@ -48,7 +48,7 @@ from data_prep.knowledge_filter import is_correct
 from data_prep.synthetic_world import build_synthetic_eval
 from parser.methods import Sample, method_class, method_config
 from parser.serving.backends.models import Models
-from parser.serving.types import Completion
+from parser.serving.types import BackendError, Completion
 from parser.text.chat_format import CHATML
 from parser.text.reward import normalize_answer, sub_em
 
@@ -162,6 +162,8 @@ class ScriptedBackend:
         self.reply, self.prompts = reply, []
 
     async def generate(self, prompt, sampling, *, routing_key=None, request_id=None) -> Completion:
+        if sampling.constraint is not None:  # its replies are fixed: it cannot honour a grammar
+            raise BackendError("compare_authors: a scripted reply cannot honour a constraint", retryable=False)
         self.prompts.append(prompt)
         return Completion(text=self.reply(len(self.prompts) - 1))
 
@@ -341,7 +343,8 @@ def main() -> None:
         verbatim = options.get("untrusted_text") == "verbatim" or not adversarial
         ties = options.get("recall_ties", "latest" if method == "rememr1" else "authors")  # MemAgent recalls nothing
         if not verbatim:
-            return differ, f"only the {neutralised} whose untrusted text it changes (elsewhere: {elsewhere})"
+            ties_too = ", and tie order" if ties == "latest" else ""
+            return differ, f"only the {neutralised} whose untrusted text it changes{ties_too} (elsewhere: {elsewhere})"
         return differ, "0" if ties == "authors" else "tie order only"
 
     thinks = [(r, g) for r, g in verdicts if "<think>" in r]
@@ -356,6 +359,7 @@ def main() -> None:
         ("4 ReMemR1 prompts, verbatim, recall_ties authors", *episodes("rememr1", untrusted_text="verbatim", recall_ties="authors")),
         ("4 ReMemR1 prompts, neutralize, recall_ties authors", *episodes("rememr1", recall_ties="authors")),
         ("5 ReMemR1 prompts, verbatim, recall_ties latest (default)", *episodes("rememr1", untrusted_text="verbatim")),
+        ("4+5 ReMemR1 prompts, every default (neutralize, latest)", *episodes("rememr1")),
         ("6 golds normalising to \"\": sub_em_compat vs theirs",
          sum(sub_em(p, [g], compat=True) != their_sub_em(theirs["scorer"], p, g) for p, g in empty), "0"),
         ("7 sub_em_compat vs their scorer", sum(sub_em(p, [g], compat=True) != their_sub_em(theirs["scorer"], p, g)
