@@ -87,6 +87,7 @@ def stub(name: str, **attrs: Any) -> types.ModuleType:
 
 
 def load_authors(memagent: Path, rememr1: Path) -> dict[str, types.ModuleType]:
+    memagent, rememr1 = memagent.resolve(), rememr1.resolve()  # their modules are forgotten by file path
     for root, needed in ((memagent, "taskutils/memory_data/filter.py"), (memagent, "taskutils/memory_eval/utils/recurrent.py"),
                          (rememr1, "taskutils/memory_eval/utils/rememr1.py")):
         if not (root / needed).is_file():
