@@ -240,7 +240,7 @@ AUTHORS_SCORED = ("memagent", "rememr1")
 
 def accuracy_table(rows: Sequence[ResultRow], with_paper: bool, metric: str = PRIMARY) -> dict[str, dict[str, Any]]:
     """Per dataset: `lengths`, and `lines` = [(backbone, label, {length: value}, max δ, avg, note)];
-    a MemAgent or ReMemR1 row is labelled with `metric` ("MemAgent [sub_em_compat]")."""
+    a MemAgent or ReMemR1 row is labelled with the metric's title ("MemAgent [Sub_EM, authors' scorer]")."""
     cells = accuracy_cells(rows, metric)
     scored = {(r.dataset, r.backbone, r.row) for r in rows if r.method in AUTHORS_SCORED}
     tables: dict[str, dict[str, Any]] = {}
@@ -250,7 +250,7 @@ def accuracy_table(rows: Sequence[ResultRow], with_paper: bool, metric: str = PR
         values = {L: c["value"] for L, c in by_length.items()}
         runs = sorted({c["runs"] for c in by_length.values()})
         n = sorted({c["n"] for c in by_length.values()})
-        label = f"{row} [{metric}]" if (dataset, backbone, row) in scored else row
+        label = f"{row} [{BY_NAME[metric].title}]" if (dataset, backbone, row) in scored else row
         table["lines"].append((backbone, label, values, *max_delta_avg(list(values.values())),
                                f"ours; {'/'.join(map(str, n))} samples x {'/'.join(map(str, runs))} runs"))
         table.setdefault("cells", {})[(backbone, label)] = by_length
@@ -675,14 +675,14 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
     if not rows:
         raise ValueError(f"no result rows under {', '.join(map(str, paths))}")
     sections = [f"# Eval report\n\nRun directories: {', '.join(f'`{d}`' for d in run_dirs)}\n"
-                f"\nAccuracy: {metric}{' (%)' if BY_NAME[metric].percent else ''}, mean over samples then over runs; "
+                f"\nAccuracy: {BY_NAME[metric].title}{' (%)' if BY_NAME[metric].percent else ''}, mean over samples then over runs; "
                 f"Max δ = max − min over lengths.\n"]
 
     tables = accuracy_table(rows, with_paper, metric)
     md, tex, csv_parts = [], [], []
     for dataset, table in tables.items():
         header, body = accuracy_rows(table, dataset)
-        title = f"Accuracy ({metric}{' %' if BY_NAME[metric].percent else ''}) · {DATASET_TITLES.get(dataset, dataset)}"
+        title = f"Accuracy ({BY_NAME[metric].title}{' %' if BY_NAME[metric].percent else ''}) · {DATASET_TITLES.get(dataset, dataset)}"
         md.append(f"## {title}\n\n" + table_to_markdown(*accuracy_rows(table, dataset, bold=best_per_length(table, metric), detail=True))
                   + "\n" + _notes(table))
         tex.append(table_to_latex(*accuracy_rows(table, dataset, detail=True), title))

@@ -204,6 +204,14 @@ def refuses_scripted_lead(tiny_tokenizer, **_):
         refused(lambda s: ScriptedLead(tiny_tokenizer, rounds=1).generate([1], s, request_id="t"), constraint)
 
 
+def refuses_compare_authors(**_):
+    spec = importlib.util.spec_from_file_location("compare_authors", ROOT / "scripts" / "compare_authors.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for constraint in CONSTRAINTS:
+        refused(lambda s: module.ScriptedBackend(lambda i: "reply").generate("x", s, request_id="t"), constraint)
+
+
 def delegates(build: Callable[[Recorder], Any]) -> Callable[..., None]:
     """A wrapper hands the same SamplingParams to the backend it wraps (which honours or refuses)."""
 
@@ -260,6 +268,7 @@ ROWS: dict[str, Callable[..., None]] = {
     "parser/serving/retry.py:RetryingBackend": delegates(_retrying),
     "parser/methods/memagent/train.py:RecordingLead": delegates(_recording_lead),
     "scripts/gateway_faults.py:RecordingBackend": delegates(_gateway_faults_recorder),
+    "scripts/compare_authors.py:ScriptedBackend": refuses_compare_authors,
 }
 
 

@@ -39,7 +39,7 @@ HYDRA = {"eval.run", "eval.ruler", "eval.order_study", "data_prep.build", "data_
 ARGPARSE = {"eval.report", "eval.viewer", "eval.ruler report", "parser.cli.ask", "parser.serving.server", "parser.serving.loopback", "parser.offline.assets", "parser.cli.memagent_smoke",
             "parser.cli.train_smoke", "parser.cli.warm_start",
             "scripts/gateway_report.py", "scripts/bench_chunking.py", "scripts/bench_data.py", "scripts/bench_latency.py",
-            "scripts/bench_scatter.py", "scripts/compare_small_models.py"}
+            "scripts/bench_scatter.py", "scripts/compare_small_models.py", "scripts/compare_authors.py"}
 OURS = ("eval.", "data_prep.", "parser.", "scripts/")
 
 

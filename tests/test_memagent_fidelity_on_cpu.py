@@ -425,8 +425,8 @@ def test_a_report_can_use_their_scoring_and_labels_memagent_rows_with_it(tmp_pat
     report([str(tmp_path / "runs"), "--out", str(tmp_path / "ours"), "--no-viewer"])
     capsys.readouterr()
     theirs, ours = ((tmp_path / d / "accuracy.md").read_text() for d in ("theirs", "ours"))
-    assert "Accuracy (sub_em_compat %)" in theirs and "| tiny | MemAgent [sub_em_compat] | 100.00" in theirs
-    assert "Accuracy (sub_em %)" in ours and "| tiny | MemAgent [sub_em] | 0.00" in ours
+    assert "Accuracy (Sub_EM, authors' scorer %)" in theirs and "| tiny | MemAgent [Sub_EM, authors' scorer] | 100.00" in theirs
+    assert "Accuracy (Sub_EM %)" in ours and "| tiny | MemAgent [Sub_EM] | 0.00" in ours
     assert "| tiny | ParSer | **100.00**" in ours  # other rows keep their label
     with pytest.raises(SystemExit):
         report([str(tmp_path / "runs"), "--out", str(tmp_path / "x"), "--metric", "f1"])

@@ -31,11 +31,12 @@ from parser.text.reward import exact_match, release_sub_em, sub_em
 @dataclasses.dataclass(frozen=True)
 class Metric:
     """A per-sample score. Tables average it over samples, then over runs (`run_averaged` below);
-    the report reads `percent` (print 100 x mean) and `higher_is_better` (which value is the best
-    in a column, bolded in the Markdown table)."""
+    the report reads `title` (its headers and row labels), `percent` (print 100 x mean) and
+    `higher_is_better` (which value is the best in a column, bolded in the Markdown table)."""
 
     name: str
     fn: Callable[[str | None, Sequence[str], str | None], float]  # (prediction, golds, completion)
+    title: str
     higher_is_better: bool = True
     percent: bool = True
 
@@ -47,11 +48,11 @@ def _release(prediction: str | None, golds: Sequence[str], completion: str | Non
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("sub_em", lambda p, g, c: sub_em(p, g)),
-    Metric("em", lambda p, g, c: exact_match(p, g)),
-    Metric("sub_em_compat", lambda p, g, c: sub_em(p, g, compat=True)),
-    Metric("em_compat", lambda p, g, c: exact_match(p, g, compat=True)),
-    Metric("sub_em_release", _release),
+    Metric("sub_em", lambda p, g, c: sub_em(p, g), "Sub_EM"),
+    Metric("em", lambda p, g, c: exact_match(p, g), "EM"),
+    Metric("sub_em_compat", lambda p, g, c: sub_em(p, g, compat=True), "Sub_EM, authors' scorer"),
+    Metric("em_compat", lambda p, g, c: exact_match(p, g, compat=True), "EM, authors' scorer"),
+    Metric("sub_em_release", _release, "Sub_EM, release's scorer"),
 )
 PRIMARY = "sub_em"
 BY_NAME = {m.name: m for m in METRICS}

@@ -90,7 +90,7 @@ class RLMMethod:
         iterations = EpisodeConfig(**episode).max_turns
         self.config = EpisodeConfig(**{**episode, "max_turns": iterations + 1})
         self.protocol = protocol_for(self.config)
-        self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, config=self.config, protocol=self.protocol)
+        self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, None, self.config, self.protocol)  # no reader: the REPL reads
         self.limits = ReplLimits(**sandbox)
         if self.limits.output_chars < MAX_OUTPUT_CHARS:  # the head rlms shows must be kept whole
             raise ValueError(f"rlm: sandbox.output_chars={self.limits.output_chars} keeps less of a cell's output than "
