@@ -189,3 +189,23 @@ def test_the_entry_points_refuse_in_one_line_before_anything_loads(tmp_path, cap
     with pytest.raises(SystemExit) as ended:
         ask([str(tmp_path / "d.md"), "Who?", "models=tiny_cpu", "method=longharness_cpu", "method.max_stalls=0"])
     assert ended.value.code == 2 and "method.max_stalls=0: expected an integer >= 1" in capsys.readouterr().err
+
+
+def test_the_other_hydra_commands_refuse_in_one_line_too(tmp_path, capsys, monkeypatch):
+    """`parser gateway`, `parser ruler` and `parser order-study` run the same precheck (a typo, a
+    `+key=` nothing reads, a value outside its domain); the demo's `length` shorter than a synthetic
+    question's own paragraphs is one line naming the setting, not the packer's traceback."""
+    from parser.cli import main as parser_cli
+
+    monkeypatch.chdir(tmp_path)  # Hydra's run folder, where one is made
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # parser.cli.main rewrites it
+    for argv, said in ((["gateway", "dry_run=true", "+workers.nmu=2"], "parser gateway: error: unknown setting workers.nmu (did you mean workers.num?)"),
+                       (["gateway", "dry_run=true", "workers.base_port=-1"], "workers.base_port=-1: expected an integer in [0, 65535]"),
+                       (["ruler", "limt=3"], "eval.ruler: error: unknown setting limt (did you mean limit?)"),
+                       (["order-study", "models=tiny_cpu", "method.episode.chunk_sise=3"], "did you mean method.episode.chunk_size?"),
+                       (["demo", "models=tiny_cpu", "length=5"], "parser demo: error: length=5: too short for the synthetic world")):
+        with pytest.raises(SystemExit) as ended:
+            parser_cli(argv)
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and said in err, err
+        assert len([line for line in err.splitlines() if "error" in line]) == 1 and "Traceback" not in err, err

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from data_prep.synthetic_world import build_synthetic_eval
 from parser.serving.backends import in_process
 from parser.serving.backends.models import build_models
-from parser.base.config import check_episode_keys, episode_preset
+from parser.base.config import ConfigError, check_episode_keys, episode_preset
 from parser.base.settings import precheck
 from parser.base import hydra_help
 from parser.base.signals import stop_on_signals
@@ -39,6 +39,7 @@ from parser.engine import progress
 from parser.serving.gateway import ProcessGroup, worker_launches
 from parser.methods import MethodResult, Sample
 from parser.methods.parser import ParSerMethod
+from parser.records.sample import DataError
 from parser.records.trajectory import QueryRecord, Trajectory, Turn
 from parser.base.resources import config_dir
 from parser.text.reward import sub_em
@@ -118,8 +119,14 @@ def round_summary(query: QueryRecord, chunks: int, shown: int = 4) -> str:
 
 
 def prepare(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any], list[Sample]]:
-    """(models config, episode, samples): the preset chosen, the episode's keys checked (a typo
-    fails before any model loads or process starts), the synthetic samples built."""
+    """(models config, episode, samples): the synthetic samples built, the preset chosen, the
+    episode's keys checked (a typo fails before any model loads or process starts). A `length`
+    the synthetic world cannot pack (each question has its own paragraphs, 10 of them: `length=5`)
+    is a `ConfigError` naming the setting, not the packer's traceback."""
+    try:
+        rows = build_synthetic_eval(num_questions=cfg.num_samples, lengths=(cfg.length,), seed=cfg.seed)
+    except DataError as error:
+        raise ConfigError(f"length={cfg.length}: too short for the synthetic world ({error})") from None
     preset, reason = choose_backend(cfg.models)
     print(f"models: {preset} ({reason})")
     models_cfg = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "backend" / f"{preset}.yaml"))
@@ -128,7 +135,6 @@ def prepare(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any], list[Sampl
     if needs_cpu_budgets(models_cfg):
         episode = cpu_episode(episode)
         print(f"CPU budgets instead of the paper's (configs/episode/{CPU_PRESET}.yaml): {episode}")
-    rows = build_synthetic_eval(num_questions=cfg.num_samples, lengths=(cfg.length,), seed=cfg.seed)
     return models_cfg, episode, [Sample.from_record(row, source=f"synthetic[{i}]") for i, row in enumerate(rows)]
 
 
@@ -202,6 +208,9 @@ def _main(cfg: DictConfig) -> None:
             finally:
                 if workers:
                     workers.stop()
+        except ConfigError as error:
+            print(f"parser demo: error: {error}", file=sys.stderr, flush=True)
+            sys.exit(2)
         except KeyboardInterrupt:
             stopped = f"; its {cfg.workers} workers are stopped" if cfg.workers else ""
             print(f"parser demo: interrupted{stopped}", file=sys.stderr, flush=True)
