@@ -155,6 +155,8 @@ def test_the_composed_run_is_refused_naming_every_bad_value(monkeypatch):
     (["+report.varient=x"], "report.varient (did you mean report.variant?)"),
     (["method=memagent_cpu", "method.chunk_sise=9"], "method.chunk_sise (did you mean method.chunk_size?)"),
     (["backend@models=openai", "+models.subagent.timeout=9"], "models.subagent.timeout (did you mean models.subagent.timeout_s?)"),
+    (["+runs=3"], "+runs=3: runs is already a setting; set it without the `+` (runs=3)"),  # not Hydra's raw "Could not append"
+    (["+method.episode.chunk_size=0x10"], "+method.episode.chunk_size=0x10: method.episode.chunk_size is already a setting"),
 ])
 def test_a_typo_is_refused_with_what_was_meant_and_plus_adds_no_unread_key(overrides, said):
     from parser.base.config import ConfigError
@@ -169,6 +171,7 @@ def test_plus_still_adds_a_key_its_reader_takes():
     cfg = _eval("dataset=synthetic_position", "+dataset.options.width=20", "backend@models=openai",
                 "+models.subagent.routing_header=X-Key", "++limit=2")  # `++` on a key that is there sets it
     assert cfg.dataset.options.width == 20 and cfg.models.subagent.routing_header == "X-Key" and cfg.limit == 2
+    assert _eval("+limit=3").limit == 3  # Hydra's `+` on a key whose value is null sets it: not a made-up key
 
 
 def test_the_entry_points_refuse_in_one_line_before_anything_loads(tmp_path, capsys):

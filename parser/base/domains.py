@@ -181,9 +181,9 @@ def argparse_type(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any
             value = parse(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if parse is int else 'a number'}") from None
-        said = problem(name, value)
-        if said:
-            raise argparse.ArgumentTypeError(f"{text}: {said.split(': ', 1)[1]}")
+        domain = domain_of(name)
+        if domain is not None and not domain.holds(value):  # a flag has no null: leaving it out is the default
+            raise argparse.ArgumentTypeError(f"{text}: expected {dataclasses.replace(domain, nullable=False).describe()}")
         return value
 
     checked.__name__ = name  # argparse names the type in some messages

@@ -31,6 +31,7 @@ from parser.base.config import CONFIGS, ConfigError, EpisodeConfig
 from parser.base.domains import problems
 
 _NOT_IN_STRUCT = re.compile(r"Could not override '([^']+)'")
+_ALREADY_THERE = re.compile(r"Could not append to config\. An item is already at '([^']+)'")
 # Hydra flags after which argv is not one plain run of overrides the compose API can repeat
 _HYDRA_ONLY = {"-m", "--multirun", "-h", "--help", "--hydra-help", "--info", "-i", "--shell-completion", "-sc",
                "--config-path", "-cp", "--config-dir", "-cd", "--experimental-rerun"}
@@ -138,6 +139,12 @@ def compose_checked(config_dir: str | Path, config_name: str, overrides: Sequenc
     try:
         cfg = composed(overrides)
     except (HydraException, OmegaConfBaseException) as error:
+        there = _ALREADY_THERE.search(str(error))
+        if there:  # Hydra's own wording offers `++`, which would mean nothing more here
+            key = there.group(1)
+            value = next((o.split("=", 1)[1] for o in overrides if o.startswith("+") and o.lstrip("+").split("=", 1)[0] == key), "...")
+            raise ConfigError(f"+{key}={value}: {key} is already a setting; set it without the `+` ({key}={value}); "
+                              "`+` only adds a key that is not there") from None
         typo = _NOT_IN_STRUCT.search(str(error))
         if typo is None:
             raise ConfigError(" ".join(str(error).split())) from None
@@ -151,10 +158,11 @@ def compose_checked(config_dir: str | Path, config_name: str, overrides: Sequenc
         named, open_ended = _accepted(section, key.split(".")[:-1]) if siblings else (set(), False)
         why = "no such key in the composed config" + (f" (+{key}=... adds one, if its reader takes it)" if open_ended else "")
         raise _unknown(key, siblings | named, why) from None
-    forced = [o for o in overrides if o.startswith("++")]
-    if forced:  # `++key=` adds when the key is not there: held to the same rule as `+key=`
-        before = composed([o for o in overrides if o not in forced])
-        overrides = [*overrides, *(o[1:] for o in forced if not _has(before, o[2:].split("=", 1)[0].split(".")))]
+    plus = [o for o in overrides if o.startswith("+")]
+    if plus:  # held to the `+` rule: a `+key=` or `++key=` whose key was not there (Hydra lets `+` set a null one)
+        before = composed([o for o in overrides if o not in plus])
+        overrides = [*(o for o in overrides if o not in plus),
+                     *("+" + o.lstrip("+") for o in plus if not _has(before, o.lstrip("+").split("=", 1)[0].split(".")))]
     check_composed(cfg, overrides, config_dir)
     return cfg
 
