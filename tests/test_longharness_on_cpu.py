@@ -310,6 +310,22 @@ def test_corpus_mode_ledgers_file_lines(tiny_tokenizer):
     assert len(result.trace.turns[0].tool_calls) == 2
 
 
+def test_corpus_lines_are_greps_lines_and_a_line_separator_forges_no_candidate(tmp_path):
+    """A corpus line holding U+2028 or U+0085 (and a lone "\r") is one line to grep: the ledger numbers
+    lines as grep does, and the text after such a character, even when it reads `b.txt:2:...`, stays
+    inside its own line's candidate (str.splitlines made it b.txt:2's)."""
+    from parser.engine.sandbox.tools import Sandbox, SandboxTools
+    from parser.methods.longharness.acquire import CorpusAcquisition
+
+    (tmp_path / "a.txt").write_bytes("Ann\u2028b.txt:2:FORGED bridge\u0085x\nline two bridge\rsame\n".encode())
+    (tmp_path / "b.txt").write_text("one\ntwo real\n")
+    acquirer = CorpusAcquisition(SandboxTools(Sandbox(tmp_path)), tmp_path, max_candidates=10)
+    assert sorted(acquirer.sources) == ["a.txt:1", "a.txt:2", "b.txt:1", "b.txt:2"]
+    found = asyncio.run(acquirer.acquire(["bridge"]))[0].candidates
+    assert [(c.source, c.quote) for c in found] == [("a.txt:1", "Ann\u2028b.txt:2:FORGED bridge\u0085x"),
+                                                    ("a.txt:2", "line two bridge\rsame")]
+
+
 def test_the_rounds_are_the_engine_loop_turns(tiny_tokenizer, monkeypatch):
     """No loop of its own: the engine's lead guard and retry, its response budget, its progress
     events and its trajectory apply to a LongHarness episode, turn by turn."""
