@@ -212,3 +212,26 @@ def test_the_other_hydra_commands_refuse_in_one_line_too(tmp_path, capsys, monke
         err = capsys.readouterr().err
         assert ended.value.code == 2 and said in err, err
         assert len([line for line in err.splitlines() if "error" in line]) == 1 and "Traceback" not in err, err
+
+
+def test_parser_eval_loads_its_models_outside_the_event_loop(tmp_path, monkeypatch, capsys):
+    """A model load inside the loop made Ctrl-C wait for the load to end (asyncio's handler only
+    cancels at the next await). `evaluate_blocking` (parser eval) builds the method with no loop
+    running, so a Ctrl-C there is a KeyboardInterrupt at once: the session is closed as interrupted
+    and the run ends in eval's one line. `build_eval_method` is the outer edge here: the real load
+    is replaced by one that checks where it runs, then is interrupted."""
+    import eval.run as run_module
+    from eval.provenance import read_manifest
+
+    def load(cfg):
+        with pytest.raises(RuntimeError):
+            asyncio.get_running_loop()  # no event loop: the signal's KeyboardInterrupt lands in the load
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "build_eval_method", load)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_module.evaluate_blocking(_cfg(out, "limit=1", "runs=1"))
+    session = read_manifest(out)["sessions"][-1]
+    assert session["interrupted"] is True and session["done"] == session["written"] == 0
+    assert capsys.readouterr().err.splitlines()[-1].startswith("[eval] interrupted: 0/")
