@@ -156,6 +156,10 @@ def test_the_composed_run_is_refused_naming_every_bad_value(monkeypatch):
     (["method=memagent_cpu", "method.chunk_sise=9"], "method.chunk_sise (did you mean method.chunk_size?)"),
     (["backend@models=openai", "+models.subagent.timeout=9"], "models.subagent.timeout (did you mean models.subagent.timeout_s?)"),
     (["+runs=3"], "+runs=3: runs is already a setting; set it without the `+` (runs=3)"),  # not Hydra's raw "Could not append"
+    (["runs={a:1}"], "runs={'a': 1}: expected an integer >= 1"),  # a mapping where a number goes: int() of it deep in eval
+    (["~runs"], "~runs: a setting cannot be removed; set a value (an integer >= 1)"),
+    (["~limit"], "~limit: a setting cannot be removed; set limit=null to switch it off, or a value"),
+    (["method.episode.chunk_size=${oops}"], "Interpolation key 'oops' not found full_key: method.episode.chunk_size"),  # was raw
     (["+method.episode.chunk_size=0x10"], "+method.episode.chunk_size=0x10: method.episode.chunk_size is already a setting"),
 ])
 def test_a_typo_is_refused_with_what_was_meant_and_plus_adds_no_unread_key(overrides, said):

@@ -147,7 +147,9 @@ def domain_of(name: str) -> Domain | None:
 def problem(key: str, value: Any) -> str | None:
     """"key=value: expected <domain>" when `value` is outside the domain of the setting `key`
     names (its last dotted part); None when it is inside, or the setting has no numeric domain.
-    A section (a mapping) is not a value: its keys are checked one by one (`problems`)."""
+    A section (a mapping) is not a value: its keys are checked one by one (`problems`); a mapping
+    given where the config holds a number is `parser.base.settings`' to refuse (`workers` is the
+    demo's count and the gateway's section)."""
     domain = domain_of(key.rsplit(".", 1)[-1])
     if domain is None or isinstance(value, dict) or domain.holds(value):
         return None
@@ -171,6 +173,16 @@ def problems(tree: Any, where: str = "") -> list[str]:
             if isinstance(value, (dict, list)):
                 found += problems(value, f"{where}[{i}]")
     return found
+
+
+def removal_problem(key: str) -> str | None:
+    """"~key: ..." when `key` names a numeric setting: its reader needs a value (a removed `runs`
+    ended in a TypeError deep in eval); a nullable one is switched off with null instead."""
+    domain = domain_of(key.rsplit(".", 1)[-1])
+    if domain is None:
+        return None
+    instead = f"set {key}=null to switch it off, or a value" if domain.nullable else "set a value"
+    return f"~{key}: a setting cannot be removed; {instead} ({domain.describe()})"
 
 
 def argparse_type(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:

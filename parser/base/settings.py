@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from parser.base.config import CONFIGS, ConfigError, EpisodeConfig
-from parser.base.domains import problems
+from parser.base.domains import domain_of, problems, removal_problem
 
 _NOT_IN_STRUCT = re.compile(r"Could not override '([^']+)'")
 _ALREADY_THERE = re.compile(r"Could not append to config\. An item is already at '([^']+)'")
@@ -111,9 +111,14 @@ def check_composed(cfg: Any, overrides: Sequence[str] = (), config_dir: str | Pa
     """The whole composed config, before anything is built from it: no made-up `+` key, and every
     numeric setting inside its domain (`parser.base.domains`). Raises `ConfigError`, naming the key."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     check_additions(cfg, overrides, config_dir)
-    found = problems(OmegaConf.to_container(cfg, resolve=True))
+    try:
+        tree = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as error:  # `chunk_size=${oops}`: an interpolation that names nothing
+        raise ConfigError(" ".join(str(error).split())) from None
+    found = problems(tree)
     if found:
         raise ConfigError("; ".join(found))
 
@@ -136,6 +141,9 @@ def compose_checked(config_dir: str | Path, config_name: str, overrides: Sequenc
         finally:
             GlobalHydra.instance().hydra = outer
 
+    removed = [removal_problem(o[1:].split("=", 1)[0]) for o in overrides if o.startswith("~")]
+    if any(removed):
+        raise ConfigError("; ".join(r for r in removed if r))
     try:
         cfg = composed(overrides)
     except (HydraException, OmegaConfBaseException) as error:
@@ -158,6 +166,7 @@ def compose_checked(config_dir: str | Path, config_name: str, overrides: Sequenc
         named, open_ended = _accepted(section, key.split(".")[:-1]) if siblings else (set(), False)
         why = "no such key in the composed config" + (f" (+{key}=... adds one, if its reader takes it)" if open_ended else "")
         raise _unknown(key, siblings | named, why) from None
+    _check_mappings(overrides, composed)
     plus = [o for o in overrides if o.startswith("+")]
     if plus:  # held to the `+` rule: a `+key=` or `++key=` whose key was not there (Hydra lets `+` set a null one)
         before = composed([o for o in overrides if o not in plus])
@@ -165,6 +174,24 @@ def compose_checked(config_dir: str | Path, config_name: str, overrides: Sequenc
                      *("+" + o.lstrip("+") for o in plus if not _has(before, o.lstrip("+").split("=", 1)[0].split(".")))]
     check_composed(cfg, overrides, config_dir)
     return cfg
+
+
+def _check_mappings(overrides: Sequence[str], composed: Any) -> None:
+    """A `key={...}` where the config holds a number (`runs={a:1}` reached `int()` deep in eval):
+    refused with the setting's domain. A section may share a numeric setting's name (`workers`
+    is the demo's count and the gateway's section), so the config before the override decides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    mapped = [(text, o) for text, o in zip(overrides, OverridesParser.create().parse_overrides(list(overrides)), strict=True)
+              if isinstance(o.value(), dict) and domain_of(o.key_or_group.rsplit(".", 1)[-1]) is not None]
+    if not mapped:
+        return
+    before = composed([text for text in overrides if text not in {t for t, _ in mapped}])
+    for _, override in mapped:
+        key = override.key_or_group
+        held = _node(before, key.split("."))
+        if held is not None and not hasattr(held, "keys"):
+            raise ConfigError(f"{key}={override.value()!r}: expected {domain_of(key.rsplit('.', 1)[-1]).describe()}")
 
 
 def precheck(config_dir: str | Path, default_name: str, argv: Sequence[str], prog: str) -> None:
