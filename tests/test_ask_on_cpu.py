@@ -86,12 +86,21 @@ CHUNK = "Zorvan is a film directed by Miro Tal. It was shot in the winter of 197
     ("founded in 1998", "1998", False, "quote NOT in the chunk"),
     ("", "1997", False, "no quote"),
     ("the winter of 1971", "yes", False, "does not state the answer"),
+    ("the lab was founded in 1997", "in", False, "the answer is only common words"),  # "in" occurs in the quote
+    ("It was shot in the winter", "it", False, "the answer is only common words"),
+    ("directed by Miro Tal.", "!!!", False, "does not state the answer"),  # punctuation only
 ])
 def test_a_quote_verifies_only_when_it_states_the_answer_with_something_about_it(quote, answer, verifies, label):
     """Issue 55 item 8: "a", "the" or "in 1997" occur in the chunk but verify nothing."""
     verdict = check_quote(quote, answer, CHUNK)
     assert verdict.verifies is verifies and label in verdict.label
     assert verdict.in_chunk is (bool(quote) and quote in CHUNK)
+
+
+def test_the_answer_repeated_is_not_a_statement():
+    """Four informative words pass as a statement only when the answer is one: "1997" four times is not."""
+    verdict = check_quote("1997 1997 1997 1997", "1997", "Years: 1997 1997 1997 1997.")
+    assert verdict.in_chunk and not verdict.verifies and "holds nothing besides the answer" in verdict.label
 
 
 def test_the_printed_check_says_found_only_for_verifying_quotes(capsys):
