@@ -204,6 +204,11 @@ def test_openai_fields_that_are_not_implemented_are_refused_by_name(server, body
     (CHAT, {"messages": USER, "stop_token_ids": [0, 151936]}, "stop_token_ids[1]: token id 151936 is outside the vocabulary"),
     ("/v1/completions", {"prompt": "x", "stop_token_ids": [True]}, "stop_token_ids: expected a list of integer token ids"),
     ("/generate", {"text": "x", "sampling_params": {"stop_token_ids": 5}}, "stop_token_ids: expected a list of integer token ids"),
+    ("/generate", {"text": "x", "sampling_params": {"stop_token_ids": ["5"]}}, "stop_token_ids: expected a list of integer token ids"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [1.0]}, "stop_token_ids: expected a list of integer token ids, got [1.0]"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [[1]]}, "stop_token_ids: expected a list of integer token ids, got [[1]]"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [10**30]}, "stop_token_ids[0]: token id 1000000000000000000000000000000 is outside"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": list(range(300))}, "300 distinct stop token ids; at most 256"),
 ])
 def test_stop_token_ids_outside_the_vocabulary_are_400s(server, path, body, field):
     status, out = post(server.url + path, json.dumps(body))
