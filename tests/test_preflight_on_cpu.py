@@ -163,6 +163,9 @@ def test_the_probe_ends_at_its_deadline_however_slowly_the_server_answers(reply,
     (http_reply(b'{"data": [{"id": "m"}, {"name": "n"}]}'), r"data\[1\] is not a model object"),
     (http_reply(b'{"data": [{"id": 7}]}'), r"data\[0\] is not a model object"),
     (http_reply(b'{"data": []}'), r"lists no served model"),
+    (http_reply(b"[" * 100_000 + b"]" * 100_000), r"the answer is not JSON \('\[\[\["),  # json's RecursionError escaped
+    (http_reply(b'data: {"object": "list"}\n\n', content_type="text/event-stream"), r"the answer is not JSON \('data: "),  # SSE
+    (http_reply(b"", "301 Moved Permanently")[:-2] + b"Location: /v1/models\r\n\r\n", r"answered 301 Moved Permanently"),
     (b"SSH-2.0-OpenSSH_9.6\r\n", r"did not answer HTTP \(SSH-2\.0-OpenSSH_9\.6\)"),  # not HTTP at all
     (b"HTTP/1.1 200 OK\r\nContent-Length: 90\r\n\r\n{\"data\"", r"the answer is not JSON \('\{\"data\"'\)"),  # closed mid-body
 ], ids=lambda value: value[:24].decode("ascii", "replace") if isinstance(value, bytes) else None)

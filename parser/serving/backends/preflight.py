@@ -82,7 +82,7 @@ def model_list(body: bytes, where: str, url: str) -> list[dict]:
         raise ServerUnavailable(f"{where}: a model list over {MAX_PROBE_BYTES} bytes; {hint}")
     try:
         answer = json.loads(body)
-    except ValueError:  # not JSON, or not UTF-8
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
         raise ServerUnavailable(f"{where}: the answer is not JSON ({_shown(body)}); {hint}") from None
     data = answer.get("data") if isinstance(answer, dict) else None
     if not isinstance(data, list):
