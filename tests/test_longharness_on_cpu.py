@@ -108,6 +108,15 @@ def test_a_quote_must_occur_in_its_source_else_it_is_refused_and_counted():
     assert list(s.evidence) == ["E1"]
 
 
+def test_a_quote_with_no_informative_word_is_refused():
+    """".", "the", a zero-width joiner or a run of newlines occur in almost any source and say nothing."""
+    s = HarnessState("Q?", {"chunk 0": "The bridge.\n\n\nAnn built it. \u200d"})
+    assert [s.add_evidence("chunk 0", q, query="q", conclusion=QUESTION, round_=0) for q in (".", "the", "\u200d", "\n\n\n")] == [
+        "refused:quote_says_nothing"] * 3 + ["refused:quote_not_in_source"]
+    assert s.add_evidence("chunk 0", "Ann built it.", query="q", conclusion=QUESTION, round_=0) == "added:E1"
+    assert s.counters.quotes_refused == 4
+
+
 def test_supersede_reaches_the_conclusion_and_keeps_the_trace():
     s = state()
     s.add_evidence("chunk 0", "Ann Kade built the bridge", query="q", conclusion=QUESTION, round_=0)

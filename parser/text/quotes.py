@@ -40,7 +40,9 @@ class QuoteCheck:
 
 
 def informative_words(text: str) -> list[str]:
-    return [word for word in normalize_answer(text).split() if word not in STOP_WORDS]
+    """The words of `text` (normalised as the scorer does) that are not `STOP_WORDS` and hold a
+    letter or a digit: a zero-width joiner, a right-to-left mark or a soft hyphen is no word."""
+    return [word for word in normalize_answer(text).split() if word not in STOP_WORDS and any(ch.isalnum() for ch in word)]
 
 
 def check_quote(quote: str, answer: str, chunk_text: str) -> QuoteCheck:
