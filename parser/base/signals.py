@@ -15,8 +15,8 @@ installs both handlers explicitly, never trusting what was inherited:
   asks for exactly that, and its run must survive the logout. Its default ended the command on
   the spot, leaving the workers it had started (in their own sessions, so no SIGHUP) running.
 
-Cleanup that must run to its end (stopping children, `finishing()`) holds SIGINT and SIGTERM
-until it is done: a second Ctrl-C used to interrupt the wait for the children and skip the
+Cleanup that must run to its end (stopping children, `finishing()`) holds SIGINT, SIGTERM and
+SIGHUP until it is done: a second Ctrl-C used to interrupt the wait for the children and skip the
 SIGKILL of those that had not stopped. The signal is not lost: it lands when the block ends.
 
 The previous handlers come back on exit (tests call `main()` inside pytest's process). It must
@@ -36,7 +36,7 @@ from types import FrameType
 from typing import Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _like_ctrl_c(signum: int, frame: FrameType | None) -> None:
@@ -69,14 +69,25 @@ def stop_on_signals() -> Iterator[None]:
 
 @contextlib.contextmanager
 def finishing() -> Iterator[None]:
-    """The stop signals held (blocked) for the block and delivered when it ends, so cleanup that
-    must run to its end is not cut by a second Ctrl-C; the block needs a deadline of its own.
-    A no-op off the main thread (the signals are delivered to the main thread)."""
+    """SIGINT, SIGTERM and SIGHUP held for the block: one arriving inside is noted, and raised
+    again (`signal.raise_signal`, to the handler that was there) when the block ends, so cleanup
+    that must run to its end is not cut by a second Ctrl-C; the block needs a deadline of its own.
+    Handlers, not the signal mask: a signal sent to the process may be taken by any thread that
+    does not block it, and Python runs every handler in the main thread. A no-op off the main
+    thread (only it may set handlers); an ignored signal stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    held: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in HELD_SIGNALS}
+    for sig, handler in previous.items():
+        if handler not in (signal.SIG_IGN, None):
+            signal.signal(sig, lambda signum, _frame: held.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        if held:
+            signal.raise_signal(held[0])
