@@ -32,12 +32,11 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import errno
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, NoReturn, Sequence
+from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 import orjson
 
@@ -47,6 +46,7 @@ from parser.text.quotes import check_quote
 from parser.base.config import ConfigError, check_episode_keys, preset_spelling
 from parser.base.resources import config_dir
 from parser.base.signals import stop_on_signals
+from parser.cli.output import open_output
 from parser.records.jsonl import dumps_line
 from parser.records.trace import Trace
 from parser.records.trajectory import Trajectory
@@ -277,30 +277,6 @@ def check_questions(questions: Sequence[str]) -> list[str]:
         if not isinstance(question, str) or not question.strip():
             raise ConfigError(f"question {number} is empty ({question!r}); ask something")
     return list(questions)
-
-
-def open_output(path: str, document: str | Path | None = None) -> BinaryIO:
-    """`--json OUT`, opened before any model loads, so a destination that cannot be written (a
-    directory, a folder that does not exist, no permission) costs nothing but this line. The
-    document itself is refused (opening truncates it), and so is a FIFO no process reads yet
-    (opening it would wait for a reader for ever, before anything runs): it is opened without
-    blocking, then written as a blocking file, so a pipe with its reader (`--json >(jq .)`) works."""
-    out = Path(path)
-    if out.is_dir():
-        raise ConfigError(f"--json {path}: a directory, not a file")
-    if not out.parent.is_dir():
-        there = f"{out.parent} is a file, not a folder" if out.parent.exists() else f"the folder {out.parent} does not exist"
-        raise ConfigError(f"--json {path}: {there}")
-    if document is not None and str(document) != "-" and out.exists() and os.path.samefile(out, document):
-        raise ConfigError(f"--json {path}: that is the document being asked; writing would overwrite it")
-    try:
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, 0o666)
-    except OSError as err:
-        if err.errno == errno.ENXIO:
-            raise ConfigError(f"--json {path}: a FIFO that no process reads; start its reader first") from None
-        raise ConfigError(f"--json {path}: cannot be written ({err.strerror or err})") from None
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "wb")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
