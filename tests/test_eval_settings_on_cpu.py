@@ -201,7 +201,8 @@ def test_the_entry_points_refuse_in_one_line_before_anything_loads(tmp_path, cap
 def test_the_other_hydra_commands_refuse_in_one_line_too(tmp_path, capsys, monkeypatch):
     """`parser gateway`, `parser ruler` and `parser order-study` run the same precheck (a typo, a
     `+key=` nothing reads, a value outside its domain); the demo's `length` shorter than a synthetic
-    question's own paragraphs is one line naming the setting, not the packer's traceback."""
+    question's own paragraphs is one line naming the setting, not the packer's traceback, and so is
+    an `output=` in a folder that is not there (it failed after the whole run)."""
     from parser.cli import main as parser_cli
 
     monkeypatch.chdir(tmp_path)  # Hydra's run folder, where one is made
@@ -210,7 +211,9 @@ def test_the_other_hydra_commands_refuse_in_one_line_too(tmp_path, capsys, monke
                        (["gateway", "dry_run=true", "workers.base_port=-1"], "workers.base_port=-1: expected an integer in [0, 65535]"),
                        (["ruler", "limt=3"], "eval.ruler: error: unknown setting limt (did you mean limit?)"),
                        (["order-study", "models=tiny_cpu", "method.episode.chunk_sise=3"], "did you mean method.episode.chunk_size?"),
-                       (["demo", "models=tiny_cpu", "length=5"], "parser demo: error: length=5: too short for the synthetic world")):
+                       (["demo", "models=tiny_cpu", "length=5"], "parser demo: error: length=5: too short for the synthetic world"),
+                       (["demo", "models=tiny_cpu", "output=no/such/out.jsonl"],  # was found after the whole run
+                        f"parser demo: error: output={tmp_path}/no/such/out.jsonl: the folder {tmp_path}/no/such does not exist")):
         with pytest.raises(SystemExit) as ended:
             parser_cli(argv)
         err = capsys.readouterr().err
