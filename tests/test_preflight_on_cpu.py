@@ -147,6 +147,16 @@ def test_the_probe_ends_at_its_deadline_however_slowly_the_server_answers(reply,
     assert "\n" not in str(refused.value)
 
 
+def test_a_base_url_ending_in_v1_is_told_to_drop_it():
+    """An OpenAI client's base_url ends in /v1; ours is the server's root, so /v1/v1/models was a
+    bare 404 (or, down, a refused connection) with nothing said about why."""
+    reply = http_reply(b'{"detail": "Not Found"}', "404 Not Found")
+    with Trickle(reply, at_once=len(reply)) as server:
+        with pytest.raises(ServerUnavailable, match=r"/v1/v1/models answered 404 .*models\.lead\.base_url ends in /v1, "
+                                                    r"which the API paths add: drop it\)"):
+            probe(server.url + "/v1/", "chat", "models.lead")
+
+
 @pytest.mark.parametrize("reply,reason", [
     (http_reply(b"upstream exploded", "500 Internal Server Error", "text/plain"), r"answered 500 Internal Server Error \('upstream exploded'\): the server is failing"),
     (http_reply(b"", "503 Service Unavailable"), r"answered 503 Service Unavailable \(an empty body\)"),
