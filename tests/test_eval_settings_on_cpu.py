@@ -242,3 +242,16 @@ def test_parser_eval_loads_its_models_outside_the_event_loop(tmp_path, monkeypat
     session = read_manifest(out)["sessions"][-1]
     assert session["interrupted"] is True and session["done"] == session["written"] == 0
     assert capsys.readouterr().err.splitlines()[-1].startswith("[eval] interrupted: 0/")
+
+
+def test_a_data_file_that_is_a_device_or_a_fifo_is_refused_naming_it(tmp_path):
+    """/dev/zero was read for ever (memory without end); a FIFO reads empty the second time eval
+    reads it (its fingerprint), so neither is a data file."""
+    from parser.records.sample import DataError
+
+    fifo = tmp_path / "eval.jsonl"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", fifo):
+        with pytest.raises(DataError, match=f"eval data file {path}: a device, FIFO or socket, not a file"):
+            asyncio.run(evaluate(_cfg(tmp_path / "out", "dataset=hotpotqa", "dataset.name=x", f"dataset.path='{path}'",
+                                      "dataset.lengths=null", "runs=1"), Recorder()))
