@@ -202,16 +202,20 @@ def test_the_other_hydra_commands_refuse_in_one_line_too(tmp_path, capsys, monke
     """`parser gateway`, `parser ruler` and `parser order-study` run the same precheck (a typo, a
     `+key=` nothing reads, a value outside its domain); the demo's `length` shorter than a synthetic
     question's own paragraphs is one line naming the setting, not the packer's traceback, and so is
-    an `output=` in a folder that is not there (it failed after the whole run)."""
+    an `output=` in a folder that is not there (it failed after the whole run); eval's `out_dir`
+    with a file in the way is one line too (Hydra made its run folder there first: a traceback)."""
     from parser.cli import main as parser_cli
 
     monkeypatch.chdir(tmp_path)  # Hydra's run folder, where one is made
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # parser.cli.main rewrites it
+    (tmp_path / "a_file").write_text("")
     for argv, said in ((["gateway", "dry_run=true", "+workers.nmu=2"], "parser gateway: error: unknown setting workers.nmu (did you mean workers.num?)"),
                        (["gateway", "dry_run=true", "workers.base_port=-1"], "workers.base_port=-1: expected an integer in [0, 65535]"),
                        (["ruler", "limt=3"], "eval.ruler: error: unknown setting limt (did you mean limit?)"),
                        (["order-study", "models=tiny_cpu", "method.episode.chunk_sise=3"], "did you mean method.episode.chunk_size?"),
                        (["demo", "models=tiny_cpu", "length=5"], "parser demo: error: length=5: too short for the synthetic world"),
+                       (["eval", "--config-name", "tiny_cpu", "out_dir=a_file"],  # Hydra's mkdir traceback
+                        "eval.run: error: out_dir a_file: cannot be used as a run directory (a file, not a directory)"),
                        (["demo", "models=tiny_cpu", "output=no/such/out.jsonl"],  # was found after the whole run
                         f"parser demo: error: output={tmp_path}/no/such/out.jsonl: the folder {tmp_path}/no/such does not exist")):
         with pytest.raises(SystemExit) as ended:

@@ -194,12 +194,12 @@ def _check_mappings(overrides: Sequence[str], composed: Any) -> None:
             raise ConfigError(f"{key}={override.value()!r}: expected {domain_of(key.rsplit('.', 1)[-1]).describe()}")
 
 
-def precheck(config_dir: str | Path, default_name: str, argv: Sequence[str], prog: str) -> None:
+def precheck(config_dir: str | Path, default_name: str, argv: Sequence[str], prog: str) -> Any:
     """For a Hydra app's `main`, before Hydra runs it: compose what `argv` asks for and check it;
-    a refusal is one line on stderr and exit 2. Argv the compose API cannot repeat (multirun,
-    help, another config path) is left to Hydra."""
+    a refusal is one line on stderr and exit 2. Returns the composed config, or None for argv the
+    compose API cannot repeat (multirun, help, another config path), which is left to Hydra."""
     if any(arg.split("=", 1)[0] in _HYDRA_ONLY for arg in argv):
-        return
+        return None
     name, overrides, args = default_name, [], list(argv)
     while args:
         arg = args.pop(0)
@@ -213,7 +213,7 @@ def precheck(config_dir: str | Path, default_name: str, argv: Sequence[str], pro
         else:
             overrides.append(arg)
     try:
-        compose_checked(config_dir, name, overrides)
+        return compose_checked(config_dir, name, overrides)
     except ConfigError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
