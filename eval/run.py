@@ -53,7 +53,7 @@ from eval import provenance
 from eval.datasets import Subset, load_subsets
 from eval.inputs import InputsChanged, check_unchanged, fingerprint
 from parser.records.metrics import PRIMARY, completion_text, score
-from eval.store import ResultsStore, RunDirLocked, lock_run_dir, make_run_dir
+from eval.store import ResultsStore, RunDirLocked, lock_run_dir
 from parser.base import hydra_help
 from parser.engine import progress
 from parser.base.config import ConfigError, check_episode_keys, preset_spelling
@@ -392,13 +392,7 @@ def with_search_path(argv: list[str]) -> list[str]:
 def main() -> None:
     hydra_help.register()
     sys.argv = [sys.argv[0], *with_search_path(preset_spelling(sys.argv[1:]))]
-    cfg = precheck(CONFIGS / "eval", "default", sys.argv[1:], prog="eval.run")  # a typo or a bad value: one line, nothing loaded
-    if cfg is not None:
-        try:  # before Hydra, which makes its run folder there first (a file in the way was its traceback)
-            make_run_dir(cfg.out_dir)
-        except RunDirLocked as error:
-            print(f"eval.run: error: {error}", file=sys.stderr)
-            sys.exit(2)
+    precheck(CONFIGS / "eval", "default", sys.argv[1:], prog="eval.run")  # a typo or a bad value: one line, nothing loaded
     _main()
 
 

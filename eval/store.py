@@ -48,8 +48,8 @@ class RunDirLocked(RuntimeError):
 
 def make_run_dir(run_dir: str | Path) -> Path:
     """`run_dir`, made if it is not there; one that cannot be (a file in the way, a folder under a
-    file, no permission) is `RunDirLocked` in one line, not a traceback. eval.run calls it before
-    Hydra runs, which makes its own run folder there first."""
+    file, no permission) is `RunDirLocked` in one line, not a traceback (the commands check the
+    folder before Hydra makes it: `parser.base.settings.check_run_folder`)."""
     path = Path(run_dir)
     try:
         path.mkdir(parents=True, exist_ok=True)

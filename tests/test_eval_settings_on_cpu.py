@@ -215,7 +215,8 @@ def test_the_other_hydra_commands_refuse_in_one_line_too(tmp_path, capsys, monke
                        (["order-study", "models=tiny_cpu", "method.episode.chunk_sise=3"], "did you mean method.episode.chunk_size?"),
                        (["demo", "models=tiny_cpu", "length=5"], "parser demo: error: length=5: too short for the synthetic world"),
                        (["eval", "--config-name", "tiny_cpu", "out_dir=a_file"],  # Hydra's mkdir traceback
-                        "eval.run: error: out_dir a_file: cannot be used as a run directory (a file, not a directory)"),
+                        "eval.run: error: a_file: cannot be the run folder: a_file is a file, not a directory"),
+                       (["order-study", "study.root=a_file/sub"], "eval.order_study: error: a_file/sub: cannot be the run folder: a_file is a file"),
                        (["demo", "models=tiny_cpu", "output=no/such/out.jsonl"],  # was found after the whole run
                         f"parser demo: error: output={tmp_path}/no/such/out.jsonl: the folder {tmp_path}/no/such does not exist")):
         with pytest.raises(SystemExit) as ended:

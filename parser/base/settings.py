@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import os
 import re
 import sys
 from pathlib import Path
@@ -213,7 +214,35 @@ def precheck(config_dir: str | Path, default_name: str, argv: Sequence[str], pro
         else:
             overrides.append(arg)
     try:
-        return compose_checked(config_dir, name, overrides)
+        cfg = compose_checked(config_dir, name, overrides)
+        check_run_folder(config_dir, name, overrides)
     except ConfigError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    return cfg
+
+
+def check_run_folder(config_dir: str | Path, config_name: str, overrides: Sequence[str]) -> None:
+    """The folder Hydra will run in (`hydra.run.dir`: eval's `out_dir`, the order study's root)
+    can be made: no file in the way, the nearest existing folder writable. Hydra makes it before
+    the app runs, so a file there was its FileExistsError traceback. Checked without making it
+    (the demo's is named by the second it starts)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    outer = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            folder = OmegaConf.select(compose(config_name, overrides=list(overrides), return_hydra_config=True), "hydra.run.dir")
+    finally:
+        GlobalHydra.instance().hydra = outer
+    if not folder:
+        return
+    path = Path(str(folder))
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"{path}: cannot be the run folder: {existing} is a file, not a directory")
+    if existing is not None and existing != path and not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{path}: cannot be the run folder: {existing} is not writable")
