@@ -20,8 +20,9 @@ printed only for a quote that also states the answer with something said about i
 (`parser.text.quotes`), never for "the" or "in 1997".
 
 Nothing loads until everything it needs is known to be usable: the file decodes as UTF-8 (else
-`file:line` and the byte), is not a directory or empty, no question is blank, the settings
-compose, and the `--json` destination opens for writing; each is one line and exit 2. Each
+`file:line` and the byte), holds no NUL byte, is not a directory, empty or over
+`MAX_DOCUMENT_BYTES`, no question is blank, the settings compose, and the `--json` destination
+opens for writing (not the document itself, not a FIFO nobody reads); each is one line and exit 2. Each
 answer's `--json` line is written and flushed as soon as it exists, so Ctrl-C (or SIGTERM, exit
 130) or a server that fails for good (one line naming it and the reason, exit 1) on question 3
 keeps questions 1 and 2.
