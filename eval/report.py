@@ -530,7 +530,7 @@ def plot_latency(latency: Sequence[dict[str, Any]], speed: Sequence[dict[str, An
             floor = ceiling.get((d, b, base, c))
             if floor:
                 fx = sorted(floor)
-                ax.plot(fx, [floor[x] for x in fx], ":", color=line.get_color(), label=f"{base} / floor (reading once)")
+                ax.plot(fx, [floor[x] for x in fx], ":x", color=line.get_color(), label=f"{base} / floor (reading once)")
         if any(s["paper_speedup"] for s in speed):
             xs = sorted(paper_numbers.SPEEDUP_C1)
             ax.plot(xs, [paper_numbers.SPEEDUP_C1[x] for x in xs], "--", alpha=0.6, label="MemAgent / ParSer (paper, conc 1)")

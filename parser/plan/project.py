@@ -10,12 +10,16 @@ for the lead, Qwen3.5-4B) at 7K..896K tokens, beside the paper's own figures and
 simulation on the paper's workload (configs/plan/paper_workload/table2.yaml), so a difference
 from Table 2 is traceable to the count that differs.
 
-What carries over from the measurement, and what does not: the structure (rounds, queries per
-round) carries over as counted; outputs carry over as the fraction of each role's per-call budget
-used (`Shape.*_fill`), applied to the paper preset's budget (a 135M model that fills 64 of 64
-memory tokens projects to 1,024 of 1,024). Chunk sizes, prompt frames and the lead's prompt are
-the paper's. Sequential methods other than MemAgent (ReMemR1, CoA) run the same sequential
-simulation with their own paper chunk size and update budget; the paper did not time them.
+What carries over from the measurement: the structure — ParSer's query rounds and queries per
+round as counted (the critical path), each method's chunk size from its paper preset — in the
+main projection, with the paper workload's output sizes (findings, lead turns, a ~1K-token memory
+per chunk). A second projection also carries the outputs over, as the fraction of each role's
+per-call budget the small model used (`Shape.*_fill`) applied to the paper preset's budget (a
+135M model that fills 64 of 64 memory tokens projects to 1,024 of 1,024): budgets at CPU scale
+are not the paper's, so this one shows how sensitive the ratio is to output lengths rather than a
+forecast. Prompt frames and the lead's prompt are the paper's. Sequential methods other than
+MemAgent (ReMemR1, CoA) run the same sequential simulation with their own chunk size; the paper
+did not time them.
 
     rows = project({"ParSer": parser_shape, "MemAgent": memagent_shape}, paper_budgets)
 """
@@ -88,45 +92,54 @@ def paper_cluster() -> Cluster:
     return Cluster(subagent_rates=h100, subagent_workers=1, lead_rates=lead, memagent_rates=h100, spec=spec)
 
 
-def workload(doc_tokens: int, shape: Shape | None, budgets: PaperBudgets | None) -> Workload:
-    """The paper's Table 2 workload at `doc_tokens`, with `shape`'s counts in place of the paper's
-    (None: the paper's own)."""
+def workload(doc_tokens: int, shape: Shape | None, budgets: PaperBudgets | None, fills: bool = False) -> Workload:
+    """The paper's Table 2 workload at `doc_tokens` with `shape`'s structure in place of the paper's
+    (None: the paper's own): ParSer's rounds and queries per round, each method's chunk size. With
+    `fills`, also each call's output as the measured fill of the paper preset's budget; without,
+    the paper workload's output sizes (its findings, lead turns, and MemAgent's ~1K memory for every
+    sequential reader)."""
     base = table2.workload(doc_tokens, _yaml(PAPER_WORKLOAD))
     if shape is None or budgets is None:
         return base
     if shape.parallel:
-        return dataclasses.replace(base, chunk_size=budgets.chunk_size, num_chunks=None,
-                                   rounds=max(1, round(shape.rounds)), queries_per_round=shape.queries_per_round,
-                                   subagent_output_tokens=(max(1, round(shape.subagent_fill * budgets.subagent_tokens)),),
-                                   lead_output_tokens=max(1, round(shape.lead_fill * budgets.lead_tokens)))
-    return dataclasses.replace(base, memagent_chunk_size=budgets.chunk_size,
-                               memory_tokens=max(1, round(shape.update_fill * budgets.update_tokens)))
+        wl = dataclasses.replace(base, chunk_size=budgets.chunk_size, num_chunks=None,
+                                 rounds=max(1, round(shape.rounds)), queries_per_round=shape.queries_per_round)
+        if fills:
+            wl = dataclasses.replace(wl, subagent_output_tokens=(max(1, round(shape.subagent_fill * budgets.subagent_tokens)),),
+                                     lead_output_tokens=max(1, round(shape.lead_fill * budgets.lead_tokens)))
+        return wl
+    wl = dataclasses.replace(base, memagent_chunk_size=budgets.chunk_size)
+    return dataclasses.replace(wl, memory_tokens=max(1, round(shape.update_fill * budgets.update_tokens))) if fills else wl
 
 
 def seconds(doc_tokens: int, shape: Shape | None, budgets: PaperBudgets | None, parallel: bool,
-            cluster: Cluster | None = None) -> float:
+            cluster: Cluster | None = None, fills: bool = False) -> float:
     """Projected amortized seconds per sample at concurrency 1 (Table 2's metric)."""
     cluster = cluster or paper_cluster()
-    wl = workload(doc_tokens, shape, budgets)
+    wl = workload(doc_tokens, shape, budgets, fills)
     return (simulate_parser if parallel else simulate_memagent)(wl, cluster).amortized_s
 
 
 def project(shapes: Mapping[str, Shape], budgets: Mapping[str, PaperBudgets], reference: str = "ParSer",
             lengths: tuple[int, ...] = table2.LENGTHS, timed: Mapping[str, bool] = PAPER_TIMED) -> list[dict[str, Any]]:
-    """Per paper length and method: projected seconds from the measured shape, the method's time
-    over the reference's (both projected from measurement), and for the methods the paper timed
-    (`timed`: row -> parallel) the same simulation on the paper's workload and the paper's figures."""
+    """Per paper length and method: projected seconds from the measured structure (`seconds`) and
+    with the measured output fills too (`seconds_fills`), each over the reference's (`ratio`,
+    `ratio_fills`), and for the methods the paper timed (`timed`: row -> parallel) the same
+    simulation on the paper's workload and the paper's figures."""
     cluster = paper_cluster()
     rows = []
     for n in lengths:
         paper_parser = seconds(n, None, None, True, cluster)
         paper_sequential = seconds(n, None, None, False, cluster)
         ours = {name: seconds(n, shape, budgets[name], shape.parallel, cluster) for name, shape in shapes.items()}
+        filled = {name: seconds(n, shape, budgets[name], shape.parallel, cluster, fills=True)
+                  for name, shape in shapes.items()}
         index = table2.LENGTHS.index(n) if n in table2.LENGTHS else None
         for name, value in ours.items():
             parallel = timed.get(name)
-            rows.append({"doc_tokens": n, "method": name, "seconds": value,
+            rows.append({"doc_tokens": n, "method": name, "seconds": value, "seconds_fills": filled[name],
                          "ratio": value / ours[reference] if reference in ours else None,
+                         "ratio_fills": filled[name] / filled[reference] if reference in filled else None,
                          "paper_workload_s": None if parallel is None else paper_parser if parallel else paper_sequential,
                          "paper_s": None if parallel is None else (table2.PARSER_S if parallel else table2.MEMAGENT_S).get(n),
                          "paper_ratio": table2.RATIO[index] if index is not None and parallel is False else None})
