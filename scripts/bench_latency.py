@@ -89,9 +89,11 @@ async def measure_floor(cfg: DictConfig, subsets: list, refuse: bool) -> tuple[d
         per_token = await asyncio.to_thread(lat.kv_bytes_per_token, backend, tokenizer)
         warm = int(cfg.warmup) > 0
         for subset in subsets:
-            sizes = [lat.prompt_tokens(method, tokenizer, s) for s in subset.samples]
-            why = lat.kv_refusal(subset.length, max(sizes, key=sum), per_token, backend, lat.available_bytes())
-            if why and refuse:
+            why = None
+            if refuse and per_token is not None:  # an in-process prefix cache: its bytes bound the length
+                sizes = [lat.prompt_tokens(method, tokenizer, s) for s in subset.samples]
+                why = lat.kv_refusal(subset.length, max(sizes, key=sum), per_token, backend, lat.available_bytes())
+            if why:
                 refusals.append(why)
                 continue
             if warm:  # the first prefill of a fresh process is slower: keep it out of the floor
