@@ -6,7 +6,9 @@ because it computes more (tokens) or because it waits longer (model calls one af
 This module measures the three apart, at the backend edge, without touching the engine:
 
 - `Recorder`: wraps a `Models` bundle's backends; every generate call is logged with its role
-  (lead / subagent), start and end, prompt, cached and generated tokens.
+  (lead / subagent), start and end, prompt, cached and generated tokens; a call that raised (a
+  timeout the engine retries) is logged as failed, its tokens unknown: a run with failed calls
+  measured retries, not the method.
 - `read_once`: the floor: every chunk's subagent prompt (ParSer's own chunking and reader, the
   question as the query) prefilled on the same backend, all chunks in flight at once as a scatter
   round sends them, one token each (`max_new_tokens=1`: the first token comes from the prefill's
@@ -58,6 +60,7 @@ class Call:
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
+    failed: bool = False  # raised or was cancelled (a timeout the engine then retries): its tokens are unknown
 
     @property
     def prefilled(self) -> int:
@@ -79,6 +82,9 @@ class _Logged:
         recorder.in_flight[self._role] += 1
         try:
             completion = await self._backend.generate(prompt, sampling, **kwargs)
+        except BaseException:  # a timed-out call still held the backend and the sample waited for it
+            recorder.calls.append(Call(self._role, start, time.time(), 0, 0, 0, failed=True))
+            raise
         finally:
             recorder.in_flight[self._role] -= 1
         recorder.calls.append(Call(self._role, start, time.time(), completion.prompt_tokens, completion.cached_tokens,
@@ -362,7 +368,7 @@ def per_length(rows: Sequence[ResultRow], calls: Sequence[Call], profile: Profil
         mine = by_sample[i]
         entry = out.setdefault(row.length, {"samples": 0, "sub_em": 0.0, "prefilled": 0.0, "decoded": 0.0,
                                             "lead_decoded": 0.0, "subagent_decoded": 0.0, "calls": 0.0,
-                                            "subagent_calls": 0.0,
+                                            "subagent_calls": 0.0, "failed_calls": 0.0,
                                             "critical_path": 0.0, "steps": 0.0, "wall_s": 0.0,
                                             "parts": dict.fromkeys(PROFILE_PARTS, 0.0),
                                             "peak_rss": 0, "peak_cache": 0})
@@ -373,7 +379,8 @@ def per_length(rows: Sequence[ResultRow], calls: Sequence[Call], profile: Profil
         entry["lead_decoded"] += sum(c.output_tokens for c in mine if c.role == "lead")
         entry["subagent_decoded"] += sum(c.output_tokens for c in mine if c.role == "subagent")
         entry["calls"] += len(mine)
-        entry["subagent_calls"] += sum(c.role == "subagent" for c in mine)
+        entry["subagent_calls"] += sum(c.role == "subagent" and not c.failed for c in mine)
+        entry["failed_calls"] += sum(c.failed for c in mine)
         entry["critical_path"] += critical_path(mine)
         entry["steps"] += row.steps
         entry["wall_s"] += row.wall_s
@@ -385,7 +392,7 @@ def per_length(rows: Sequence[ResultRow], calls: Sequence[Call], profile: Profil
     for entry in out.values():
         n = entry["samples"]
         for key in ("sub_em", "prefilled", "decoded", "lead_decoded", "subagent_decoded", "calls", "subagent_calls",
-                    "critical_path", "steps", "wall_s"):
+                    "failed_calls", "critical_path", "steps", "wall_s"):
             entry[key] /= n
         entry["parts"] = {k: v / n for k, v in entry["parts"].items()}
     return out

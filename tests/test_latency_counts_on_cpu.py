@@ -60,6 +60,23 @@ def test_recorder_logs_each_role_and_closes_a_shared_backend_once():
     assert server.closed == 1 and recorder.in_flight == {"lead": 0, "subagent": 0}
 
 
+def test_a_call_that_times_out_is_logged_as_failed():
+    """Under load a subagent call outlives its deadline and the engine retries it: the run then
+    measured retries, and the bench must be able to say so."""
+    class Stalled(ModelServer):
+        async def generate(self, prompt, sampling, **kwargs):
+            await asyncio.sleep(10)
+
+    recorder = lat.Recorder(Models(Stalled(), None, None, None))
+
+    async def run():
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(recorder.models.subagent.generate("p", SamplingParams(max_new_tokens=3)), 0.01)
+
+    asyncio.run(run())
+    assert [(c.role, c.failed) for c in recorder.calls] == [("subagent", True)] and recorder.in_flight["subagent"] == 0
+
+
 def row(sid: str, length: int, finished_at: float, wall_s: float, sub: float, steps: int) -> ResultRow:
     return ResultRow(dataset="synthetic", length=length, run=0, sample_id=sid, scores={"sub_em": sub}, steps=steps,
                      wall_s=wall_s, finished_at=finished_at)
@@ -79,6 +96,7 @@ def test_per_length_splits_calls_by_sample_and_averages_per_length():
     twelve = out[12]
     assert twelve["samples"] == 2 and twelve["sub_em"] == 0.5
     assert twelve["calls"] == 2.0 and twelve["subagent_calls"] == 0.5  # (3 + 1) / 2, (1 + 0) / 2
+    assert twelve["failed_calls"] == 0
     assert twelve["prefilled"] == (10 + 40 + 10 + 10) / 2 and twelve["decoded"] == (2 + 5 + 2 + 2) / 2
     assert twelve["critical_path"] == (3 + 1) / 2
     assert twelve["parts"]["prefill"] == 2.5 and twelve["parts"]["lead decode"] == 2.0
