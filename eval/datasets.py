@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from parser.methods.base import Sample
+from parser.records.sample import DataError
 
 
 @dataclasses.dataclass
@@ -52,6 +53,9 @@ def _read(path: str | Path) -> tuple[list[dict[str, Any]], str]:
     if not path.exists():
         raise FileNotFoundError(f"eval data file {path} does not exist; build it with `parser data` "
                                 f"or point dataset.path at it")
+    if path.exists() and not path.is_dir() and not path.is_file():  # /dev/zero never ends; a pipe reads empty the second time
+        raise DataError(f"eval data file {path}: a device, FIFO or socket, not a file; eval reads it twice (its rows, "
+                        "then its fingerprint for resuming): save it to a file first")
     records = read_records(path)  # first: it refuses a directory or a bad line, naming the file
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -122,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from eval.run import CONFIGS, BadSetting, with_search_path
     from parser.base import hydra_help
+    from parser.base.settings import precheck
 
     @hydra.main(config_path=str(CONFIGS / "eval"), config_name="order_study", version_base="1.3")
     def run(cfg: DictConfig) -> None:
@@ -139,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     hydra_help.register()
     sys.argv = [sys.argv[0], *with_search_path(list(sys.argv[1:] if argv is None else argv))]
+    precheck(CONFIGS / "eval", "order_study", sys.argv[1:], prog="eval.order_study")  # a typo or a bad value: one line
     run()
 
 

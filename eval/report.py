@@ -21,7 +21,10 @@ labelled `(partial: n of N samples)` in every table it appears in. A missing or 
 duplicate sample, a bad row or a bad `--out` ends in one line, exit 2.
 - `latency.{md,csv}`: amortized seconds per sample (subset wall time / subset size, summed over
   runs and resumed sessions) and mean sequential steps, per concurrency (Table 2, Figure 3),
-  with baseline/ParSer speedups.
+  with baseline/ParSer speedups; where a folder holds the latency bench's `floor.jsonl` (the
+  document read once, scripts/bench_latency.py), each method's time over that floor, and the
+  speedup figure draws the floor (each baseline's time over it: the speedup of a method that
+  took no longer than reading once).
 - `tokens.{md,csv}`: mean output tokens per sample, lead and subagents (Table 6).
 - `cost.{md,csv}`: accuracy beside what it cost, per row and length: mean steps (calls on the
   critical path), sub-calls (ParSer's subagent requests, RLM's llm_query prompts), InfMem's planner
@@ -65,6 +68,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from eval import learning, paper_numbers
+from eval.latency import read_floors
 from parser.records.metrics import BY_NAME, METRICS, PRIMARY, completion_text, run_averaged, score
 from parser.records.metrics import mean as _mean
 from eval.provenance import ManifestDamaged, read_manifest
@@ -433,6 +437,13 @@ def cost_table(rows: Sequence[ResultRow], metric: str = PRIMARY) -> list[dict[st
     return table
 
 
+def floor_table(latency: Sequence[dict[str, Any]], floors: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each latency entry with a floor at its (dataset, backbone, length): its time over the floor."""
+    by = {(f["dataset"], f["backbone"], f["length"]): f["seconds"] for f in floors}
+    return [{**e, "floor_s": by[key], "x_floor": e["amortized_s"] / by[key]} for e in latency
+            if (key := (e["dataset"], e["backbone"], e["length"])) in by and by[key] > 0]
+
+
 def token_table(rows: Sequence[ResultRow]) -> list[dict[str, Any]]:
     groups: dict[tuple, list[ResultRow]] = collections.defaultdict(list)
     for r in rows:
@@ -603,7 +614,8 @@ def plot_controlled(controlled: dict[str, dict[str, Any]], fig_dir: Path) -> lis
     return paths
 
 
-def plot_latency(latency: Sequence[dict[str, Any]], speed: Sequence[dict[str, Any]], fig_dir: Path) -> list[Path]:
+def plot_latency(latency: Sequence[dict[str, Any]], speed: Sequence[dict[str, Any]], fig_dir: Path,
+                 over_floor: Sequence[dict[str, Any]] = ()) -> list[Path]:
     plt = _plt()
     paths = []
     if speed:
@@ -611,9 +623,16 @@ def plot_latency(latency: Sequence[dict[str, Any]], speed: Sequence[dict[str, An
         series: dict[tuple, dict[int, float]] = collections.defaultdict(dict)
         for s in speed:
             series[(s["dataset"], s["backbone"], s["baseline"], s["concurrency"])][s["length"]] = s["speedup"]
+        ceiling: dict[tuple, dict[int, float]] = collections.defaultdict(dict)
+        for e in over_floor:  # a baseline's time over the floor: the speedup of a method as fast as reading once
+            ceiling[(e["dataset"], e["backbone"], e["row"], e["concurrency"])][e["length"]] = e["x_floor"]
         for (d, b, base, c), values in series.items():
             xs = sorted(values)
-            ax.plot(xs, [values[x] for x in xs], "-o", label=f"{base} / ParSer · {b} · {d} · conc {c}")
+            line, = ax.plot(xs, [values[x] for x in xs], "-o", label=f"{base} / ParSer · {b} · {d} · conc {c}")
+            floor = ceiling.get((d, b, base, c))
+            if floor:
+                fx = sorted(floor)
+                ax.plot(fx, [floor[x] for x in fx], ":x", color=line.get_color(), label=f"{base} / floor (reading once)")
         if any(s["paper_speedup"] for s in speed):
             xs = sorted(paper_numbers.SPEEDUP_C1)
             ax.plot(xs, [paper_numbers.SPEEDUP_C1[x] for x in xs], "--", alpha=0.6, label="MemAgent / ParSer (paper, conc 1)")
@@ -703,6 +722,13 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
         sp_body = [[s["dataset"], s["backbone"], s["baseline"], str(s["concurrency"]), str(s["length"]), f"{s['speedup']:.2f}x",
                     f"{s['steps_ratio']:.2f}x", f"{s['paper_speedup']:.1f}x" if s["paper_speedup"] else "–"] for s in speed]
         lat_md += "\n" + table_to_markdown(sp_header, sp_body)
+    over_floor = floor_table(latency, read_floors(paths))
+    if over_floor:
+        fl_header = ["Dataset", "Backbone", "Method", "Concurrency", "Length", "floor s (read once)", "x floor"]
+        fl_body = [[e["dataset"], e["backbone"], e["row"], str(e["concurrency"]), str(e["length"]), f"{e['floor_s']:.3f}",
+                    f"{e['x_floor']:.2f}x"] for e in over_floor]
+        lat_md += "\n## Time over the floor (the document read once, same backend, same run)\n\n" + \
+            table_to_markdown(fl_header, fl_body)
     (out / "latency.md").write_text(lat_md)
     (out / "latency.csv").write_text(table_to_csv(lat_header, lat_body))
     sections.append(lat_md)
@@ -773,7 +799,8 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
         sections.insert(1, rl_md)
 
     fig_dir = out / "figures"
-    figures = plot_accuracy(tables, fig_dir) + plot_controlled(controlled, fig_dir) + plot_latency(latency, speed, fig_dir)
+    figures = (plot_accuracy(tables, fig_dir) + plot_controlled(controlled, fig_dir)
+               + plot_latency(latency, speed, fig_dir, over_floor))
     steps = learning.read_train_log(train_log) if train_log else None
     if steps:
         figures.append(learning.plot_training_curve(steps, fig_dir / "training_curve.png"))
@@ -788,6 +815,7 @@ def build_report(paths: Sequence[str | Path], out: str | Path, with_paper: bool 
         sections.append("## Trajectory viewer\n\n" + "\n".join(f"- `{p}`" for p in pages) + "\n")
     (out / "report.md").write_text("\n".join(sections))
     return {"run_dirs": run_dirs, "tables": tables, "reading": reading, "latency": latency, "speedups": speed,
+            "over_floor": over_floor,
             "tokens": tokens, "costs": costs, "controlled": controlled, "figures": figures, "viewer": pages, "report": out / "report.md",
             "rl": rl, "rows": rows, "train_steps": steps}
 

@@ -263,10 +263,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     from eval.provenance import ManifestDamaged
     from eval.run import with_search_path
     from parser.base import hydra_help
+    from parser.base.settings import precheck
     from eval.store import RunDirLocked  # shared presets: configs/backend, configs/episode, configs/method
 
     hydra_help.register()
     sys.argv = [sys.argv[0], *with_search_path(argv)]
+    precheck(config_dir("eval"), "ruler", sys.argv[1:], prog="eval.ruler")  # a typo or a bad value: one line
     run()
 
 

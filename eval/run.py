@@ -266,10 +266,42 @@ async def evaluate(cfg: DictConfig, method: Method | None = None) -> int:
     were computed on other inputs."""
     check_settings(cfg)
     with lock_run_dir(cfg.out_dir):
-        return await _evaluate(cfg, method)
+        plan = _prepare(cfg)
+        if plan is None:
+            return 0
+        return await _run(cfg, plan, method or build_eval_method(cfg), owns_method=method is None)
 
 
-async def _evaluate(cfg: DictConfig, method: Method | None) -> int:
+def evaluate_blocking(cfg: DictConfig) -> int:
+    """`evaluate` for `parser eval`: the models load before the event loop starts, in this thread,
+    so Ctrl-C or SIGTERM during a load (minutes for a large model) lands at once as KeyboardInterrupt
+    (asyncio's handler only cancels the task at its next await, after the load); the session is then
+    closed as interrupted, with the same one line as an interrupted run."""
+    check_settings(cfg)
+    with lock_run_dir(cfg.out_dir):
+        plan = _prepare(cfg)
+        if plan is None:
+            return 0
+        try:
+            method = build_eval_method(cfg)
+        except KeyboardInterrupt:
+            _close(cfg, plan, Tally(), time.perf_counter(), interrupted=True)
+            raise
+        return asyncio.run(_run(cfg, plan, method, owns_method=True))
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What a run must do, found before any model is built: its subsets, its store, its keys."""
+
+    subsets: list[Subset]
+    store: ResultsStore
+    keys: set[Key]
+
+
+def _prepare(cfg: DictConfig) -> _Plan | None:
+    """The subsets loaded, the store opened, the inputs checked and the session opened in the
+    manifest; None (said, and the session closed) when every sample is already done."""
     subsets = load_subsets(cfg.dataset, limit=cfg.limit)
     check_subsets(subsets)
     store = ResultsStore(cfg.out_dir)
@@ -281,23 +313,34 @@ async def _evaluate(cfg: DictConfig, method: Method | None) -> int:
     seeds = {"base": int(cfg.seed), "per_run": [int(cfg.seed) + r for r in range(int(cfg.runs))]}
     provenance.write_manifest(cfg.out_dir, config, seeds, inputs)
     keys = expected_keys(subsets, int(cfg.runs))
-    expected = len(keys)
     if keys <= store.done_keys():
-        print(f"[eval] {cfg.out_dir}: all {expected} samples already done")
-        provenance.close_session(cfg.out_dir, written=0, failed=0, expected=expected)
-        return 0
+        print(f"[eval] {cfg.out_dir}: all {len(keys)} samples already done")
+        provenance.close_session(cfg.out_dir, written=0, failed=0, expected=len(keys))
+        return None
+    return _Plan(subsets, store, keys)
 
-    owns_method = method is None
-    method = method or build_eval_method(cfg)
+
+def _close(cfg: DictConfig, plan: _Plan, tally: Tally, start: float, interrupted: bool) -> int:
+    """The session closed in the manifest, and the one line an interrupted run ends with; the rows done."""
+    total = len(plan.keys & plan.store.done_keys())
+    provenance.close_session(cfg.out_dir, written=tally.written, failed=tally.failed, expected=len(plan.keys), done=total,
+                             wall_s=round(time.perf_counter() - start, 2), interrupted=interrupted)
+    if interrupted:
+        print(f"\n[eval] interrupted: {total}/{len(plan.keys)} samples saved in {cfg.out_dir} ({tally.written} this session); "
+              "re-run the same command to resume", file=sys.stderr)
+    return total
+
+
+async def _run(cfg: DictConfig, plan: _Plan, method: Method, owns_method: bool) -> int:
     tally = Tally(cfg.get("stop_after_failures"))
     start = time.perf_counter()
     interrupted = False
     try:
-        await warm_up(method, subsets, int(cfg.get("warmup", 0)))
+        await warm_up(method, plan.subsets, int(cfg.get("warmup", 0)))
         for run in range(int(cfg.runs)):
-            for subset in subsets:
+            for subset in plan.subsets:
                 if not tally.stopping:
-                    await run_subset(method, subset, run, store, cfg, tally)
+                    await run_subset(method, subset, run, plan.store, cfg, tally)
         if tally.stopping:
             print(f"[eval] stopped: {tally.streak} samples in a row failed (stop_after_failures={tally.stop_after}); "
                   f"the errors are in {Path(cfg.out_dir) / 'errors.jsonl'}; fix the cause and re-run to resume")
@@ -307,12 +350,8 @@ async def _evaluate(cfg: DictConfig, method: Method | None) -> int:
     finally:
         if owns_method:
             await method.aclose()
-        total = len(keys & store.done_keys())
-        provenance.close_session(cfg.out_dir, written=tally.written, failed=tally.failed, expected=expected, done=total,
-                                 wall_s=round(time.perf_counter() - start, 2), interrupted=interrupted)
-        if interrupted:
-            print(f"\n[eval] interrupted: {total}/{expected} samples saved in {cfg.out_dir} ({tally.written} this session); "
-                  "re-run the same command to resume", file=sys.stderr)
+        total = _close(cfg, plan, tally, start, interrupted)
+    expected = len(plan.keys)
     print(f"[eval] {cfg.out_dir}: {total}/{expected} samples done ({tally.written} this session, {tally.failed} failed)")
     return 1 if tally.failed or total < expected else 0
 
@@ -326,7 +365,7 @@ CONFIGS = config_dir()
 def _main(cfg: DictConfig) -> None:
     try:
         with stop_on_signals():  # Ctrl-C and SIGTERM alike, even started with SIGINT ignored (a background job)
-            sys.exit(asyncio.run(evaluate(cfg)))
+            sys.exit(evaluate_blocking(cfg))
     except (BadSetting, RunDirLocked, InputsChanged, ConfigError, provenance.ManifestDamaged, DataError,
             FileNotFoundError) as error:  # each names its file, line or key: one line, before any model loads
         print(f"eval.run: error: {error}", file=sys.stderr)

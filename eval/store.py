@@ -42,15 +42,32 @@ LOCK = ".eval.lock"
 
 
 class RunDirLocked(RuntimeError):
-    """Another process is evaluating into this run directory."""
+    """This process cannot hold the run directory: another process is evaluating into it, or it
+    cannot be made or written (a file is in the way, no permission)."""
+
+
+def make_run_dir(run_dir: str | Path) -> Path:
+    """`run_dir`, made if it is not there; one that cannot be (a file in the way, a folder under a
+    file, no permission) is `RunDirLocked` in one line, not a traceback (the commands check the
+    folder before Hydra makes it: `parser.base.settings.check_run_folder`)."""
+    path = Path(run_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        what = "a file, not a directory" if path.is_file() else error.strerror or str(error)
+        raise RunDirLocked(f"out_dir {path}: cannot be used as a run directory ({what})") from None
+    return path
 
 
 @contextlib.contextmanager
 def lock_run_dir(run_dir: str | Path) -> Iterator[None]:
     """Hold `run_dir` exclusively for the block; refuse at once if another process holds it."""
-    path = Path(run_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    with open(path / LOCK, "a+", encoding="utf-8") as handle:
+    path = make_run_dir(run_dir)
+    try:
+        handle = open(path / LOCK, "a+", encoding="utf-8")
+    except OSError as error:
+        raise RunDirLocked(f"out_dir {path}: cannot be used as a run directory ({error.strerror or error})") from None
+    with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -1,50 +1,317 @@
-"""CPU latency bench: ParSer vs the sequential-memory baseline (MemAgent), the paper's Table 2 /
-Figure 3 at CPU scale.
+"""CPU latency bench: every long-document method against the floor — the cost of reading the
+document once — measured in the same run, with compute and critical path reported apart (the
+paper's Table 2 / Figure 3 at CPU scale, and projected to the paper's lengths).
 
-Both methods run through `eval.run` on the same synthetic-world samples at a few lengths with a
-real small instruct model (SmolLM2-135M, shipped offline by a PyPI package), one run,
-concurrency 1. ParSer's lead and subagents decode under constraints (`method/parser_cpu.yaml`),
-so the lead really scatters and its time includes the subagents' reading. In process, the backend
-decodes a round's subagent requests as one batch (`parser.serving.backends.transformers`); `--vllm URL`
-runs both methods against a vLLM server instead, same model. Printed per length: amortized seconds per sample (subset wall time / subset
-size, as in the paper), mean sequential steps (ParSer: lead turns; MemAgent: chunks + 1), and
-the MemAgent/ParSer ratios — all from this one invocation. Each method writes a normal eval run
-directory, so `parser report outputs/bench` draws the speedup plot.
+Per length, on the same backend (SmolLM2-135M in process, offline; `--vllm URL` for a server):
+1. The floor: every chunk's ParSer subagent prompt prefilled, all chunks in flight at once as a
+   scatter round sends them, one token each (no decode forward) — `eval.latency.read_once`.
+   A length whose resident chunk prefixes would not fit the backend's prefix cache (or the
+   machine) is refused with the figure before anything runs at it.
+2. Every method in METHODS (ParSer, MemAgent, ReMemR1, CoA) through `eval.run` on the same
+   synthetic-world samples, one at a time: amortized seconds per sample and that time over the
+   floor ("x floor"), Sub_EM, the method's own steps, the calls on the critical path (the longest
+   chain of model calls each waiting for the previous), tokens prefilled and decoded and the
+   FLOPs they imply (2 x parameters x tokens), peak resident memory and prefix-cache bytes.
+3. Ratios, each named: "time" (baseline wall / ParSer wall: on two CPU cores a ratio of
+   compute), "compute" (FLOPs), "critical path" (sequential calls: the paper's ratio on GPUs).
+4. Where the time goes (in process): prefill, subagent decode, lead decode, grammar, gather,
+   Python overhead (`eval.latency.Profile`).
+5. The capacity planner's projection of each method to 7K..896K tokens on the paper's hardware
+   from these counts (`parser.plan.project`), beside the paper's Table 2 (78.22 s vs 876.20 s).
+6. Targets (printed, never a timed test): ParSer <= 2.5x the floor at 100 paragraphs and more,
+   projected MemAgent/ParSer at 896K within 20% of the paper's 11.2x; a missed target names the
+   part of the time that holds it back.
 
-    .venv/bin/python scripts/bench_latency.py                         # ~ a few minutes on 2 cores
+Wall-clock figures are whatever the machine gave the run: the bench prints the load average
+at its start and end. Each method writes a normal eval run directory and the floor goes to
+`floor.jsonl`, so `parser report outputs/bench --out outputs/bench/report` draws the speedup plot
+with the floor. Adding a method (RLM, InfMem, being built on other branches) is one line in
+METHODS: its CPU config, its paper config and the key of its per-update budget.
+
+    .venv/bin/python scripts/bench_latency.py                          # 12/24/48 paragraphs, ~10 min on 2 cores
     .venv/bin/python scripts/bench_latency.py dataset.lengths=[12,48] dataset.num_questions=2
-    .venv/bin/python scripts/bench_latency.py --methods parser        # methods with a configs/method/<name>_cpu.yaml
-    .venv/bin/python scripts/bench_latency.py --smoke                 # seconds: tiny random models, one length (the suite runs it)
-    .venv/bin/python scripts/bench_latency.py --vllm http://127.0.0.1:8000   # SmolLM2 served by vLLM
+    .venv/bin/python scripts/bench_latency.py --methods parser memagent
+    .venv/bin/python scripts/bench_latency.py --config-name bench_length_cpu   # make bench-length: 100-800 paragraphs
+    .venv/bin/python scripts/bench_latency.py --smoke                  # seconds: tiny random models (the suite runs it)
+    .venv/bin/python scripts/bench_latency.py --vllm http://127.0.0.1:8000    # SmolLM2 served by vLLM
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from eval.report import latency_table, load, speedups, table_to_markdown
-from eval.run import evaluate
+from eval import latency as lat
+from eval.datasets import load_subsets
+from eval.report import latency_table, load, table_to_markdown
+from eval.run import build_eval_method, evaluate, warm_up
+from eval.store import read_results
+from parser.base.config import EpisodeConfig
 from parser.base.resources import config_dir
+from parser.plan import project
 
 CONFIGS = config_dir()
+# name -> (CPU config, paper config, key of its per-update budget; None: ParSer's episode budgets)
+METHODS = {
+    "parser": ("parser_cpu", "parser", None),
+    "memagent": ("memagent_cpu", "memagent", "max_memory_tokens"),
+    "rememr1": ("rememr1_cpu", "rememr1", "max_memory_tokens"),
+    "coa": ("coa_cpu", "coa", "max_summary_tokens"),
+}
 # --smoke: the same bench on tiny random-weight models, one short length, no warm-up
 SMOKE = ["backend@models=tiny_cpu", "dataset.lengths=[12]", "dataset.num_questions=1", "warmup=0"]
+TARGET_FLOOR_X, TARGET_FROM_L = 2.5, 100  # ParSer <= 2.5x the floor at 100 paragraphs and more
+TARGET_RATIO, TARGET_TOLERANCE = 11.2, 0.2  # projected MemAgent/ParSer at 896K within 20% of the paper's
 
 
-def method_available(name: str) -> bool:
-    return (CONFIGS / "method" / f"{name}_cpu.yaml").exists()
+def compose_method(name: str, config: str, overrides: list[str], out: Path) -> DictConfig:
+    return compose(config, overrides=[f"hydra.searchpath=[file://{CONFIGS}]", f"method={name}",
+                                      f"out_dir={out}", *overrides])
 
+
+# ----------------------------------------------------------------------------- the floor
+
+async def measure_floor(cfg: DictConfig, subsets: list, refuse: bool) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """Per length: mean floor seconds, chunks, prompt tokens and the resident KV bytes it left in
+    the prefix cache; and the lengths refused (their figure), checked before anything runs."""
+    method = build_eval_method(cfg)
+    backend, tokenizer = method.models.subagent or method.models.lead, method.models.subagent_tokenizer
+    floors, refusals = {}, []
+    try:
+        per_token = await asyncio.to_thread(lat.kv_bytes_per_token, backend, tokenizer)
+        warm = int(cfg.warmup) > 0
+        for subset in subsets:
+            why = None
+            if refuse and per_token is not None:  # an in-process prefix cache: its bytes bound the length
+                sizes = [lat.prompt_tokens(method, tokenizer, s) for s in subset.samples]
+                why = lat.kv_refusal(subset.length, max(sizes, key=sum), per_token, backend, lat.available_bytes())
+            if why:
+                refusals.append(why)
+                continue
+            if warm:  # the first prefill of a fresh process is slower: keep it out of the floor
+                await lat.read_once(method, backend, tokenizer, subset.samples[0], key="floor-warmup")
+                warm = False
+            runs = [await lat.read_once(method, backend, tokenizer, s) for s in subset.samples]
+            cached = getattr(backend, "cache_info", dict)()
+            kv = max(sum(e["bytes"] for k, e in cached.items() if k.startswith(f"floor:{s.id}:")) for s in subset.samples)
+            floors[subset.length] = {"seconds": sum(r["seconds"] for r in runs) / len(runs),
+                                     "chunks": sum(r["chunks"] for r in runs) / len(runs),
+                                     "prompt_tokens": sum(r["prompt_tokens"] for r in runs) / len(runs),
+                                     "kv_bytes": kv, "kv_bytes_per_token": per_token}
+    finally:
+        await method.aclose()
+    return floors, refusals
+
+
+# ----------------------------------------------------------------------------- one method
+
+async def run_method(cfg: DictConfig) -> tuple[dict[int, dict[str, Any]], int | None, int]:
+    """Run one method's eval with its backends recorded and profiled; returns its counts per
+    length, the model's parameter count (None: not in process) and eval's exit status."""
+    from parser.serving.backends.models import build_models
+
+    recorder = lat.Recorder(build_models(OmegaConf.to_container(cfg.models, resolve=True)))
+    method = build_eval_method(cfg, recorder.models)
+    raw = recorder.raw.lead
+    profile = lat.Profile(recorder).attach(raw, method)
+    params = sum(p.numel() for p in raw.model.parameters()) if profile.attached else None
+    try:
+        warmup = int(cfg.warmup)
+        with open_dict(cfg):
+            cfg.warmup = 0  # warmed up here, so the call log holds the timed samples only
+        await warm_up(method, load_subsets(cfg.dataset, limit=cfg.limit), warmup)
+        recorder.clear()
+        profile.events.clear()
+        with lat.MemoryWatch(raw) as watch:
+            status = await evaluate(cfg, method)
+    finally:
+        await method.aclose()
+    counts = lat.per_length(read_results(cfg.out_dir), recorder.calls, profile, watch)
+    return counts, params, status
+
+
+def budgets(method: DictConfig, update_key: str | None) -> tuple[bool, dict[str, int], project.PaperBudgets]:
+    """(parallel, per-call output budgets by role, the same as `PaperBudgets`) from a method config:
+    ParSer's episode (lead turn, subagent reply, chunk), a sequential reader's update budget and chunk."""
+    if update_key is None:
+        episode = EpisodeConfig(**OmegaConf.to_container(method.episode, resolve=True))
+        return True, {"lead": episode.max_tokens_per_turn, "subagent": episode.subagent_max_tokens}, project.PaperBudgets(
+            episode.chunk_size, lead_tokens=episode.max_tokens_per_turn, subagent_tokens=episode.subagent_max_tokens)
+    update = int(method[update_key])
+    return False, {"lead": update}, project.PaperBudgets(int(method.chunk_size), update_tokens=update)
+
+
+# ----------------------------------------------------------------------------- tables
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def print_tables(latency: list[dict], counts: dict[str, dict], floors: dict[int, dict], rows: dict[str, str],
+                 params: int | None) -> dict[tuple[str, int], float]:
+    """The per-invocation tables; returns each (method, length)'s time over the floor."""
+    print("\n## Floor: the document read once (every chunk's subagent prompt prefilled, no decoding)\n")
+    print(table_to_markdown(["length (paragraphs)", "floor s", "chunks", "tokens prefilled", "tokens/s",
+                             "resident KV (GiB)", "KV KiB/token"],
+                            [[str(L), f"{f['seconds']:.2f}", f"{f['chunks']:.0f}", f"{f['prompt_tokens']:.0f}",
+                              f"{f['prompt_tokens'] / f['seconds']:.0f}", gib(f["kv_bytes"]),
+                              f"{f['kv_bytes_per_token'] / 1024:.1f}" if f["kv_bytes_per_token"] else "n/a"]
+                             for L, f in sorted(floors.items())]))
+    flops = "FLOPs (2·params·tokens)" + (f", params {params:,}" if params else "")
+    header = ["method", "length", "s/sample", "x floor", "Sub_EM", "steps", "critical-path calls", "calls", "failed calls",
+              "tokens prefilled", "tokens decoded", flops, "peak RSS GiB", "peak prefix cache GiB", "samples"]
+    body, over = [], {}
+    names = {row: name for name, row in rows.items()}
+    for e in latency:
+        name = names.get(e["row"])
+        c = counts.get(name, {}).get(e["length"])
+        floor = floors.get(e["length"])
+        if c is None or floor is None:
+            continue
+        over[(name, e["length"])] = x = e["amortized_s"] / floor["seconds"]
+        tokens = c["prefilled"] + c["decoded"]
+        body.append([e["row"], str(e["length"]), f"{e['amortized_s']:.2f}", f"{x:.2f}x", f"{100 * c['sub_em']:.0f}",
+                     f"{c['steps']:.1f}", f"{c['critical_path']:.1f}", f"{c['calls']:.0f}", f"{c['failed_calls']:.0f}",
+                     f"{c['prefilled']:.0f}",
+                     f"{c['decoded']:.0f}", f"{2 * params * tokens:.2e}" if params else "n/a",
+                     gib(c["peak_rss"]), gib(c["peak_cache"]), str(e["samples"])])
+    print("\n## Every method against the floor (means per sample; s/sample amortized as in the paper)\n")
+    print(table_to_markdown(header, body))
+    return over
+
+
+def print_ratios(counts: dict[str, dict], latency: list[dict], rows: dict[str, str], reference: str) -> None:
+    by = {(e["row"], e["length"]): e["amortized_s"] for e in latency}
+    body = []
+    for name, per in counts.items():
+        if name == reference:
+            continue
+        for L, c in sorted(per.items()):
+            ref = counts[reference].get(L)
+            if ref is None or (rows[reference], L) not in by or (rows[name], L) not in by:
+                continue
+            body.append([rows[name], str(L), f"{by[(rows[name], L)] / by[(rows[reference], L)]:.2f}x",
+                         f"{(c['prefilled'] + c['decoded']) / (ref['prefilled'] + ref['decoded']):.2f}x",
+                         f"{c['critical_path'] / ref['critical_path']:.2f}x"])
+    if body:
+        print(f"\n## Ratios to {rows[reference]}: time = wall clock (on 2 CPU cores, a ratio of compute); "
+              "compute = tokens (FLOPs); critical path = sequential model calls (the paper's ratio on GPUs)\n")
+        print(table_to_markdown(["baseline", "length", f"time ratio (baseline / {rows[reference]})", "compute ratio",
+                                 "critical-path ratio"], body))
+
+
+def print_profile(counts: dict[str, dict], rows: dict[str, str]) -> None:
+    body = []
+    for name, per in counts.items():
+        for L, c in sorted(per.items()):
+            parts, wall = c["parts"], c["wall_s"]
+            if not wall or not any(v for k, v in parts.items() if k != "Python overhead"):
+                continue
+            body.append([rows[name], str(L), f"{wall:.2f}",
+                         *(f"{parts[p]:.2f} ({parts[p] / wall:.0%})" for p in lat.PROFILE_PARTS)])
+    if body:
+        print("\n## Where a sample's time goes (s, share of its wall time; in process; Python overhead = wall - the rest)\n")
+        print(table_to_markdown(["method", "length", "wall s", *lat.PROFILE_PARTS], body))
+
+
+def print_projection(counts: dict[str, dict], floors: dict[int, dict], shapes_cfg: dict[str, tuple], rows: dict[str, str],
+                     reference: str) -> list[dict]:
+    """The planner's projection from the longest measured length's counts (`parser.plan.project`)."""
+    shapes, paper = {}, {}
+    for name, (parallel, cpu_budgets, paper_budgets) in shapes_cfg.items():
+        per = counts.get(name)
+        if not per:
+            continue
+        L = max(per)
+        c = per[L]
+        calls = {"lead": c["calls"] - c["subagent_calls"] - c["failed_calls"], "subagent": c["subagent_calls"]}
+        shapes[rows[name]] = project.Shape.from_counts(
+            parallel, calls=calls, decoded={"lead": c["lead_decoded"], "subagent": c["subagent_decoded"]},
+            budgets=cpu_budgets, critical_path=c["critical_path"], chunks=floors.get(L, {}).get("chunks", 0))
+        paper[rows[name]] = paper_budgets
+    if rows[reference] not in shapes:
+        return []
+    projected = project.project(shapes, paper, reference=rows[reference])
+    print("\n## Projected to the paper's lengths on its hardware (parser.plan.project: Table 2's fitted H100 / RTX 3090 "
+          "rates, concurrency 1; the measured structure = ParSer's rounds and queries per round, each method's chunk "
+          "size, the paper's output sizes; the fills column also scales outputs by the measured budget fills)\n")
+    for name, shape in shapes.items():
+        print(f"- {name}: " + (f"{shape.rounds:.1f} query rounds, {shape.queries_per_round:.2f} queries/round, lead fills "
+                               f"{shape.lead_fill:.0%} of its turn budget, subagents {shape.subagent_fill:.0%}"
+                               if shape.parallel else f"each update fills {shape.update_fill:.0%} of its budget"))
+    body = [[f"{r['doc_tokens'] // 1000}K", r["method"], f"{r['seconds']:.2f}", f"{r['ratio']:.2f}x",
+             f"{r['seconds_fills']:.2f}", f"{r['ratio_fills']:.2f}x",
+             f"{r['paper_workload_s']:.2f}" if r["paper_workload_s"] else "–", f"{r['paper_s']:.2f}" if r["paper_s"] else "–",
+             f"{r['paper_ratio']:.1f}x" if r["paper_ratio"] else "–"] for r in projected]
+    print("\n" + table_to_markdown(["length", "method", "projected s (measured structure)", f"/ {rows[reference]}",
+                                    "with measured output fills", f"/ {rows[reference]}", "paper's workload s",
+                                    "paper Table 2 s", "paper ratio"], body))
+    return projected
+
+
+def check_targets(over: dict[tuple[str, int], float], counts: dict[str, dict], floors: dict[int, dict],
+                  projected: list[dict], rows: dict[str, str]) -> None:
+    print("\n## Targets (SmolLM2 in process, nothing else running; figures above are this run's)\n")
+    long = {L: x for (name, L), x in over.items() if name == "parser" and L >= TARGET_FROM_L}
+    if not long:
+        print(f"- ParSer <= {TARGET_FLOOR_X}x the floor at >= {TARGET_FROM_L} paragraphs: not measured in this run "
+              "(make bench-length)")
+    for L, x in sorted(long.items()):
+        # what the sample spent beyond the floor: the floor is prefill, so only prefill above it counts
+        parts = {**counts["parser"][L]["parts"]}
+        parts["prefill"] = max(0.0, parts["prefill"] - floors[L]["seconds"])
+        part = lat.slowest_part(parts)
+        verdict = "met" if x <= TARGET_FLOOR_X else f"MISSED; largest part beyond the floor: {part} " \
+            f"({parts[part]:.1f} s of the {counts['parser'][L]['wall_s'] - floors[L]['seconds']:.1f} s above it)"
+        print(f"- ParSer at L={L}: {x:.2f}x the floor (target <= {TARGET_FLOOR_X}x): {verdict}")
+    for name, per in counts.items():
+        for L, c in sorted(per.items()):
+            if c["failed_calls"]:
+                print(f"- warning: {rows[name]} at L={L} had {c['failed_calls']:.0f} failed model calls per sample "
+                      "(timeouts, retried): its time includes the retries; rerun on a quieter machine")
+    last = {r["method"]: r for r in projected if r["doc_tokens"] == project.table2.LENGTHS[-1]}
+    if "MemAgent" in last:
+        ratio = last["MemAgent"]["ratio"]
+        ok = abs(ratio / TARGET_RATIO - 1) <= TARGET_TOLERANCE
+        print(f"- projected MemAgent/{rows['parser']} at 896K from the measured structure: {ratio:.1f}x (paper "
+              f"{TARGET_RATIO}x, target within {TARGET_TOLERANCE:.0%}): " + (
+                  "met" if ok else "MISSED; compare the projected seconds with those on the paper's workload above")
+              + f"; with the measured output fills {last['MemAgent']['ratio_fills']:.1f}x")
+
+
+def refuse_nonsense(latency: list[dict], counts: dict[str, dict], floors: dict[int, dict], methods: list[str],
+                    rows: dict[str, str]) -> None:
+    """A figure that cannot be right stops the bench (exit 1): the smoke run catches a rotted bench."""
+    problems = [f"floor at L={L}: {f['seconds']!r} s" for L, f in floors.items() if not f["seconds"] > 0]
+    for name in methods:
+        have = {e["length"] for e in latency if e["row"] == rows[name]}
+        problems += [f"{name}: no timed row at L={L}" for L in floors if L not in have]
+        problems += [f"{name} at L={L}: {c['calls']} model calls, {c['critical_path']} on the critical path"
+                     for L, c in counts.get(name, {}).items() if not (c["calls"] > 0 and c["critical_path"] > 0)]
+    problems += [f"{e['row']} at L={e['length']}: {e['amortized_s']!r} s/sample" for e in latency
+                 if not (math.isfinite(e["amortized_s"]) and e["amortized_s"] > 0)]
+    if not floors:
+        problems.append("no length was measured")
+    if problems:
+        raise SystemExit("bench_latency: nonsense figures: " + "; ".join(problems))
+
+
+# ----------------------------------------------------------------------------- main
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides of configs/eval/bench_cpu.yaml")
-    ap.add_argument("--methods", nargs="+", default=["parser", "memagent"], help="first one is the reference")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of configs/eval/<config-name>.yaml")
+    ap.add_argument("--config-name", default="bench_cpu", help="bench_cpu (minutes) | bench_length_cpu (long lengths)")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS),
+                    help="parser is the reference and runs first")
     ap.add_argument("--out", default=None, help="run directories go here (replaced); default outputs/bench[_vllm]")
     ap.add_argument("--smoke", action="store_true", help="seconds-long run on tiny models (keeps the bench from rotting)")
     ap.add_argument("--vllm", metavar="URL", help="lead and subagents on this vLLM server (configs/backend/vllm.yaml), "
@@ -53,39 +320,50 @@ def main() -> None:
     vllm = ["backend@models=vllm", *(f"models.{role}.{key}={value}" for role in ("lead", "subagent")
                                      for key, value in (("base_url", args.vllm), ("tokenizer", "smollm2")))] if args.vllm else []
     overrides = [*(SMOKE if args.smoke else []), *vllm, *args.overrides]
-    args.out = args.out or ("outputs/bench_vllm" if args.vllm else "outputs/bench")
+    out = Path(args.out or ("outputs/bench_vllm" if args.vllm else "outputs/bench"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-    out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)  # one invocation = one measurement; never mix with an older run
-    methods = [m for m in args.methods if method_available(m)]
-    for m in set(args.methods) - set(methods):
-        print(f"[bench] method {m!r} has no configs/method/{m}_cpu.yaml; skipped")
-    rows = {}
+    methods = ["parser", *(m for m in args.methods if m != "parser")]
+    print(f"[bench] machine at start: {lat.machine_load()} (wall-clock figures are noisy on a shared machine)")
     start = time.perf_counter()
+
     with initialize_config_dir(config_dir=str(CONFIGS / "eval"), version_base="1.3"):
-        for m in methods:
-            cfg = compose("bench_cpu", overrides=[f"hydra.searchpath=[file://{CONFIGS}]", f"method={m}_cpu",
-                                                  f"out_dir={out / m}", *overrides])
-            rows[m] = cfg.report.row
-            print(f"[bench] {m}: lengths {list(cfg.dataset.lengths)}, {cfg.dataset.num_questions} samples each")
-            status = asyncio.run(evaluate(cfg))
-            if status:
-                print(f"[bench] {m}: some samples failed; see {out / m}/errors.jsonl")
+        cfgs = {m: compose_method(METHODS[m][0], args.config_name, overrides, out / m) for m in methods}
+        papers = {m: compose_method(METHODS[m][1], args.config_name, overrides, out / m).method for m in methods}
+    reference = cfgs["parser"]
+    if int(reference.concurrency) != 1:
+        raise SystemExit("bench_latency: concurrency must be 1 (samples one at a time: the counts are split by sample)")
+    subsets = load_subsets(reference.dataset, limit=reference.limit)
+    floors, refusals = asyncio.run(measure_floor(reference, subsets, refuse=not args.vllm))
+    for why in refusals:
+        print(f"[bench] refused {why}")
+    lat.write_floors(out, [{"dataset": str(reference.dataset.name), "backbone": str(reference.report.backbone),
+                            "length": L, **f} for L, f in sorted(floors.items())])  # kept if a long run is stopped
+    kept = sorted(floors)
+    rows = {m: str(cfgs[m].report.row) for m in methods}
+    counts, params, shapes_cfg = {}, None, {}
+    for m in methods:
+        cfg = cfgs[m]
+        with open_dict(cfg):
+            cfg.dataset.lengths = kept
+        print(f"[bench] {m}: lengths {kept}, {cfg.dataset.num_questions} samples each")
+        counts[m], params, status = asyncio.run(run_method(cfg))
+        if status:
+            print(f"[bench] {m}: some samples failed; see {out / m}/errors.jsonl")
+        parallel, cpu_budgets, _ = budgets(cfg.method, METHODS[m][2])
+        shapes_cfg[m] = (parallel, cpu_budgets, budgets(papers[m], METHODS[m][2])[2])
 
     results, timings = load([out / m for m in methods])
     latency = latency_table(results, timings)
-    header = ["method", "length (paragraphs)", "s/sample", "steps", "samples"]
-    print("\n" + table_to_markdown(header, [[e["row"], str(e["length"]), f"{e['amortized_s']:.2f}", f"{e['steps']:.1f}",
-                                             str(e["samples"])] for e in latency]))
-    ratios = speedups(latency, parser_row=rows[methods[0]]) if methods else []
-    if ratios:
-        print(table_to_markdown(["baseline", "length", "time ratio (baseline / ParSer)", "steps ratio"],
-                                [[s["baseline"], str(s["length"]), f"{s['speedup']:.2f}x", f"{s['steps_ratio']:.2f}x"]
-                                 for s in ratios]))
-    print(f"[bench] total {time.perf_counter() - start:.0f} s; run directories under {out}/ "
-          f"(parser report {out} --out {out}/report)")
+    over = print_tables(latency, counts, floors, rows, params)
+    print_ratios(counts, latency, rows, "parser")
+    print_profile(counts, rows)
+    projected = print_projection(counts, floors, shapes_cfg, rows, "parser")
+    check_targets(over, counts, floors, projected, rows)
+    refuse_nonsense(latency, counts, floors, methods, rows)
+    print(f"\n[bench] machine at end: {lat.machine_load()}; total {time.perf_counter() - start:.0f} s; run directories "
+          f"under {out}/ (parser report {out} --out {out}/report draws the speedup plot with the floor)")
 
 
 if __name__ == "__main__":

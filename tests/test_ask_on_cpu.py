@@ -86,12 +86,21 @@ CHUNK = "Zorvan is a film directed by Miro Tal. It was shot in the winter of 197
     ("founded in 1998", "1998", False, "quote NOT in the chunk"),
     ("", "1997", False, "no quote"),
     ("the winter of 1971", "yes", False, "does not state the answer"),
+    ("the lab was founded in 1997", "in", False, "the answer is only common words"),  # "in" occurs in the quote
+    ("It was shot in the winter", "it", False, "the answer is only common words"),
+    ("directed by Miro Tal.", "!!!", False, "does not state the answer"),  # punctuation only
 ])
 def test_a_quote_verifies_only_when_it_states_the_answer_with_something_about_it(quote, answer, verifies, label):
     """Issue 55 item 8: "a", "the" or "in 1997" occur in the chunk but verify nothing."""
     verdict = check_quote(quote, answer, CHUNK)
     assert verdict.verifies is verifies and label in verdict.label
     assert verdict.in_chunk is (bool(quote) and quote in CHUNK)
+
+
+def test_the_answer_repeated_is_not_a_statement():
+    """Four informative words pass as a statement only when the answer is one: "1997" four times is not."""
+    verdict = check_quote("1997 1997 1997 1997", "1997", "Years: 1997 1997 1997 1997.")
+    assert verdict.in_chunk and not verdict.verifies and "holds nothing besides the answer" in verdict.label
 
 
 def test_the_printed_check_says_found_only_for_verifying_quotes(capsys):
@@ -226,13 +235,32 @@ def test_input_that_cannot_be_read_is_one_line_naming_it(tmp_path, monkeypatch, 
     assert re.search(expected, refused(["-" if stdin is not None else str(path), question, "models=tiny_cpu"], capsys))
 
 
+def test_a_document_too_big_or_not_text_is_refused_unread(tmp_path, capsys, no_model):
+    """A 2 GB sparse file is refused by its size (it was read whole), /dev/zero once the bound has
+    come (it never ended), UTF-16 without its byte-order mark by its NUL bytes (valid UTF-8)."""
+    import os
+
+    from parser.cli.ask import MAX_DOCUMENT_BYTES
+
+    sparse, utf16 = tmp_path / "sparse.txt", tmp_path / "utf16.txt"
+    with open(sparse, "wb") as handle:
+        handle.truncate(2 * 2**30)
+    utf16.write_bytes("Zorvan\nis a film".encode("utf-16-le"))
+    for path, said in ((sparse, f"{sparse}: 2,147,483,648 bytes, over the {MAX_DOCUMENT_BYTES:,} a document may be"),
+                       ("/dev/zero", f"/dev/zero: more than the {MAX_DOCUMENT_BYTES:,} bytes a document may be"),
+                       (utf16, f"{utf16}:1: a NUL byte (byte 1): not a text file (UTF-16?")):
+        assert said in refused([str(path), "Q?", "models=tiny_cpu"], capsys)
+    os.unlink(sparse)
+
+
 def test_a_second_question_that_is_blank_is_named_by_its_place(tmp_path, capsys, no_model):
     path = tmp_path / "notes.md"
     path.write_text(DOCUMENT)
     assert "question 2 is empty ('   ')" in refused([str(path), "Who directed Zorvan?", "   ", "models=tiny_cpu"], capsys)
 
 
-@pytest.mark.parametrize("where", ["directory", "missing-folder", "file-as-folder", "cannot-create", "read-only-folder"])
+@pytest.mark.parametrize("where", ["directory", "missing-folder", "file-as-folder", "cannot-create", "read-only-folder",
+                                   "the-document", "fifo-without-reader"])
 def test_a_json_destination_that_cannot_be_written_is_refused_before_any_model_loads(tmp_path, capsys, no_model, where):
     import os
 
@@ -240,14 +268,43 @@ def test_a_json_destination_that_cannot_be_written_is_refused_before_any_model_l
     path.write_text(DOCUMENT)
     out, expected = {"directory": (tmp_path, "a directory, not a file"),
                      "missing-folder": (tmp_path / "no" / "out.jsonl", f"the folder {tmp_path / 'no'} does not exist"),
-                     "file-as-folder": (path / "out.jsonl", f"the folder {path} does not exist"),
+                     "file-as-folder": (path / "out.jsonl", f"{path} is a file, not a folder"),
+                     "the-document": (tmp_path / "." / "notes.md", "that is the document being asked; writing would overwrite it"),
+                     "fifo-without-reader": (tmp_path / "fifo", "a FIFO that no process reads; start its reader first"),  # it waited for ever
                      "cannot-create": ("/proc/self/answers.jsonl", "cannot be written"),  # even root cannot
                      "read-only-folder": (tmp_path / "ro" / "out.jsonl", "cannot be written (Permission denied)")}[where]
     if where == "read-only-folder":
         if os.geteuid() == 0:
             pytest.skip("root writes into a read-only folder; /proc/self stands for an unwritable one")
         (tmp_path / "ro").mkdir(mode=0o500)
+    if where == "fifo-without-reader":
+        os.mkfifo(out)
     assert f"--json {out}: {expected}" in refused([str(path), "Q?", "models=tiny_cpu", "--json", str(out)], capsys)
+    assert path.read_text() == DOCUMENT
+
+
+def test_a_destination_that_fills_up_ends_in_one_line(tmp_path, monkeypatch, capsys):
+    """/dev/full opens but refuses every write: the failed line is said once, exit 2 (closing the
+    file retried the unflushed line and ended in an OSError traceback)."""
+    path = tmp_path / "notes.md"
+    path.write_text(DOCUMENT)
+    monkeypatch.setattr("parser.cli.ask.build", lambda cfg: (Answers(), {}))
+    with pytest.raises(SystemExit) as exit_:
+        main([str(path), "Q1?", "Q2?", "models=tiny_cpu", "--json", "/dev/full"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        "parser.cli.ask: error: --json /dev/full: cannot be written (No space left on device); 0 of 2 answers kept in /dev/full"]
+
+
+class Answers:
+    """Stands in for the method and its models: answers every question at once."""
+
+    async def run(self, sample):
+        from parser.methods import MethodResult
+
+        return MethodResult(answer="Miro Tal", steps=1, wall_s=0.0)
+
+    async def aclose(self):
+        pass
 
 
 def test_jsonl_records_end_at_newline_only(tmp_path):

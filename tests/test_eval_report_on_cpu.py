@@ -13,6 +13,7 @@ import json
 import pytest
 
 from eval import paper_numbers
+from eval.latency import read_floors, write_floors
 from eval.report import build_report, max_delta_avg
 from eval.store import RESULTS, ResultsStore, read_jsonl, read_timings
 from eval.viewer import render_page
@@ -72,6 +73,7 @@ def test_report_tables_latency_and_figures(tmp_path):
                                      backbone="tiny", concurrency=1, samples=2, wall_s=p_wall))
             ms.log_timing(TimingLine(dataset="synthetic", length=L, run=run, condition=None, row="MemAgent",
                                      backbone="tiny", concurrency=1, samples=2, wall_s=m_wall))
+    write_floors(tmp_path, [{"dataset": "synthetic", "backbone": "tiny", "length": 100, "seconds": 0.5}])  # the latency bench's
     out = build_report([tmp_path], tmp_path / "report")
 
     lines = {label: (values, delta, avg) for _, label, values, delta, avg, _ in out["tables"]["synthetic"]["lines"]}
@@ -82,6 +84,9 @@ def test_report_tables_latency_and_figures(tmp_path):
     assert lat[("MemAgent", 100)]["steps"] == 5
     speed = {s["length"]: s["speedup"] for s in out["speedups"]}
     assert speed == {50: pytest.approx(2.0), 100: pytest.approx(4.0)}
+    # the floor at L=100: ParSer 1 s/sample is 2x it, MemAgent 4 s/sample 8x (the speedup figure draws the 8x)
+    assert {(e["row"], e["length"]): e["x_floor"] for e in out["over_floor"]} == {("ParSer", 100): 2.0, ("MemAgent", 100): 8.0}
+    assert "| synthetic | tiny | MemAgent | 1 | 100 | 0.500 | 8.00x |" in (tmp_path / "report" / "latency.md").read_text()
     for name in ("accuracy.md", "accuracy.tex", "accuracy.csv", "latency.md", "latency.csv", "tokens.csv", "report.md"):
         assert (tmp_path / "report" / name).stat().st_size > 0
     assert "\\begin{tabular}" in (tmp_path / "report" / "accuracy.tex").read_text()
@@ -89,6 +94,13 @@ def test_report_tables_latency_and_figures(tmp_path):
     assert {p.name for p in out["figures"]} == {"accuracy_vs_length_synthetic.png", "speedup_vs_length.png", "steps_vs_length.png"}
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in out["figures"])
     assert len(out["viewer"]) == 2
+
+
+def test_a_floor_line_without_its_keys_is_refused_naming_the_line(tmp_path):
+    (tmp_path / "floor.jsonl").write_text('{"dataset": "synthetic", "backbone": "tiny", "length": 12, "seconds": 1.0}\n'
+                                          '{"dataset": "synthetic", "length": 24}\n')
+    with pytest.raises(ValueError, match=r"floor.jsonl:2: a floor line needs \['backbone', 'seconds'\]"):
+        read_floors([tmp_path])
 
 
 def test_report_puts_paper_rows_beside_ours(tmp_path):

@@ -174,6 +174,12 @@ def test_the_composed_run_is_refused_naming_every_bad_value(monkeypatch):
     (["+report.varient=x"], "report.varient (did you mean report.variant?)"),
     (["method=memagent_cpu", "method.chunk_sise=9"], "method.chunk_sise (did you mean method.chunk_size?)"),
     (["backend@models=openai", "+models.subagent.timeout=9"], "models.subagent.timeout (did you mean models.subagent.timeout_s?)"),
+    (["+runs=3"], "+runs=3: runs is already a setting; set it without the `+` (runs=3)"),  # not Hydra's raw "Could not append"
+    (["runs={a:1}"], "runs={'a': 1}: expected an integer >= 1"),  # a mapping where a number goes: int() of it deep in eval
+    (["~runs"], "~runs: a setting cannot be removed; set a value (an integer >= 1)"),
+    (["~limit"], "~limit: a setting cannot be removed; set limit=null to switch it off, or a value"),
+    (["method.episode.chunk_size=${oops}"], "Interpolation key 'oops' not found full_key: method.episode.chunk_size"),  # was raw
+    (["+method.episode.chunk_size=0x10"], "+method.episode.chunk_size=0x10: method.episode.chunk_size is already a setting"),
 ])
 def test_a_typo_is_refused_with_what_was_meant_and_plus_adds_no_unread_key(overrides, said):
     from parser.base.config import ConfigError
@@ -188,6 +194,7 @@ def test_plus_still_adds_a_key_its_reader_takes():
     cfg = _eval("dataset=synthetic_position", "+dataset.options.width=20", "backend@models=openai",
                 "+models.subagent.routing_header=X-Key", "++limit=2")  # `++` on a key that is there sets it
     assert cfg.dataset.options.width == 20 and cfg.models.subagent.routing_header == "X-Key" and cfg.limit == 2
+    assert _eval("+limit=3").limit == 3  # Hydra's `+` on a key whose value is null sets it: not a made-up key
 
 
 def test_the_entry_points_refuse_in_one_line_before_anything_loads(tmp_path, capsys):
@@ -208,3 +215,67 @@ def test_the_entry_points_refuse_in_one_line_before_anything_loads(tmp_path, cap
     with pytest.raises(SystemExit) as ended:
         ask([str(tmp_path / "d.md"), "Who?", "models=tiny_cpu", "method=longharness_cpu", "method.max_stalls=0"])
     assert ended.value.code == 2 and "method.max_stalls=0: expected an integer >= 1" in capsys.readouterr().err
+
+
+def test_the_other_hydra_commands_refuse_in_one_line_too(tmp_path, capsys, monkeypatch):
+    """`parser gateway`, `parser ruler` and `parser order-study` run the same precheck (a typo, a
+    `+key=` nothing reads, a value outside its domain); the demo's `length` shorter than a synthetic
+    question's own paragraphs is one line naming the setting, not the packer's traceback, and so is
+    an `output=` in a folder that is not there (it failed after the whole run); eval's `out_dir`
+    with a file in the way is one line too (Hydra made its run folder there first: a traceback)."""
+    from parser.cli import main as parser_cli
+
+    monkeypatch.chdir(tmp_path)  # Hydra's run folder, where one is made
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # parser.cli.main rewrites it
+    (tmp_path / "a_file").write_text("")
+    for argv, said in ((["gateway", "dry_run=true", "+workers.nmu=2"], "parser gateway: error: unknown setting workers.nmu (did you mean workers.num?)"),
+                       (["gateway", "dry_run=true", "workers.base_port=-1"], "workers.base_port=-1: expected an integer in [0, 65535]"),
+                       (["ruler", "limt=3"], "eval.ruler: error: unknown setting limt (did you mean limit?)"),
+                       (["order-study", "models=tiny_cpu", "method.episode.chunk_sise=3"], "did you mean method.episode.chunk_size?"),
+                       (["demo", "models=tiny_cpu", "length=5"], "parser demo: error: length=5: too short for the synthetic world"),
+                       (["eval", "--config-name", "tiny_cpu", "out_dir=a_file"],  # Hydra's mkdir traceback
+                        "eval.run: error: a_file: cannot be the run folder: a_file is a file, not a directory"),
+                       (["order-study", "study.root=a_file/sub"], "eval.order_study: error: a_file/sub: cannot be the run folder: a_file is a file"),
+                       (["demo", "models=tiny_cpu", "output=no/such/out.jsonl"],  # was found after the whole run
+                        f"parser demo: error: output={tmp_path}/no/such/out.jsonl: the folder {tmp_path}/no/such does not exist")):
+        with pytest.raises(SystemExit) as ended:
+            parser_cli(argv)
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and said in err, err
+        assert len([line for line in err.splitlines() if "error" in line]) == 1 and "Traceback" not in err, err
+
+
+def test_parser_eval_loads_its_models_outside_the_event_loop(tmp_path, monkeypatch, capsys):
+    """A model load inside the loop made Ctrl-C wait for the load to end (asyncio's handler only
+    cancels at the next await). `evaluate_blocking` (parser eval) builds the method with no loop
+    running, so a Ctrl-C there is a KeyboardInterrupt at once: the session is closed as interrupted
+    and the run ends in eval's one line. `build_eval_method` is the outer edge here: the real load
+    is replaced by one that checks where it runs, then is interrupted."""
+    import eval.run as run_module
+    from eval.provenance import read_manifest
+
+    def load(cfg):
+        with pytest.raises(RuntimeError):
+            asyncio.get_running_loop()  # no event loop: the signal's KeyboardInterrupt lands in the load
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "build_eval_method", load)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_module.evaluate_blocking(_cfg(out, "limit=1", "runs=1"))
+    session = read_manifest(out)["sessions"][-1]
+    assert session["interrupted"] is True and session["done"] == session["written"] == 0
+    assert capsys.readouterr().err.splitlines()[-1].startswith("[eval] interrupted: 0/")
+
+
+def test_a_data_file_that_is_a_device_or_a_fifo_is_refused_naming_it(tmp_path):
+    """/dev/zero was read for ever (memory without end); a FIFO reads empty the second time eval
+    reads it (its fingerprint), so neither is a data file."""
+    from parser.records.sample import DataError
+
+    fifo = tmp_path / "eval.jsonl"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", fifo):
+        with pytest.raises(DataError, match=f"eval data file {path}: a device, FIFO or socket, not a file"):
+            asyncio.run(evaluate(_cfg(tmp_path / "out", "dataset=hotpotqa", "dataset.name=x", f"dataset.path='{path}'",
+                                      "dataset.lengths=null", "runs=1"), Recorder()))

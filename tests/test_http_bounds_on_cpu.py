@@ -185,6 +185,17 @@ def test_a_request_ends_at_its_deadline_however_slowly_the_server_answers(reply,
     assert failed.value.retryable
 
 
+def test_a_redirect_loop_is_one_line_saying_so_and_not_retried():
+    """A base_url behind a redirect (a proxy's login page, http to https, a path moved) ended in
+    aiohttp's words, "TooManyRedirects: 0, message=''", and was retried as if the server might recover."""
+    reply = http_reply(b"", "301 Moved Permanently")[:-2] + b"Location: /generate\r\n\r\n"
+    with Trickle(reply, at_once=len(reply)) as server:
+        with pytest.raises(BackendError, match=rf"POST {server.url}/generate: redirected 10 times \(last 301 to /generate\): "
+                                               "set base_url to the model server's own address") as failed:
+            generate(server.url, timeout_s=5)
+    assert not failed.value.retryable
+
+
 def test_waiting_for_a_worker_that_trickles_its_health_ends_at_the_deadline():
     """`parser.serving.gateway.wait_ready` (the demo's and the gateway's workers) polls with the
     same total deadline: urllib's per-read timeout let one trickled /health outlast the wait."""

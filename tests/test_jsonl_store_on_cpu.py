@@ -355,3 +355,6 @@ def test_rows_holding_unicode_line_separators_stay_whole(tmp_path):
     assert read_records(path) == rows
     store = JsonlStore(path, key=lambda row: row["id"])
     assert store.rows == rows and not store.problems
+    for name, text in (("bom.jsonl", b"\r\n".join(json.dumps(r).encode() for r in rows) + b"\r\n"), ("bom.json", json.dumps(rows).encode())):
+        (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + text)  # "UTF-8 with BOM", CRLF: a Windows editor's save
+        assert read_records(tmp_path / name) == rows, name

@@ -147,6 +147,16 @@ def test_the_probe_ends_at_its_deadline_however_slowly_the_server_answers(reply,
     assert "\n" not in str(refused.value)
 
 
+def test_a_base_url_ending_in_v1_is_told_to_drop_it():
+    """An OpenAI client's base_url ends in /v1; ours is the server's root, so /v1/v1/models was a
+    bare 404 (or, down, a refused connection) with nothing said about why."""
+    reply = http_reply(b'{"detail": "Not Found"}', "404 Not Found")
+    with Trickle(reply, at_once=len(reply)) as server:
+        with pytest.raises(ServerUnavailable, match=r"/v1/v1/models answered 404 .*models\.lead\.base_url ends in /v1, "
+                                                    r"which the API paths add: drop it\)"):
+            probe(server.url + "/v1/", "chat", "models.lead")
+
+
 @pytest.mark.parametrize("reply,reason", [
     (http_reply(b"upstream exploded", "500 Internal Server Error", "text/plain"), r"answered 500 Internal Server Error \('upstream exploded'\): the server is failing"),
     (http_reply(b"", "503 Service Unavailable"), r"answered 503 Service Unavailable \(an empty body\)"),
@@ -163,6 +173,9 @@ def test_the_probe_ends_at_its_deadline_however_slowly_the_server_answers(reply,
     (http_reply(b'{"data": [{"id": "m"}, {"name": "n"}]}'), r"data\[1\] is not a model object"),
     (http_reply(b'{"data": [{"id": 7}]}'), r"data\[0\] is not a model object"),
     (http_reply(b'{"data": []}'), r"lists no served model"),
+    (http_reply(b"[" * 100_000 + b"]" * 100_000), r"the answer is not JSON \('\[\[\["),  # json's RecursionError escaped
+    (http_reply(b'data: {"object": "list"}\n\n', content_type="text/event-stream"), r"the answer is not JSON \('data: "),  # SSE
+    (http_reply(b"", "301 Moved Permanently")[:-2] + b"Location: /v1/models\r\n\r\n", r"answered 301 Moved Permanently"),
     (b"SSH-2.0-OpenSSH_9.6\r\n", r"did not answer HTTP \(SSH-2\.0-OpenSSH_9\.6\)"),  # not HTTP at all
     (b"HTTP/1.1 200 OK\r\nContent-Length: 90\r\n\r\n{\"data\"", r"the answer is not JSON \('\{\"data\"'\)"),  # closed mid-body
 ], ids=lambda value: value[:24].decode("ascii", "replace") if isinstance(value, bytes) else None)

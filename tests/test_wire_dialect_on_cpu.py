@@ -67,6 +67,9 @@ def test_an_empty_reply_is_the_workers_fault(api):
     with pytest.raises(BackendError, match=f"here: the reply is not a {api} completion") as error:
         DIALECTS[api].completion(DIALECTS[api].empty_reply(), SamplingParams(max_new_tokens=2), where="here")
     assert error.value.retryable
+    with pytest.raises(BackendError, match="the reply is not a") as error:  # pydantic's several-line error
+        DIALECTS[api].completion({"text": 5, "choices": 5}, SamplingParams(max_new_tokens=2), where="here")
+    assert "\n" not in str(error.value)  # `parser ask` ends on it in one line
 
 
 def test_the_engine_takes_the_generate_body_with_its_constraint():

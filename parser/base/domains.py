@@ -147,7 +147,9 @@ def domain_of(name: str) -> Domain | None:
 def problem(key: str, value: Any) -> str | None:
     """"key=value: expected <domain>" when `value` is outside the domain of the setting `key`
     names (its last dotted part); None when it is inside, or the setting has no numeric domain.
-    A section (a mapping) is not a value: its keys are checked one by one (`problems`)."""
+    A section (a mapping) is not a value: its keys are checked one by one (`problems`); a mapping
+    given where the config holds a number is `parser.base.settings`' to refuse (`workers` is the
+    demo's count and the gateway's section)."""
     domain = domain_of(key.rsplit(".", 1)[-1])
     if domain is None or isinstance(value, dict) or domain.holds(value):
         return None
@@ -173,6 +175,16 @@ def problems(tree: Any, where: str = "") -> list[str]:
     return found
 
 
+def removal_problem(key: str) -> str | None:
+    """"~key: ..." when `key` names a numeric setting: its reader needs a value (a removed `runs`
+    ended in a TypeError deep in eval); a nullable one is switched off with null instead."""
+    domain = domain_of(key.rsplit(".", 1)[-1])
+    if domain is None:
+        return None
+    instead = f"set {key}=null to switch it off, or a value" if domain.nullable else "set a value"
+    return f"~{key}: a setting cannot be removed; {instead} ({domain.describe()})"
+
+
 def argparse_type(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """An argparse `type=` for a flag whose setting is `name`: the text parsed, then held to the
     domain, so a value outside it is argparse's one-line usage error (exit 2) before anything loads."""
@@ -181,9 +193,9 @@ def argparse_type(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any
             value = parse(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if parse is int else 'a number'}") from None
-        said = problem(name, value)
-        if said:
-            raise argparse.ArgumentTypeError(f"{text}: {said.split(': ', 1)[1]}")
+        domain = domain_of(name)
+        if domain is not None and not domain.holds(value):  # a flag has no null: leaving it out is the default
+            raise argparse.ArgumentTypeError(f"{text}: expected {dataclasses.replace(domain, nullable=False).describe()}")
         return value
 
     checked.__name__ = name  # argparse names the type in some messages

@@ -22,15 +22,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import os
 import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from parser.base.config import CONFIGS, ConfigError, EpisodeConfig
-from parser.base.domains import problems
+from parser.base.domains import domain_of, problems, removal_problem
 
 _NOT_IN_STRUCT = re.compile(r"Could not override '([^']+)'")
+_ALREADY_THERE = re.compile(r"Could not append to config\. An item is already at '([^']+)'")
 # Hydra flags after which argv is not one plain run of overrides the compose API can repeat
 _HYDRA_ONLY = {"-m", "--multirun", "-h", "--help", "--hydra-help", "--info", "-i", "--shell-completion", "-sc",
                "--config-path", "-cp", "--config-dir", "-cd", "--experimental-rerun"}
@@ -110,9 +112,14 @@ def check_composed(cfg: Any, overrides: Sequence[str] = (), config_dir: str | Pa
     """The whole composed config, before anything is built from it: no made-up `+` key, and every
     numeric setting inside its domain (`parser.base.domains`). Raises `ConfigError`, naming the key."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     check_additions(cfg, overrides, config_dir)
-    found = problems(OmegaConf.to_container(cfg, resolve=True))
+    try:
+        tree = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as error:  # `chunk_size=${oops}`: an interpolation that names nothing
+        raise ConfigError(" ".join(str(error).split())) from None
+    found = problems(tree)
     if found:
         raise ConfigError("; ".join(found))
 
@@ -135,9 +142,18 @@ def compose_checked(config_dir: str | Path, config_name: str, overrides: Sequenc
         finally:
             GlobalHydra.instance().hydra = outer
 
+    removed = [removal_problem(o[1:].split("=", 1)[0]) for o in overrides if o.startswith("~")]
+    if any(removed):
+        raise ConfigError("; ".join(r for r in removed if r))
     try:
         cfg = composed(overrides)
     except (HydraException, OmegaConfBaseException) as error:
+        there = _ALREADY_THERE.search(str(error))
+        if there:  # Hydra's own wording offers `++`, which would mean nothing more here
+            key = there.group(1)
+            value = next((o.split("=", 1)[1] for o in overrides if o.startswith("+") and o.lstrip("+").split("=", 1)[0] == key), "...")
+            raise ConfigError(f"+{key}={value}: {key} is already a setting; set it without the `+` ({key}={value}); "
+                              "`+` only adds a key that is not there") from None
         typo = _NOT_IN_STRUCT.search(str(error))
         if typo is None:
             raise ConfigError(" ".join(str(error).split())) from None
@@ -151,20 +167,40 @@ def compose_checked(config_dir: str | Path, config_name: str, overrides: Sequenc
         named, open_ended = _accepted(section, key.split(".")[:-1]) if siblings else (set(), False)
         why = "no such key in the composed config" + (f" (+{key}=... adds one, if its reader takes it)" if open_ended else "")
         raise _unknown(key, siblings | named, why) from None
-    forced = [o for o in overrides if o.startswith("++")]
-    if forced:  # `++key=` adds when the key is not there: held to the same rule as `+key=`
-        before = composed([o for o in overrides if o not in forced])
-        overrides = [*overrides, *(o[1:] for o in forced if not _has(before, o[2:].split("=", 1)[0].split(".")))]
+    _check_mappings(overrides, composed)
+    plus = [o for o in overrides if o.startswith("+")]
+    if plus:  # held to the `+` rule: a `+key=` or `++key=` whose key was not there (Hydra lets `+` set a null one)
+        before = composed([o for o in overrides if o not in plus])
+        overrides = [*(o for o in overrides if o not in plus),
+                     *("+" + o.lstrip("+") for o in plus if not _has(before, o.lstrip("+").split("=", 1)[0].split(".")))]
     check_composed(cfg, overrides, config_dir)
     return cfg
 
 
-def precheck(config_dir: str | Path, default_name: str, argv: Sequence[str], prog: str) -> None:
-    """For a Hydra app's `main`, before Hydra runs it: compose what `argv` asks for and check it;
-    a refusal is one line on stderr and exit 2. Argv the compose API cannot repeat (multirun,
-    help, another config path) is left to Hydra."""
-    if any(arg.split("=", 1)[0] in _HYDRA_ONLY for arg in argv):
+def _check_mappings(overrides: Sequence[str], composed: Any) -> None:
+    """A `key={...}` where the config holds a number (`runs={a:1}` reached `int()` deep in eval):
+    refused with the setting's domain. A section may share a numeric setting's name (`workers`
+    is the demo's count and the gateway's section), so the config before the override decides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    mapped = [(text, o) for text, o in zip(overrides, OverridesParser.create().parse_overrides(list(overrides)), strict=True)
+              if isinstance(o.value(), dict) and domain_of(o.key_or_group.rsplit(".", 1)[-1]) is not None]
+    if not mapped:
         return
+    before = composed([text for text in overrides if text not in {t for t, _ in mapped}])
+    for _, override in mapped:
+        key = override.key_or_group
+        held = _node(before, key.split("."))
+        if held is not None and not hasattr(held, "keys"):
+            raise ConfigError(f"{key}={override.value()!r}: expected {domain_of(key.rsplit('.', 1)[-1]).describe()}")
+
+
+def precheck(config_dir: str | Path, default_name: str, argv: Sequence[str], prog: str) -> Any:
+    """For a Hydra app's `main`, before Hydra runs it: compose what `argv` asks for and check it;
+    a refusal is one line on stderr and exit 2. Returns the composed config, or None for argv the
+    compose API cannot repeat (multirun, help, another config path), which is left to Hydra."""
+    if any(arg.split("=", 1)[0] in _HYDRA_ONLY for arg in argv):
+        return None
     name, overrides, args = default_name, [], list(argv)
     while args:
         arg = args.pop(0)
@@ -178,7 +214,35 @@ def precheck(config_dir: str | Path, default_name: str, argv: Sequence[str], pro
         else:
             overrides.append(arg)
     try:
-        compose_checked(config_dir, name, overrides)
+        cfg = compose_checked(config_dir, name, overrides)
+        check_run_folder(config_dir, name, overrides)
     except ConfigError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    return cfg
+
+
+def check_run_folder(config_dir: str | Path, config_name: str, overrides: Sequence[str]) -> None:
+    """The folder Hydra will run in (`hydra.run.dir`: eval's `out_dir`, the order study's root)
+    can be made: no file in the way, the nearest existing folder writable. Hydra makes it before
+    the app runs, so a file there was its FileExistsError traceback. Checked without making it
+    (the demo's is named by the second it starts)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    outer = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            folder = OmegaConf.select(compose(config_name, overrides=list(overrides), return_hydra_config=True), "hydra.run.dir")
+    finally:
+        GlobalHydra.instance().hydra = outer
+    if not folder:
+        return
+    path = Path(str(folder))
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"{path}: cannot be the run folder: {existing} is a file, not a directory")
+    if existing is not None and existing != path and not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{path}: cannot be the run folder: {existing} is not writable")

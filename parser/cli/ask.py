@@ -21,8 +21,9 @@ printed only for a quote that also states the answer with something said about i
 (`parser.text.quotes`), never for "the" or "in 1997".
 
 Nothing loads until everything it needs is known to be usable: the file decodes as UTF-8 (else
-`file:line` and the byte), is not a directory or empty, no question is blank, the settings
-compose, and the `--json` destination opens for writing; each is one line and exit 2. Each
+`file:line` and the byte), holds no NUL byte, is not a directory, empty or over
+`MAX_DOCUMENT_BYTES`, no question is blank, the settings compose, and the `--json` destination
+opens for writing (not the document itself, not a FIFO nobody reads); each is one line and exit 2. Each
 answer's `--json` line is written and flushed as soon as it exists, so Ctrl-C (or SIGTERM, exit
 130) or a server that fails for good (one line naming it and the reason, exit 1) on question 3
 keeps questions 1 and 2.
@@ -31,11 +32,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, NoReturn, Sequence
+from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 import orjson
 
@@ -45,6 +48,7 @@ from parser.text.quotes import check_quote
 from parser.base.config import ConfigError, check_episode_keys, preset_spelling
 from parser.base.resources import config_dir
 from parser.base.signals import stop_on_signals
+from parser.cli.output import open_output
 from parser.records.jsonl import dumps_line
 from parser.records.trace import Trace
 from parser.records.trajectory import Trajectory
@@ -52,6 +56,7 @@ from parser.serving.types import BackendError
 from parser.text.reward import normalize_answer
 
 CONFIG_DIR = config_dir()
+MAX_DOCUMENT_BYTES = 64 * 2**20  # 64 MiB, ~16M tokens: 16 times the longest context in the paper's grid
 PASSAGE_FIELDS = ("text", "content", "context")  # what a JSONL line's passage may be called
 OVERRIDE = re.compile(r"^[+~]?[A-Za-z_][\w@./-]*=")  # `key=value` (a question has a space before any `=`)
 
@@ -109,27 +114,46 @@ def read_document(path: str | Path) -> str:
 
 
 def _read_bytes(path: str | Path) -> bytes:
-    if str(path) == "-":
-        stdin = getattr(sys.stdin, "buffer", None)  # bytes, so the decoding below is ours, not the locale's
-        return stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8")
+    """At most `MAX_DOCUMENT_BYTES` (a bigger file is refused by its size, unread; a device or a
+    pipe that never ends, such as /dev/zero, once that much has come)."""
+    name = "stdin (-)" if str(path) == "-" else str(path)
     try:
-        return Path(path).read_bytes()
+        if str(path) == "-":
+            stdin = getattr(sys.stdin, "buffer", None)  # bytes, so the decoding below is ours, not the locale's
+            data = stdin.read(MAX_DOCUMENT_BYTES + 1) if stdin is not None else sys.stdin.read(MAX_DOCUMENT_BYTES + 1).encode("utf-8")
+        else:
+            with open(path, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                if size > MAX_DOCUMENT_BYTES:
+                    raise ConfigError(f"{name}: {size:,} bytes, over the {MAX_DOCUMENT_BYTES:,} a document may be")
+                data = handle.read(MAX_DOCUMENT_BYTES + 1)
     except IsADirectoryError:
         raise ConfigError(f"{path}: a directory, not a file; give one text, Markdown or JSONL file") from None
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except OSError as err:
         raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise ConfigError(f"{name}: more than the {MAX_DOCUMENT_BYTES:,} bytes a document may be")
+    return data
 
 
 def _decoded(data: bytes, name: str) -> str:
-    """UTF-8 (a leading byte-order mark dropped), else refused with the line and byte that are not."""
+    """UTF-8 (a leading byte-order mark dropped), else refused with the line and byte that are not.
+    A NUL byte is refused too: no text has one, and UTF-16 without its byte-order mark (ASCII
+    text with a NUL after each letter) is valid UTF-8."""
     try:
-        return data.decode("utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         raise ConfigError(f"{name}:{line}: not UTF-8 text (byte {err.start}: {data[err.start:err.start + 1]!r}); "
                           "convert it first, e.g. iconv -t UTF-8") from None
+    nul = data.find(b"\0")
+    if nul >= 0:
+        line = data.count(b"\n", 0, nul) + 1
+        raise ConfigError(f"{name}:{line}: a NUL byte (byte {nul}): not a text file "
+                          "(UTF-16? convert it first, e.g. iconv -f UTF-16 -t UTF-8)")
+    return text
 
 
 def evidence_for(answer: str | None, trace: Trace | None, chunks: Sequence[Chunk]) -> list[Evidence]:
@@ -257,20 +281,6 @@ def check_questions(questions: Sequence[str]) -> list[str]:
     return list(questions)
 
 
-def open_output(path: str) -> BinaryIO:
-    """`--json OUT`, opened before any model loads, so a destination that cannot be written (a
-    directory, a folder that does not exist, no permission) costs nothing but this line."""
-    out = Path(path)
-    if out.is_dir():
-        raise ConfigError(f"--json {path}: a directory, not a file")
-    if not out.parent.is_dir():
-        raise ConfigError(f"--json {path}: the folder {out.parent} does not exist")
-    try:
-        return open(out, "wb")
-    except OSError as err:
-        raise ConfigError(f"--json {path}: cannot be written ({err.strerror or err})") from None
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     with stop_on_signals():  # Ctrl-C and SIGTERM end it with one line, even started with SIGINT ignored
         _main(argv)
@@ -292,9 +302,11 @@ def _main(argv: Sequence[str] | None) -> None:
         questions = check_questions([w for w in args.words if w not in overrides])
         document = read_document(args.file)
         cfg = compose(overrides)
-        out = open_output(args.json) if args.json else None
+        out = open_output(args.json, args.file) if args.json else None
     except ConfigError as error:
         _stop(f"error: {error}", 2)
+    except KeyboardInterrupt:  # e.g. waiting on a terminal's stdin (`parser ask - Q` with nothing piped)
+        _stop("interrupted before any model loaded", 130)
     kept = 0
 
     def keep(reply: Reply) -> None:
@@ -320,7 +332,8 @@ def _main(argv: Sequence[str] | None) -> None:
         _stop(f"interrupted{saved()}", 130)
     finally:
         if out is not None:
-            out.close()
+            with contextlib.suppress(OSError):  # only a failed line's unflushed bytes (said above): each answer was flushed
+                out.close()
     if out:
         print(f"trajectories written to {args.json}", file=sys.stderr)
 

@@ -8,7 +8,9 @@
 It builds a small long-context sample from the synthetic world (fictional, so no model can
 answer from memory), runs the `parser` method — the same episode engine training and eval use —
 prints each trajectory (queries, which agents answered with what, the answer, Sub_EM, latency)
-and writes the trajectories as JSONL. On a CPU the accuracy is low; the point is the pipeline.
+and writes the trajectories as JSONL to `output`, which is opened before anything loads (a folder
+that is not there is one line, exit 2) and gets each trajectory as soon as its sample ends, so
+an interrupted demo keeps the samples it finished. On a CPU the accuracy is low; the point is the pipeline.
 There the 135M lead decodes under the lead constraint (one tool call or one <answer> per turn)
 and the subagents under the finding's JSON schema (`cpu_episode` in configs/demo.yaml), so real
 scatter-gather rounds happen: the printed findings are real subagent replies, right or wrong.
@@ -16,29 +18,32 @@ scatter-gather rounds happen: the printed findings are real subagent replies, ri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-import orjson
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.synthetic_world import build_synthetic_eval
 from parser.serving.backends import in_process
 from parser.serving.backends.models import build_models
-from parser.base.config import check_episode_keys, episode_preset
+from parser.base.config import ConfigError, check_episode_keys, episode_preset
 from parser.base.settings import precheck
 from parser.base import hydra_help
 from parser.base.signals import stop_on_signals
+from parser.cli.output import open_output
+from parser.records.jsonl import dumps_line
 from parser.engine import progress
 from parser.serving.gateway import ProcessGroup, worker_launches
 from parser.methods import MethodResult, Sample
 from parser.methods.parser import ParSerMethod
+from parser.records.sample import DataError
 from parser.records.trajectory import QueryRecord, Trajectory, Turn
 from parser.base.resources import config_dir
 from parser.text.reward import sub_em
@@ -118,8 +123,14 @@ def round_summary(query: QueryRecord, chunks: int, shown: int = 4) -> str:
 
 
 def prepare(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any], list[Sample]]:
-    """(models config, episode, samples): the preset chosen, the episode's keys checked (a typo
-    fails before any model loads or process starts), the synthetic samples built."""
+    """(models config, episode, samples): the synthetic samples built, the preset chosen, the
+    episode's keys checked (a typo fails before any model loads or process starts). A `length`
+    the synthetic world cannot pack (each question has its own paragraphs, 10 of them: `length=5`)
+    is a `ConfigError` naming the setting, not the packer's traceback."""
+    try:
+        rows = build_synthetic_eval(num_questions=cfg.num_samples, lengths=(cfg.length,), seed=cfg.seed)
+    except DataError as error:
+        raise ConfigError(f"length={cfg.length}: too short for the synthetic world ({error})") from None
     preset, reason = choose_backend(cfg.models)
     print(f"models: {preset} ({reason})")
     models_cfg = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "backend" / f"{preset}.yaml"))
@@ -128,13 +139,14 @@ def prepare(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any], list[Sampl
     if needs_cpu_budgets(models_cfg):
         episode = cpu_episode(episode)
         print(f"CPU budgets instead of the paper's (configs/episode/{CPU_PRESET}.yaml): {episode}")
-    rows = build_synthetic_eval(num_questions=cfg.num_samples, lengths=(cfg.length,), seed=cfg.seed)
     return models_cfg, episode, [Sample.from_record(row, source=f"synthetic[{i}]") for i, row in enumerate(rows)]
 
 
-async def run_demo(method: ParSerMethod, samples: list[Sample]) -> list[tuple[dict[str, Any], Trajectory]]:
-    """Each sample's JSON row (written to `cfg.output`) and its trajectory (read for the summary);
-    `method` is closed at the end."""
+async def run_demo(method: ParSerMethod, samples: list[Sample],
+                   keep: Callable[[dict[str, Any]], None] = lambda row: None) -> list[tuple[dict[str, Any], Trajectory]]:
+    """Each sample's JSON row and its trajectory (read for the summary); `keep` gets each row as
+    soon as it exists (the command writes and flushes it to `cfg.output`, so an interrupt keeps the
+    samples done); `method` is closed at the end."""
     rows_out = []
     try:
         for sample in samples:
@@ -145,6 +157,7 @@ async def run_demo(method: ParSerMethod, samples: list[Sample]) -> list[tuple[di
             score = sub_em(result.answer, sample.answers)
             print_result(sample, result, score)
             row = {"id": sample.id, "question": sample.question, "answers": sample.answers, "sub_em": score, **result.to_dict()}
+            keep(row)
             rows_out.append((row, result.trace))
     finally:
         await method.aclose()
@@ -191,23 +204,43 @@ def _main(cfg: DictConfig) -> None:
     SIGTERM (`stop_on_signals`, even when started with SIGINT ignored) lands as KeyboardInterrupt
     wherever it is (inside the loop, as the cancellation of the running sample), waiting for a
     worker or a model load included, and `ProcessGroup.stop` ends every worker."""
-    with stop_on_signals():
+    output = Path(hydra.utils.get_original_cwd()) / cfg.output
+    kept = 0
+
+    def keep(row: dict[str, Any]) -> None:
+        nonlocal kept
         try:
+            out.write(dumps_line(row))
+            out.flush()
+        except OSError as error:  # the disk filled up, the folder went away
+            raise ConfigError(f"output={cfg.output}: cannot be written ({error.strerror or error})") from None
+        kept += 1
+
+    with stop_on_signals():
+        out = None
+        try:  # the destination first: a folder that is not there costs this line, not a whole run
+            out = open_output(str(output), setting="output=")
             models_cfg, episode, samples = prepare(cfg)
             log_dir = Path(HydraConfig.get().runtime.output_dir) / "workers"
             workers = start_subagent_workers(models_cfg, cfg.workers, log_dir) if cfg.workers else None
             try:  # models load here, not in the event loop, where Ctrl-C would wait for the load to end
                 method = ParSerMethod(build_models(models_cfg), episode=episode)
-                done = asyncio.run(run_demo(method, samples))
+                done = asyncio.run(run_demo(method, samples, keep))
             finally:
                 if workers:
                     workers.stop()
+        except ConfigError as error:
+            print(f"parser demo: error: {error}", file=sys.stderr, flush=True)
+            sys.exit(2)
         except KeyboardInterrupt:
             stopped = f"; its {cfg.workers} workers are stopped" if cfg.workers else ""
-            print(f"parser demo: interrupted{stopped}", file=sys.stderr, flush=True)
+            saved = f"; {kept} trajectories kept in {output}" if kept else ""
+            print(f"parser demo: interrupted{stopped}{saved}", file=sys.stderr, flush=True)
             sys.exit(130)
-    output = Path(hydra.utils.get_original_cwd()) / cfg.output
-    output.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row, _ in done))
+        finally:
+            if out is not None:
+                with contextlib.suppress(OSError):  # only a failed line's unflushed bytes (said above)
+                    out.close()
     accuracy = sum(row["sub_em"] for row, _ in done) / max(len(done), 1)
     print(f"\nSub_EM {accuracy:.2f} over {len(done)} samples; trajectories written to {output}")
     rounds = sum(len(turn.queries) for _, trajectory in done for turn in trajectory.turns)

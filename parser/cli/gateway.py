@@ -25,6 +25,7 @@ carries the tail of that process's log.
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import hydra
@@ -32,6 +33,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 
+from parser.base.settings import precheck
 from parser.base.signals import stop_on_signals
 from parser.serving.gateway import Gateway
 from parser.base.resources import config_dir
@@ -52,8 +54,15 @@ def describe(gateway: Gateway) -> str:
     return "\n".join(lines)
 
 
+def main() -> None:
+    """`parser gateway`: the settings checked first (a typo, a `+key=` nothing reads, a port or a
+    worker count outside its domain: one line, exit 2, nothing started), then the gateway."""
+    precheck(config_dir("serve"), "default", sys.argv[1:], prog="parser gateway")
+    _main()
+
+
 @hydra.main(version_base="1.3", config_path=str(config_dir("serve")), config_name="default")
-def main(cfg: DictConfig) -> None:
+def _main(cfg: DictConfig) -> None:
     conf = OmegaConf.to_container(cfg, resolve=True)
     if not conf.get("log_dir"):
         conf["log_dir"] = HydraConfig.get().runtime.output_dir

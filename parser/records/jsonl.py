@@ -245,11 +245,12 @@ def write_records(path: str | os.PathLike, rows: list[dict[str, Any]]) -> Path:
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Read a JSON list or JSONL file; a bad line is refused (`DataError`) naming file, line, field,
     and so is a directory. Records end at `\\n` (bytes: U+2028, U+2029 and U+0085 inside a string
-    are never line ends)."""
+    are never line ends). A leading UTF-8 byte-order mark (an editor's "UTF-8 with BOM") is not
+    part of the first record: JSON readers may ignore it (RFC 8259), and `parser ask` does."""
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{path}: a directory, not a data file; give the JSON or JSONL file itself")
-    data = path.read_bytes()
+    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
     if path.suffix == ".json" or data.lstrip()[:1] == b"[":
         try:
             rows = parse_json(data)

@@ -54,6 +54,7 @@ from parser.serving.backends.preflight import get
 from parser.serving.types import ROUTING_HEADER
 from parser.base.instantiate import locate, with_target
 from parser.base.resources import config_dir
+from parser.base.signals import finishing
 
 ROUTER_KINDS = ("smg", "sglang_router")
 # The old `workers.kind` -> the function that writes one worker's command line (kept for one release).
@@ -364,7 +365,12 @@ class ProcessGroup:
                 pass
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM every started group (newest first), SIGKILL whatever is left after `grace_s`."""
+        """SIGTERM every started group (newest first), SIGKILL whatever is left after `grace_s`;
+        a Ctrl-C or SIGTERM meanwhile lands once all are stopped (`finishing`)."""
+        with finishing():
+            self._stop(grace_s)
+
+    def _stop(self, grace_s: float) -> None:
         for name in reversed(list(self.procs)):
             self.kill(name, signal.SIGTERM)
             self.kill(name, signal.SIGCONT)  # a group frozen by SIGSTOP (a fault test) handles it

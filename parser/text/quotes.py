@@ -9,11 +9,12 @@ chunk and say nothing about the answer. A quote verifies a finding only when
      word boundaries), and
   3. it says something about it: at least `MIN_CONTEXT_WORDS` informative words besides the
      answer's own (an informative word is not in `STOP_WORDS`), so "in 1997" for "1997" is not
-     verification while "founded in 1997" is; or, for a long answer quoted as it stands, at least
-     `MIN_INFORMATIVE_WORDS` informative words in all (a sentence, not a name or a date).
+     verification while "founded in 1997" is, and "1997 1997 1997 1997" is not either; or, for a
+     long answer quoted as it stands, the answer itself holds at least `MIN_INFORMATIVE_WORDS`
+     informative words (a sentence, not a name or a date).
 
-An answer no passage states ("yes", "no") is never verified by a quote; the check says so rather
-than pass it. Pure functions over text: no model, no I/O.
+An answer of common words only ("yes", "no", "in", "it") is never verified by a quote: such words
+occur in almost any quote. The check says so rather than pass it. Pure functions over text: no model, no I/O.
 
     check_quote("founded in 1997", "1997", chunk_text).verifies   # True when the chunk holds it
 """
@@ -39,7 +40,9 @@ class QuoteCheck:
 
 
 def informative_words(text: str) -> list[str]:
-    return [word for word in normalize_answer(text).split() if word not in STOP_WORDS]
+    """The words of `text` (normalised as the scorer does) that are not `STOP_WORDS` and hold a
+    letter or a digit: a zero-width joiner, a right-to-left mark or a soft hyphen is no word."""
+    return [word for word in normalize_answer(text).split() if word not in STOP_WORDS and any(ch.isalnum() for ch in word)]
 
 
 def check_quote(quote: str, answer: str, chunk_text: str) -> QuoteCheck:
@@ -52,8 +55,9 @@ def check_quote(quote: str, answer: str, chunk_text: str) -> QuoteCheck:
     if not target or f" {target} " not in said:
         return QuoteCheck(True, False, "quote in the chunk, but it does not state the answer: not verification")
     answer_words = set(target.split())
-    informative = informative_words(quote)
-    context = [word for word in informative if word not in answer_words]
-    if len(context) < MIN_CONTEXT_WORDS and len(informative) < MIN_INFORMATIVE_WORDS:
+    if not informative_words(answer):  # "in", "yes", "it": found in almost any quote, stating nothing
+        return QuoteCheck(True, False, "quote in the chunk, but the answer is only common words: not verification")
+    context = [word for word in informative_words(quote) if word not in answer_words]
+    if len(context) < MIN_CONTEXT_WORDS and len(informative_words(answer)) < MIN_INFORMATIVE_WORDS:
         return QuoteCheck(True, False, "quote in the chunk, but it holds nothing besides the answer: not verification")
     return QuoteCheck(True, True, "quote found in the chunk")

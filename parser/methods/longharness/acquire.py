@@ -31,6 +31,15 @@ from parser.engine.tools import QueryAgents
 _MATCH = re.compile(r"^(?:\./)?(?P<path>[^:\n]+?):(?P<line>\d+):(?P<text>.*)$")
 
 
+def grep_lines(text: str) -> list[str]:
+    """`text`'s lines as grep numbers them: split on "\n" only. `str.splitlines` also splits on
+    U+2028, U+0085, "\r", form feeds, ...: a file holding one numbered the rest of its lines apart
+    from grep's, and such a character inside a matched line of grep's output started a new line
+    that could read as another file's `file:line:text` (a forged candidate)."""
+    lines = text.split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
+
+
 @dataclasses.dataclass
 class Candidate:
     source: str
@@ -78,7 +87,7 @@ class CorpusAcquisition:
 
     def __init__(self, tools: SandboxTools, root: Path, max_candidates: int):
         self.tools, self.max_candidates = tools, max_candidates
-        self.lines = {p.name: p.read_text(encoding="utf-8").splitlines() for p in sorted(root.iterdir()) if p.is_file()}
+        self.lines = {p.name: grep_lines(p.read_bytes().decode("utf-8")) for p in sorted(root.iterdir()) if p.is_file()}
         self.sources = {f"{name}:{n}": line for name, lines in self.lines.items() for n, line in enumerate(lines, start=1)}
 
     @staticmethod
@@ -95,7 +104,7 @@ class CorpusAcquisition:
         out = []
         for message, record in zip(result.messages, result.calls, strict=True):
             candidates = []
-            for line in message["content"].splitlines():
+            for line in grep_lines(message["content"]):
                 match = _MATCH.match(line.strip())
                 if match and match["path"] in self.lines:
                     candidates.append((match["path"], int(match["line"]), match["text"]))

@@ -13,8 +13,9 @@ Rules (docs/longharness.md marks which come from the abstract and which are this
 - Evidence is `current`, `superseded` (by a named current item) or `retracted` (with a reason).
   Retiring an item withdraws it from every conclusion that rested on it; a resolved conclusion
   left without support reopens, with the reason in its history (corrections reach conclusions).
-- A quote must occur in its source (whitespace-collapsed, case-folded), else it is refused and
-  counted; an item already current with the same source and quote is a duplicate, not new.
+- A quote must occur in its source (whitespace-collapsed, case-folded) and hold an informative
+  word (`parser.text.quotes.informative_words`: ".", "the" or a zero-width joiner occur in any
+  source and say nothing), else it is refused and counted; an item already current with the same source and quote is a duplicate, not new.
 - A conclusion is `open`, `supported`, `revised` (statement changed, supported anew), `refuted`
   or `unresolved` (closed after `max_stalls` queries that brought no new current evidence).
   `supported`, `revised` and `refuted` need at least one current evidence id, else the change
@@ -26,6 +27,8 @@ import dataclasses
 import json
 import re
 from typing import Any, Callable, Mapping
+
+from parser.text.quotes import informative_words
 
 QUESTION = "C1"
 EVIDENCE_STATUSES = ("current", "superseded", "retracted")
@@ -86,7 +89,7 @@ class Conclusion:
 class Counters:
     """What the lifecycle refused or folded, for the trajectory and the report."""
 
-    quotes_refused: int = 0  # quote not found in its source
+    quotes_refused: int = 0  # quote not found in its source, or with no informative word
     unknown_sources: int = 0
     duplicates: int = 0
     citations_refused: int = 0  # ids cited that are not current evidence
@@ -128,6 +131,9 @@ class HarnessState:
         if not quote or normalized(quote) not in self.sources[source]:
             self.counters.quotes_refused += 1
             return "refused:quote_not_in_source"
+        if not informative_words(quote):
+            self.counters.quotes_refused += 1
+            return "refused:quote_says_nothing"
         key = normalized(quote)
         for item in self.evidence.values():
             if item.status == "current" and item.source == source and normalized(item.quote) == key:

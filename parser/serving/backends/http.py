@@ -260,6 +260,11 @@ class HttpBackend:
                                        f"{resp.headers.get('Content-Encoding')} ({e})", retryable=True, status=status) from e
         except asyncio.TimeoutError as e:  # aiohttp's ServerTimeoutError is one too
             raise BackendError(f"{method} {url}: no complete answer within {self.timeout_s}s", retryable=True) from e
+        except aiohttp.TooManyRedirects as e:  # its own words were "0, message=''": not a server that will recover
+            last = e.history[-1] if e.history else None
+            to = f" {last.status} to {last.headers.get('Location')}" if last is not None else ""
+            raise BackendError(f"{method} {url}: redirected {len(e.history)} times (last{to}): set base_url to the "
+                               "model server's own address", retryable=False) from e
         except aiohttp.ClientError as e:
             raise BackendError(f"{method} {url}: {type(e).__name__}: {e}", retryable=True) from e
         if status >= 400:

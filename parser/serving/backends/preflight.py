@@ -50,6 +50,8 @@ def probe(base_url: str, api: str, where: str = "models", timeout_s: float = PRO
     naming the URL and the reason."""
     path = "/health" if api == "sglang" else "/v1/models"
     url = base_url.rstrip("/") + path
+    # an OpenAI client's base_url ends in /v1; ours is the server's root (the API paths add /v1)
+    v1 = f" ({where}.base_url ends in /v1, which the API paths add: drop it)" if base_url.rstrip("/").endswith("/v1") else ""
     try:
         status, reason, body = get(url, timeout_s)
     except TimeoutError:
@@ -60,13 +62,13 @@ def probe(base_url: str, api: str, where: str = "models", timeout_s: float = PRO
                                 "the model server's? nothing was run") from None
     except (OSError, ValueError) as err:  # refused, unresolvable, reset, not an http(s) URL
         raise ServerUnavailable(f"{where}: cannot reach {url} ({_said(err)}): start the server or set "
-                                f"{where}.base_url; nothing was run") from None
+                                f"{where}.base_url{v1}; nothing was run") from None
     if status >= 500:
         raise ServerUnavailable(f"{where}: GET {url} answered {status} {reason} ({_shown(body)}): the server is failing; "
                                 "see its log. nothing was run")
     if status != 200:
         raise ServerUnavailable(f"{where}: GET {url} answered {status} {reason}: is this the server's "
-                                f"base URL (set {where}.base_url)?")
+                                f"base URL (set {where}.base_url)?{v1}")
     if path == "/health":
         return ServerInfo((), "sglang")
     models = model_list(body, where, url)
@@ -82,7 +84,7 @@ def model_list(body: bytes, where: str, url: str) -> list[dict]:
         raise ServerUnavailable(f"{where}: a model list over {MAX_PROBE_BYTES} bytes; {hint}")
     try:
         answer = json.loads(body)
-    except ValueError:  # not JSON, or not UTF-8
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
         raise ServerUnavailable(f"{where}: the answer is not JSON ({_shown(body)}); {hint}") from None
     data = answer.get("data") if isinstance(answer, dict) else None
     if not isinstance(data, list):

@@ -23,6 +23,7 @@ SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed takes (SGLang
 MAX_SCHEMA_DEPTH = 64  # of a JSON schema constraint: orjson writes 254 levels at most; real schemas use < 10
 GREEDY_BELOW = 1e-5  # SGLang/vLLM read a smaller temperature as greedy (logits / 1e-30 overflow)
 MAX_ERRORS = 3  # a refusal names at most this many fields
+MAX_STOP_TOKEN_IDS = 256  # distinct stop ids a request may give: each generated token is checked against them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +171,10 @@ def _stop_ids(value: Any, info: ValidationInfo) -> tuple[int, ...]:
     can never be generated, so the request would run to its token limit while the client waits for a stop)."""
     if not isinstance(value, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise refuse("expected a list of integer token ids, got {value}", value=str(value)[:80])
-    return tuple(_ids_in_vocab(list(value), info))
+    distinct = tuple(dict.fromkeys(_ids_in_vocab(list(value), info)))  # a body of repeats was scanned per token
+    if len(distinct) > MAX_STOP_TOKEN_IDS:
+        raise refuse("{n} distinct stop token ids; at most {most}", n=len(distinct), most=MAX_STOP_TOKEN_IDS)
+    return distinct
 
 
 StopTokenIds = Annotated[tuple[int, ...], BeforeValidator(lambda v, info: () if v is None else _stop_ids(v, info))]

@@ -48,7 +48,9 @@ def prompt_kind(prompt: Prompt) -> tuple[PromptKind, Any]:
 
 
 def _quote(value: Any) -> str:
-    text = str(value)
+    """`value`'s words on one line, cut at MAX_QUOTED (pydantic's errors span several lines: the
+    command that ends on this error says it in one)."""
+    text = " ".join(str(value).split())
     return text if len(text) <= MAX_QUOTED else f"{text[:MAX_QUOTED]}... [{len(text)} chars]"
 
 
