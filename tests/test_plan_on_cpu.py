@@ -16,7 +16,7 @@ import torch
 
 from parser.plan.memory import ModelSpec, estimate_parameters
 from parser.plan.rates import Job, Rates, fit
-from parser.plan.simulate import Cluster, LruCache, Workload, simulate_memagent, simulate_parser
+from parser.plan.simulate import Cluster, LruCache, Workload, simulate_infmem, simulate_memagent, simulate_parser, simulate_rlm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -178,6 +178,38 @@ def test_memagent_is_steps_times_step_cost_and_parser_depth_is_constant():
     assert result.sequential_steps == 5
     assert simulate_parser(wl, Cluster(subagent_rates=SERIAL)).sequential_steps == wl.rounds + 1
 
+
+
+def test_infmem_is_two_calls_a_chunk_until_it_stops_and_rlm_a_fixed_path_over_more_slices():
+    """Issue 54: InfMem's critical path is plan + write per chunk, then the answer (2 x chunks + 1),
+    shorter when early stop ends the reading; RLM's modelled strategy keeps its path (probe, map
+    with its combine, answer) and grows only the batched round's slices."""
+    import dataclasses
+
+    wl = Workload(doc_tokens=20_000, infmem_chunk_size=5000, memagent_frame_tokens=100, infmem_plan_frame_tokens=50,
+                  infmem_plan_tokens=10, infmem_retrieved_tokens=200, memory_tokens=50, answer_tokens=5, samples=1)
+    cluster = Cluster(subagent_rates=SERIAL, memagent_rates=SERIAL)
+    full = simulate_infmem(wl, cluster)
+    first = _per_request(0, 50, 10) + _per_request(0, 5300, 50)
+    later = _per_request(0, 100, 10) + _per_request(0, 5350, 50)
+    assert full.latency_s == pytest.approx(first + 3 * later + _per_request(0, 150, 5))
+    assert full.sequential_steps == 2 * 4 + 1
+    plan_only = _per_request(0, 100, 10)
+    early = simulate_infmem(dataclasses.replace(wl, doc_tokens=40_000, infmem_read_fraction=0.5), cluster)
+    assert early.sequential_steps == 4 + 3 + 1  # the fourth of 8 plans is the third STOP in a row: no write after it
+    assert early.latency_s == pytest.approx(first + 2 * later + plan_only + _per_request(0, 150, 5))
+    soon = simulate_infmem(dataclasses.replace(wl, doc_tokens=40_000, infmem_read_fraction=0.1), cluster)
+    assert soon.sequential_steps == 3 + 2 + 1  # never before three plans
+
+    def rlm(doc_tokens):
+        return simulate_rlm(Workload(doc_tokens=doc_tokens, rlm_slice_tokens=25_000, samples=1), Cluster(subagent_rates=SERIAL))
+
+    short, long = rlm(100_000), rlm(400_000)
+    assert short.sequential_steps == long.sequential_steps == 3 + 2
+    assert (short.workers[0].requests, long.workers[0].requests) == (4 + 1, 16 + 1)  # slices, then the combine
+    assert short.latency_s == pytest.approx(4 * _per_request(0, 25_100, 64) + _per_request(0, 4 * 64 + 100, 64))
+    with pytest.raises(ValueError, match="rlm_map_turns=3"):
+        simulate_rlm(Workload(doc_tokens=1000, rlm_turns=3, rlm_map_turns=3), Cluster(subagent_rates=SERIAL))
 
 # --------------------------------------------------------------------------- the paper's Table 2
 def test_table2_fit_predicts_896k_within_15_percent(tmp_path):

@@ -4,6 +4,11 @@ For each document length in the workload it reports, from the rates files and th
 
 * per-sample latency, amortized time per sample (Table 2's metric) and throughput, for ParSer on
   `subagent_gpus` workers and for MemAgent-style sequential memory reading;
+* the peers as the document grows (`peers` table): InfMem on the sequential server (up to 2 x
+  chunks + 1 calls on its critical path, fewer with early stopping) and RLM with ParSer's lead as
+  its root and the subagent workers as its sub-model (its calls depend on the code the root
+  writes; the modelled strategy and its numbers are the workload's `infmem_*` / `rlm_*` keys,
+  `parser.plan.simulate`'s docstring);
 * per-worker load (requests per worker per round, busy fraction, mean queueing delay);
 * cache memory per worker: what the resident chunk prefixes of all in-flight episodes need
   (KV of the full-attention layers + Qwen3.5's linear-attention state) vs what the worker has,
@@ -30,7 +35,7 @@ import yaml
 
 from parser.plan.memory import ModelSpec
 from parser.plan.rates import Rates
-from parser.plan.simulate import Cluster, Result, Workload, simulate_memagent, simulate_parser
+from parser.plan.simulate import Cluster, Result, Workload, simulate_infmem, simulate_memagent, simulate_parser, simulate_rlm
 from parser.base.resources import config_file
 
 GIB = 1 << 30
@@ -96,6 +101,10 @@ class Row:
     knee_gpus: int | None = None
     sweep: dict[int, Result] = dataclasses.field(default_factory=dict)
     concurrency: int = 1
+    infmem: Result | None = None  # on the sequential server (None: no memagent rates)
+    rlm: Result | None = None  # root on the lead's server, sub-calls on the subagent workers
+    infmem_chunks: int = 0
+    rlm_sub_calls: int = 0  # per sample: each map turn's batched round and its combine
 
     @property
     def resident_episodes(self) -> int:
@@ -133,6 +142,10 @@ def plan(cfg: Mapping[str, Any]) -> list[Row]:
         row = Row(doc_tokens, wl.chunks, gpus, simulate_parser(wl, cluster(gpus)),
                   simulate_memagent(wl, cluster(gpus)) if rates["memagent"] else None, need, capacity,
                   concurrency=wl.concurrency)
+        row.infmem = simulate_infmem(wl, cluster(gpus)) if rates["memagent"] else None
+        row.rlm = simulate_rlm(wl, cluster(gpus))
+        row.infmem_chunks = wl.infmem_chunks
+        row.rlm_sub_calls = wl.rlm_map_turns * (wl.rlm_slices + 1)
         counts = sorted({*cfg["sweep"]["gpus"], gpus})
         row.sweep = {n: (row.parser if n == gpus else simulate_parser(wl, cluster(n))) for n in counts}
         best = min(r.latency_s for r in row.sweep.values())
@@ -159,6 +172,20 @@ def table(rows: Sequence[Row]) -> str:
             f"{max(x.requests for x in w)} | {max(x.busy_fraction for x in w):.0%} | "
             f"{max(x.mean_wait_s for x in w):.2f} | {_gib(r.cache_need_bytes)} / {_gib(r.cache_capacity_bytes)} | "
             f"{r.resident_episodes} | {r.parser.hit_rate:.0%} | {r.knee_gpus} |")
+    return "\n".join(out)
+
+
+def peers_table(rows: Sequence[Row]) -> str:
+    """Per length: each method's per-sample latency and its calls on the critical path (steps);
+    RLM's sub-calls too (a batched round per map turn, plus its combine)."""
+    def cell(result: Result | None) -> str:
+        return "–" if result is None else f"{result.latency_s:.2f} [{result.sequential_steps:g}]"
+
+    out = ["| doc tokens | ParSer latency (s) [steps] | MemAgent [steps] | InfMem chunks | InfMem [steps] "
+           "| RLM sub-calls | RLM [steps] |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r.doc_tokens:,} | {cell(r.parser)} | {cell(r.memagent)} | {r.infmem_chunks} | {cell(r.infmem)} "
+                   f"| {r.rlm_sub_calls} | {cell(r.rlm)} |")
     return "\n".join(out)
 
 
@@ -194,12 +221,13 @@ def plot(rows: Sequence[Row], path: Path) -> Path:
 
 def main(cfg: Mapping[str, Any], out_dir: Path) -> list[Row]:
     rows = plan(cfg)
-    text = table(rows)
+    text = table(rows) + "\n\nThe peers as the document grows (latency per sample, [calls on the critical path]):\n\n" + peers_table(rows)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "plan.md").write_text(text + "\n", encoding="utf-8")
     (out_dir / "plan.json").write_text(json.dumps([{
         "doc_tokens": r.doc_tokens, "chunks": r.chunks, "gpus": r.gpus, "parser": r.parser.to_dict(),
-        "memagent": r.memagent.to_dict() if r.memagent else None, "cache_need_bytes": r.cache_need_bytes,
+        "memagent": r.memagent.to_dict() if r.memagent else None, "infmem": r.infmem.to_dict() if r.infmem else None,
+        "rlm": r.rlm.to_dict() if r.rlm else None, "rlm_sub_calls": r.rlm_sub_calls, "cache_need_bytes": r.cache_need_bytes,
         "cache_capacity_bytes": r.cache_capacity_bytes, "resident_episodes": r.resident_episodes,
         "knee_gpus": r.knee_gpus,
         "sweep": {n: {"latency_s": s.latency_s, "amortized_s": s.amortized_s, "hit_rate": s.hit_rate}

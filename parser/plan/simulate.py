@@ -15,8 +15,20 @@ Each server takes FIFO batches of up to `Rates.max_batch` requests and holds the
 batching admits the same batch). MemAgent (sequential memory reading) is one request per
 chunk per sample, in order, each prefilling chunk + memory and decoding a new memory.
 
+The peers (issue 54; docs/scaling.md "Peers"): InfMem is MemAgent's loop with a planner call
+before every write, on the same sequential server: plan, write, plan, write, ..., answer: 2 x
+chunks + 1 calls on the critical path, fewer when its early stop ends the reading
+(`infmem_read_fraction`). RLM's cost is whatever code its root writes; the model here is rlms'
+own suggested strategy (its system prompt: split the context into slices of ~100K characters,
+`llm_query_batched` over them, one `llm_query` to combine): `rlm_turns` root calls on the lead's
+server with a growing history, of which `rlm_map_turns` each run one batched round of sub-calls
+over the whole document (one per `rlm_slice_tokens` slice, on the subagent workers, no prefix
+reuse: each slice is a new prompt) and then one combining sub-call. Its critical path is
+`rlm_turns` + 2 x `rlm_map_turns` calls whatever the length; its work grows with the slices.
+
     result = simulate_parser(workload, cluster)
     result.latency_s, result.amortized_s, result.hit_rate, result.workers
+    simulate_infmem(workload, cluster).sequential_steps   # 2 x chunks + 1 without early stop
 """
 from __future__ import annotations
 
@@ -56,6 +68,22 @@ class Workload:
     memagent_frame_tokens: int = 300
     memory_tokens: int = 1024  # the memory written after every chunk
     answer_tokens: int = 64
+    # InfMem (on the sequential server; its chunk, memory and answer sizes are MemAgent's fields above)
+    infmem_chunk_size: int = 5000
+    infmem_plan_tokens: int = 256  # one planner reply (thinking + the ✿FUNCTION✿ call or STOP)
+    infmem_plan_frame_tokens: int = 700  # Qwen-Agent's function-calling system text + the planner template
+    infmem_retrieved_tokens: int = 4000  # the write's retrieved windows: top_k 8 x 500 tokens (their default)
+    infmem_read_fraction: float = 1.0  # chunks read before the STOP plans end it (1.0: never stops)
+    infmem_early_stop: int = 3  # STOP plans in a row that end the reading: it never stops before this many plans
+    # RLM (root on the lead's server, sub-calls on the subagent workers)
+    rlm_turns: int = 3  # root calls: probe, map, answer (rlms' suggested strategy)
+    rlm_map_turns: int = 1  # turns that map over the whole document (a batched round, then one combine)
+    rlm_slice_tokens: int = 25_000  # one map sub-call's slice: rlms' ~100K characters
+    rlm_system_tokens: int = 1500  # rlms' system prompt + metadata message
+    rlm_root_output_tokens: int = 400  # one root reply (code)
+    rlm_repl_output_tokens: int = 500  # REPL output appended to the root's history per turn
+    rlm_sub_output_tokens: int = 64  # one sub-call's answer
+    rlm_sub_frame_tokens: int = 100  # a sub-call's instruction around its slice (or the answers it combines)
 
     @property
     def chunks(self) -> int:
@@ -69,6 +97,33 @@ class Workload:
     @property
     def memagent_steps(self) -> int:
         return max(1, math.ceil(self.doc_tokens / self.memagent_chunk_size))
+
+    @property
+    def infmem_chunks(self) -> int:
+        return max(1, math.ceil(self.doc_tokens / self.infmem_chunk_size))
+
+    @property
+    def infmem_plans(self) -> int:
+        """Planner calls: one per chunk read. Reading that ends early ends at a STOP plan, after at
+        least `infmem_early_stop` plans (the STOP plans before it were each followed by a write)."""
+        read = math.ceil(self.infmem_read_fraction * self.infmem_chunks)
+        return self.infmem_chunks if read >= self.infmem_chunks else min(self.infmem_chunks, max(1, read, self.infmem_early_stop))
+
+    @property
+    def infmem_steps(self) -> int:
+        """Calls on InfMem's critical path: plans + writes + the answer (2 x chunks + 1 when it never stops)."""
+        writes = self.infmem_plans - (self.infmem_plans < self.infmem_chunks)  # the stopping plan is not followed by a write
+        return self.infmem_plans + writes + 1
+
+    @property
+    def rlm_slices(self) -> int:
+        """Sub-calls of one map round: the document in `rlm_slice_tokens` slices."""
+        return max(1, math.ceil(self.doc_tokens / self.rlm_slice_tokens))
+
+    @property
+    def rlm_steps(self) -> int:
+        """Calls on RLM's critical path: every root call, and per map turn its batched round and its combine."""
+        return self.rlm_turns + 2 * self.rlm_map_turns
 
 
 @dataclasses.dataclass
@@ -300,6 +355,69 @@ def simulate_memagent(workload: Workload, cluster: Cluster) -> Result:
     makespan = _run_closed_loop(env, episode, wl.samples, wl.concurrency)
     return Result(sum(latencies) / len(latencies), makespan / wl.samples, wl.samples / makespan, 0.0,
                   _worker_stats(servers, makespan), wl.memagent_steps + 1)
+
+
+def simulate_infmem(workload: Workload, cluster: Cluster) -> Result:
+    """InfMem on the sequential server(s): per chunk read a planner call, then (unless the plan
+    stopped the reading) the memory write over the retrieved windows, the chunk and the memory;
+    then the answer from the memory."""
+    wl, env = workload, simpy.Environment()
+    if cluster.memagent_rates is None:
+        raise ValueError("simulate_infmem needs cluster.memagent_rates (the sequential readers' server)")
+    servers = [Server(env, cluster.memagent_rates) for _ in range(cluster.memagent_workers)]
+    writes = wl.infmem_steps - wl.infmem_plans - 1
+    latencies: list[float] = []
+
+    def episode(sample: int):
+        started, server = env.now, servers[sample % len(servers)]
+        for step in range(wl.infmem_plans):
+            memory = wl.memory_tokens if step else 0
+            yield server.submit(None, 0, wl.infmem_plan_frame_tokens + memory, wl.infmem_plan_tokens)
+            if step < writes:
+                yield server.submit(None, 0, wl.memagent_frame_tokens + wl.infmem_retrieved_tokens + wl.infmem_chunk_size
+                                    + memory, wl.memory_tokens)
+        yield server.submit(None, 0, wl.memagent_frame_tokens + wl.memory_tokens, wl.answer_tokens)
+        latencies.append(env.now - started)
+
+    makespan = _run_closed_loop(env, episode, wl.samples, wl.concurrency)
+    return Result(sum(latencies) / len(latencies), makespan / wl.samples, wl.samples / makespan, 0.0,
+                  _worker_stats(servers, makespan), wl.infmem_steps)
+
+
+def simulate_rlm(workload: Workload, cluster: Cluster) -> Result:
+    """RLM as the module docstring models it: `rlm_turns` root calls on the lead's server (the
+    history re-sent each turn, its prefix reused), the first `rlm_map_turns` after the probe each
+    followed by a batched round of `rlm_slices` sub-calls spread over the subagent workers and one
+    combining sub-call. A scripted root (`lead_rates` None) takes no time."""
+    wl, env = workload, simpy.Environment()
+    if not 0 <= wl.rlm_map_turns < wl.rlm_turns:
+        raise ValueError(f"rlm_map_turns={wl.rlm_map_turns}: map turns come after the probe turn, so 0 <= it < "
+                         f"rlm_turns={wl.rlm_turns}")
+    workers = [Server(env, cluster.subagent_rates) for _ in range(cluster.subagent_workers)]
+    piece = math.ceil(wl.doc_tokens / wl.rlm_slices) + wl.rlm_sub_frame_tokens
+    combine = wl.rlm_slices * wl.rlm_sub_output_tokens + wl.rlm_sub_frame_tokens
+    roots = [Server(env, cluster.lead_rates, LruCache(math.inf, None)) for _ in range(cluster.lead_workers)
+             ] if cluster.lead_rates else []
+    latencies: list[float] = []
+
+    def episode(sample: int):
+        started, context, cached = env.now, wl.rlm_system_tokens, 0
+        root = roots[sample % len(roots)] if roots else None
+        for turn in range(wl.rlm_turns):
+            if root is not None:
+                yield root.submit(f"root{sample}", cached, context - cached, wl.rlm_root_output_tokens)
+            if 1 <= turn <= wl.rlm_map_turns:
+                calls = [workers[i % len(workers)].submit(None, 0, piece, wl.rlm_sub_output_tokens)
+                         for i in range(wl.rlm_slices)]
+                yield simpy.AllOf(env, calls)
+                yield workers[sample % len(workers)].submit(None, 0, combine, wl.rlm_sub_output_tokens)
+            cached = context + wl.rlm_root_output_tokens
+            context = cached + wl.rlm_repl_output_tokens
+        latencies.append(env.now - started)
+
+    makespan = _run_closed_loop(env, episode, wl.samples, wl.concurrency)
+    return Result(sum(latencies) / len(latencies), makespan / wl.samples, wl.samples / makespan, 0.0,
+                  _worker_stats(workers, makespan), wl.rlm_steps)
 
 
 def _run_closed_loop(env: simpy.Environment, episode: Callable[[int], Any], samples: int, concurrency: int) -> float:
