@@ -268,15 +268,14 @@ class Profile:
             backend.model.register_forward_pre_hook(self._before_forward)
             backend.model.register_forward_hook(self._after_forward)
             self.attached = True
-        protocol = getattr(method, "protocol", None)
-        if protocol is not None and hasattr(protocol, "gather"):
-            gather = protocol.gather
+        gather = getattr(getattr(method, "protocol", None), "gather", None)  # the methods that gather findings
+        if gather is not None:
 
             def timed_gather(*args: Any, **kwargs: Any) -> Any:
                 with self.timed("gather"):
                     return gather(*args, **kwargs)
 
-            protocol.gather = timed_gather
+            method.protocol.gather = timed_gather
         return self
 
     def _before_forward(self, module: Any, args: Any) -> None:

@@ -66,6 +66,7 @@ METHODS = {
     "rememr1": ("rememr1_cpu", "rememr1", "max_memory_tokens"),
     "coa": ("coa_cpu", "coa", "max_summary_tokens"),
 }
+REFERENCE = "parser"  # the method every ratio and target is taken against (a method name, not a protocol)
 # --smoke: the same bench on tiny random-weight models, one short length, no warm-up
 SMOKE = ["backend@models=tiny_cpu", "dataset.lengths=[12]", "dataset.num_questions=1", "warmup=0"]
 TARGET_FLOOR_X, TARGET_FROM_L = 2.5, 100  # ParSer <= 2.5x the floor at 100 paragraphs and more
@@ -260,17 +261,17 @@ def print_projection(counts: dict[str, dict], floors: dict[int, dict], shapes_cf
 def check_targets(over: dict[tuple[str, int], float], counts: dict[str, dict], floors: dict[int, dict],
                   projected: list[dict], rows: dict[str, str]) -> None:
     print("\n## Targets (SmolLM2 in process, nothing else running; figures above are this run's)\n")
-    long = {L: x for (name, L), x in over.items() if name == "parser" and L >= TARGET_FROM_L}
+    long = {L: x for (name, L), x in over.items() if name == REFERENCE and L >= TARGET_FROM_L}
     if not long:
         print(f"- ParSer <= {TARGET_FLOOR_X}x the floor at >= {TARGET_FROM_L} paragraphs: not measured in this run "
               "(make bench-length)")
     for L, x in sorted(long.items()):
         # what the sample spent beyond the floor: the floor is prefill, so only prefill above it counts
-        parts = {**counts["parser"][L]["parts"]}
+        parts = {**counts[REFERENCE][L]["parts"]}
         parts["prefill"] = max(0.0, parts["prefill"] - floors[L]["seconds"])
         part = lat.slowest_part(parts)
         verdict = "met" if x <= TARGET_FLOOR_X else f"MISSED; largest part beyond the floor: {part} " \
-            f"({parts[part]:.1f} s of the {counts['parser'][L]['wall_s'] - floors[L]['seconds']:.1f} s above it)"
+            f"({parts[part]:.1f} s of the {counts[REFERENCE][L]['wall_s'] - floors[L]['seconds']:.1f} s above it)"
         print(f"- ParSer at L={L}: {x:.2f}x the floor (target <= {TARGET_FLOOR_X}x): {verdict}")
     for name, per in counts.items():
         for L, c in sorted(per.items()):
@@ -281,7 +282,7 @@ def check_targets(over: dict[tuple[str, int], float], counts: dict[str, dict], f
     if "MemAgent" in last:
         ratio = last["MemAgent"]["ratio"]
         ok = abs(ratio / TARGET_RATIO - 1) <= TARGET_TOLERANCE
-        print(f"- projected MemAgent/{rows['parser']} at 896K from the measured structure: {ratio:.1f}x (paper "
+        print(f"- projected MemAgent/{rows[REFERENCE]} at 896K from the measured structure: {ratio:.1f}x (paper "
               f"{TARGET_RATIO}x, target within {TARGET_TOLERANCE:.0%}): " + (
                   "met" if ok else "MISSED; compare the projected seconds with those on the paper's workload above")
               + f"; with the measured output fills {last['MemAgent']['ratio_fills']:.1f}x")
@@ -324,14 +325,14 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if out.exists():
         shutil.rmtree(out)  # one invocation = one measurement; never mix with an older run
-    methods = ["parser", *(m for m in args.methods if m != "parser")]
+    methods = [REFERENCE, *(m for m in args.methods if m != REFERENCE)]
     print(f"[bench] machine at start: {lat.machine_load()} (wall-clock figures are noisy on a shared machine)")
     start = time.perf_counter()
 
     with initialize_config_dir(config_dir=str(CONFIGS / "eval"), version_base="1.3"):
         cfgs = {m: compose_method(METHODS[m][0], args.config_name, overrides, out / m) for m in methods}
         papers = {m: compose_method(METHODS[m][1], args.config_name, overrides, out / m).method for m in methods}
-    reference = cfgs["parser"]
+    reference = cfgs[REFERENCE]
     if int(reference.concurrency) != 1:
         raise SystemExit("bench_latency: concurrency must be 1 (samples one at a time: the counts are split by sample)")
     subsets = load_subsets(reference.dataset, limit=reference.limit)
@@ -357,9 +358,9 @@ def main() -> None:
     results, timings = load([out / m for m in methods])
     latency = latency_table(results, timings)
     over = print_tables(latency, counts, floors, rows, params)
-    print_ratios(counts, latency, rows, "parser")
+    print_ratios(counts, latency, rows, REFERENCE)
     print_profile(counts, rows)
-    projected = print_projection(counts, floors, shapes_cfg, rows, "parser")
+    projected = print_projection(counts, floors, shapes_cfg, rows, REFERENCE)
     check_targets(over, counts, floors, projected, rows)
     refuse_nonsense(latency, counts, floors, methods, rows)
     print(f"\n[bench] machine at end: {lat.machine_load()}; total {time.perf_counter() - start:.0f} s; run directories "
