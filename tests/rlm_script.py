@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -181,11 +182,18 @@ def run_rlms(name: str, server: ScriptServer) -> dict[str, Any]:
               environment="local", max_iterations=case.max_iterations, max_errors=case.max_errors,
               sampling_args={"temperature": 0.0, "max_tokens": ROOT_MAX},
               sub_sampling_args={"temperature": 0.0, "max_tokens": SUB_MAX})
+    # rlms' LocalREPL redirects the process's stdout and stderr while a cell runs, and its HTTP client logs
+    # each sub-call at INFO: where an earlier test in the same pytest worker configured logging, those lines
+    # (or a handler's "Logging error" on a stream since closed) land in the REPL output rlms sends back
+    previous = logging.root.manager.disable
+    logging.disable(logging.INFO)
     try:
         result = rlm.completion(CONTEXT, root_prompt=QUESTION)
         answer, stop, usage = result.response, None, result.usage_summary.to_dict()
     except ErrorThresholdExceededError as error:
         answer, stop, usage = error.partial_answer, "max_errors", None
+    finally:
+        logging.disable(previous)
     roots = server.roots()
     fallback = roots[-1]["messages"][-1] == {"role": "assistant", "content": FALLBACK_REQUEST}
     return {"case": name, "rlms_version": importlib.metadata.version("rlms"), "answer": answer, "stop": stop,
