@@ -373,8 +373,10 @@ EMPTY_GOLD_SCORES = [("anything", "the", 1.0, 0.0), ("a", "the", 1.0, 1.0), ("x"
 
 
 def test_compat_keeps_a_gold_that_normalizes_to_nothing_and_scores_it_as_theirs(tmp_path):
-    """Their readers keep a gold such as "The" (normalized: ""), and their scorer gives every
-    non-empty prediction Sub_EM 1 on it. With compat the project keeps it from the source file to
+    """Their readers (M taskutils/memory_data/processing.py `read_hotpotqa`, R
+    taskutils/data_synthesis/process_test.py `read_dataset`) keep a gold such as "The" (normalized: ""),
+    and their scorer (M memory_eval/utils/__init__.py `update_answer`) gives every non-empty
+    prediction Sub_EM 1 on it (fidelity row 45). With compat the project keeps it from the source file to
     eval's reader (the row's `meta.compat`), and `sub_em_compat` / `em_compat` score it as theirs;
     by default data prep refuses it and `sub_em` never scores it (free accuracy)."""
     from data_prep.packing import build_grid
@@ -408,7 +410,7 @@ def test_compat_keeps_a_gold_that_normalizes_to_nothing_and_scores_it_as_theirs(
 
 # 7. Table 1 with the authors' scoring -------------------------------------------------------------
 def test_a_report_can_use_their_scoring_and_labels_memagent_rows_with_it(tmp_path, capsys):
-    """`sub_em_compat` is MemAgent's and ReMemR1's scorer (row 35; their `update_answer`: a blank
+    """`sub_em_compat` is MemAgent's and ReMemR1's scorer (row 35; M memory_eval/utils/__init__.py `update_answer`: a blank
     answer " " is a hit). `parser report ... --metric sub_em_compat` fills Table 1 with it, and the
     MemAgent/ReMemR1 rows say which scoring they carry; the default stays the paper's `sub_em`."""
     from eval.report import main as report
