@@ -163,10 +163,13 @@ class SequentialMethod:
     async def _call(self, content: str, sampling: SamplingParams, sample_id: str) -> tuple[str, int]:
         """The raw reply (end-of-turn marker removed) and its token count. Raw, so that `</think>` can
         still be found (`visible`); what a method keeps goes through `untrusted`."""
-        completion = await self.lead.generate(self._render(content), sampling, request_id=sample_id)
-        text = CHATML.strip_end(completion.text)
-        count = len(completion.token_ids) or len(self.tokenizer.encode(text, add_special_tokens=False))
-        return text, count
+        return await self._generate(self._render(content), sampling, sample_id)
+
+    async def _generate(self, text: str, sampling: SamplingParams, sample_id: str) -> tuple[str, int]:
+        """`_call` on a prompt already rendered (InfMem's planner and two-stage calls)."""
+        completion = await self.lead.generate(text, sampling, request_id=sample_id)
+        reply = CHATML.strip_end(completion.text)
+        return reply, len(completion.token_ids) or len(self.tokenizer.encode(reply, add_special_tokens=False))
 
     def visible(self, reply: str) -> str:
         """The reply without its thinking when thinking is on (or `drop_thinking`): the text after the

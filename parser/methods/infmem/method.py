@@ -37,13 +37,12 @@ from parser.methods.base import Sample
 from parser.methods.infmem.retrieval import VARIANTS, Bm25Index
 from parser.methods.infmem.rules import (FORCED_THINK_END, TOOL, call_arguments, parse_plan, prediction,
                                          stop_count)
+from parser.methods.memagent import NO_MEMORY
 from parser.methods.memagent.rules import after_thinking
 from parser.methods.sequential import SequentialMethod
 from parser.serving.backends.models import Models
 from parser.serving.types import SamplingParams
-from parser.text.chat_format import CHATML
 
-NO_MEMORY = "No previous memory"
 # their field names, so each file is their template's text as it is
 PROMPTS = PromptSet(__package__, {
     "infmem_planner_system": set(),  # Qwen-Agent's QwenFnCallPrompt text for the retrievesearch schema
@@ -94,11 +93,6 @@ class InfMemMethod(SequentialMethod):
             think = think.rstrip() + FORCED_THINK_END
         answer, second = await self._generate(text + self._continued(think), sampling, sample_id)
         return (think + answer.strip()).strip(), first + second
-
-    async def _generate(self, text: str, sampling: SamplingParams, sample_id: str) -> tuple[str, int]:
-        completion = await self.lead.generate(text, sampling, request_id=sample_id)
-        reply = CHATML.strip_end(completion.text)
-        return reply, len(completion.token_ids) or len(self.tokenizer.encode(reply, add_special_tokens=False))
 
     def _continued(self, think: str) -> str:
         """Stage 1's text as stage 2's prompt continues it: a leading `<think>` and the last
