@@ -240,12 +240,9 @@ class ReplSandbox:
                 os.close(init)
             else:
                 kill_group(process.pid)
-            try:
-                await asyncio.wait_for(process.wait(), KILL_GRACE_S)
-            except asyncio.TimeoutError:
+            if await _reaped(process) is None:
                 kill_group(process.pid)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(process.wait(), KILL_GRACE_S)
+                await _reaped(process)
         elif init is not None:
             os.close(init)
         if directory is not None:
@@ -357,7 +354,7 @@ class ReplSandbox:
 
     async def _replace(self, why: str, started: float, sub_calls: list[SubCall]) -> CellResult:
         """The worker is gone: say so in one line and start a fresh one with the context."""
-        if self._process is not None and self._process.returncode in (-24, 128 + 24):
+        if self._process is not None and self._process.returncode in _CPU_KILLED:
             self._cpu_now = self.limits.episode_cpu_s  # its CPU limit, which is what the episode had left
         elif self._process is not None and self._process.returncode is None:
             self._read_cpu()  # still running (its deadline, a broken message): as of now, before the kill
@@ -408,6 +405,9 @@ def _request(body: Any) -> tuple[list[str], str | None]:
     return prompts, model
 
 
+_CPU_KILLED = (-signal.SIGXCPU, 128 + signal.SIGXCPU)  # the worker's exit at RLIMIT_CPU (its own or the kernel's)
+
+
 async def _reaped(process: asyncio.subprocess.Process) -> int | None:
     with contextlib.suppress(asyncio.TimeoutError):
         return await asyncio.wait_for(process.wait(), KILL_GRACE_S)
@@ -417,7 +417,7 @@ async def _reaped(process: asyncio.subprocess.Process) -> int | None:
 def _how(code: int | None) -> str:
     if code is None:
         return "it could not be reaped"
-    if code in (-24, 128 + 24):
+    if code in _CPU_KILLED:
         return "the episode's CPU limit"
     if code in (-9, 128 + 9):
         return "killed by SIGKILL"

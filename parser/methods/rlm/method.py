@@ -87,8 +87,9 @@ class RLMMethod:
         # preset's) do not apply, as under any prompt from state
         episode = {**(episode or {}), **UNCONSTRAINED}
         # rlms' max_iterations is the episode's turn limit; the engine runs one turn more, the fallback call
-        iterations = EpisodeConfig(**episode).max_turns
-        self.config = EpisodeConfig(**{**episode, "max_turns": iterations + 1})
+        rlms_episode = EpisodeConfig(**episode)
+        iterations = rlms_episode.max_turns
+        self.config = dataclasses.replace(rlms_episode, max_turns=iterations + 1)
         self.protocol = protocol_for(self.config)
         self.engine = EpisodeEngine(models.lead, models.lead_tokenizer, None, self.config, self.protocol)  # no reader: the REPL reads
         self.limits = ReplLimits(**sandbox)

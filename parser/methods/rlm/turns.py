@@ -28,7 +28,6 @@ from parser.text.actions import LeadAction, ToolCall, split_thinking
 from .reference import CellOutput, Prompts, fallback_messages, find_code_blocks, format_execution_result, format_iteration
 
 TOOL = "repl"  # one ```repl block, as one call of the turn
-STOPS = ("max_errors", "max_tokens", "max_timeout")  # rlms' limits, each ending with the best partial answer
 
 
 @dataclasses.dataclass
