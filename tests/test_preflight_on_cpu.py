@@ -12,7 +12,6 @@ generic OpenAI server do (the `owned_by` field they send); nothing else of them 
 """
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -23,13 +22,8 @@ from parser.serving.backends import build_backend
 from parser.serving.backends.loading import load_tokenizer
 from parser.serving.backends.preflight import ServerUnavailable, probe
 from parser.base.config import ConfigError
+from parser.serving.gateway import free_port
 from support.slow_server import Trickle, http_reply
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ModelList:

@@ -19,23 +19,17 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Iterator
 
 from parser.serving.backends.preflight import get
+from parser.serving.gateway import free_port
 
 SERVED_NAME = "smollm2"
 MAX_MODEL_LEN = 4096
 STARTUP_TIMEOUT_S = 900
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def healthy(url: str) -> bool:
