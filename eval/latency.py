@@ -420,7 +420,8 @@ def read_floors(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
         path = folder / FLOORS
         if not path.is_file():
             continue
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        # records end at \n only: str.splitlines would also cut at a U+2028 inside a string
+        for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
             if not line.strip():
                 continue
             entry = json.loads(line)

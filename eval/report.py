@@ -421,7 +421,7 @@ def cost_table(rows: Sequence[ResultRow], metric: str = PRIMARY) -> list[dict[st
     """Per (dataset, backbone, row, length): accuracy (`metric`, as the accuracy table averages it),
     mean steps, mean wall seconds per sample, and the means of `trace_costs` over the rows that hold
     each count (None where none does: printed "–", never 0)."""
-    scale = 100 if BY_NAME[metric].percent else 1
+    accuracy = accuracy_cells(rows, metric)
     groups: dict[tuple, list[ResultRow]] = collections.defaultdict(list)
     for r in rows:
         if r.condition is None:
@@ -431,7 +431,7 @@ def cost_table(rows: Sequence[ResultRow], metric: str = PRIMARY) -> list[dict[st
         costs = [trace_costs(r.trace) for r in g]
         known = {name: [c[name] for c in costs if name in c] for name in ("sub_calls", "plans", "stopped_early")}
         table.append({"dataset": d, "backbone": b, "row": m, "length": L, "samples": len(g),
-                      "accuracy": scale * run_averaged(g, methodcaller("score", metric)),
+                      "accuracy": accuracy[(d, b, m)][L]["value"],
                       "steps": _mean([float(r.steps) for r in g]), "wall_s": _mean([r.wall_s for r in g]),
                       **{name: _mean(values) if values else None for name, values in known.items()}})
     return table
