@@ -54,10 +54,10 @@ def check_quote(quote: str, answer: str, chunk_text: str) -> QuoteCheck:
     said, target = f" {normalize_answer(quote)} ", normalize_answer(answer)
     if not target or f" {target} " not in said:
         return QuoteCheck(True, False, "quote in the chunk, but it does not state the answer: not verification")
-    answer_words = set(target.split())
-    if not informative_words(answer):  # "in", "yes", "it": found in almost any quote, stating nothing
+    answer_words, answer_informative = set(target.split()), informative_words(answer)
+    if not answer_informative:  # "in", "yes", "it": found in almost any quote, stating nothing
         return QuoteCheck(True, False, "quote in the chunk, but the answer is only common words: not verification")
     context = [word for word in informative_words(quote) if word not in answer_words]
-    if len(context) < MIN_CONTEXT_WORDS and len(informative_words(answer)) < MIN_INFORMATIVE_WORDS:
+    if len(context) < MIN_CONTEXT_WORDS and len(answer_informative) < MIN_INFORMATIVE_WORDS:
         return QuoteCheck(True, False, "quote in the chunk, but it holds nothing besides the answer: not verification")
     return QuoteCheck(True, True, "quote found in the chunk")
