@@ -339,6 +339,11 @@ def _assign(times: Iterable[float], rows: Sequence[ResultRow]) -> list[int | Non
     return [(i if (i := bisect.bisect_left(ends, t)) < len(ends) else None) for t in times]
 
 
+# per_length's counts summed over a length's samples, then divided by their number (the means it reports)
+MEAN_KEYS = ("sub_em", "prefilled", "decoded", "lead_decoded", "subagent_decoded", "calls", "subagent_calls",
+             "failed_calls", "critical_path", "steps", "wall_s")
+
+
 def per_length(rows: Sequence[ResultRow], calls: Sequence[Call], profile: Profile | None = None,
                memory: MemoryWatch | None = None) -> dict[int, dict[str, Any]]:
     """Per length: samples, mean Sub_EM, mean per sample of tokens prefilled and decoded (lead and
@@ -365,10 +370,7 @@ def per_length(rows: Sequence[ResultRow], calls: Sequence[Call], profile: Profil
     out: dict[int, dict[str, Any]] = {}
     for i, row in enumerate(rows):
         mine = by_sample[i]
-        entry = out.setdefault(row.length, {"samples": 0, "sub_em": 0.0, "prefilled": 0.0, "decoded": 0.0,
-                                            "lead_decoded": 0.0, "subagent_decoded": 0.0, "calls": 0.0,
-                                            "subagent_calls": 0.0, "failed_calls": 0.0,
-                                            "critical_path": 0.0, "steps": 0.0, "wall_s": 0.0,
+        entry = out.setdefault(row.length, {"samples": 0, **dict.fromkeys(MEAN_KEYS, 0.0),
                                             "parts": dict.fromkeys(PROFILE_PARTS, 0.0),
                                             "peak_rss": 0, "peak_cache": 0})
         entry["samples"] += 1
@@ -390,8 +392,7 @@ def per_length(rows: Sequence[ResultRow], calls: Sequence[Call], profile: Profil
         entry["peak_rss"], entry["peak_cache"] = max(entry["peak_rss"], rss), max(entry["peak_cache"], cache)
     for entry in out.values():
         n = entry["samples"]
-        for key in ("sub_em", "prefilled", "decoded", "lead_decoded", "subagent_decoded", "calls", "subagent_calls",
-                    "failed_calls", "critical_path", "steps", "wall_s"):
+        for key in MEAN_KEYS:
             entry[key] /= n
         entry["parts"] = {k: v / n for k, v in entry["parts"].items()}
     return out
