@@ -145,7 +145,7 @@ def plan(cfg: Mapping[str, Any]) -> list[Row]:
         row.infmem = simulate_infmem(wl, cluster(gpus)) if rates["memagent"] else None
         row.rlm = simulate_rlm(wl, cluster(gpus))
         row.infmem_chunks = wl.infmem_chunks
-        row.rlm_sub_calls = wl.rlm_map_turns * (wl.rlm_slices + 1)
+        row.rlm_sub_calls = wl.rlm_sub_calls
         counts = sorted({*cfg["sweep"]["gpus"], gpus})
         row.sweep = {n: (row.parser if n == gpus else simulate_parser(wl, cluster(n))) for n in counts}
         best = min(r.latency_s for r in row.sweep.values())

@@ -110,15 +110,24 @@ class Workload:
         return self.infmem_chunks if read >= self.infmem_chunks else min(self.infmem_chunks, max(1, read, self.infmem_early_stop))
 
     @property
+    def infmem_writes(self) -> int:
+        """Memory writes: one after each plan but the one that stopped the reading."""
+        return self.infmem_plans - (self.infmem_plans < self.infmem_chunks)
+
+    @property
     def infmem_steps(self) -> int:
         """Calls on InfMem's critical path: plans + writes + the answer (2 x chunks + 1 when it never stops)."""
-        writes = self.infmem_plans - (self.infmem_plans < self.infmem_chunks)  # the stopping plan is not followed by a write
-        return self.infmem_plans + writes + 1
+        return self.infmem_plans + self.infmem_writes + 1
 
     @property
     def rlm_slices(self) -> int:
         """Sub-calls of one map round: the document in `rlm_slice_tokens` slices."""
         return max(1, math.ceil(self.doc_tokens / self.rlm_slice_tokens))
+
+    @property
+    def rlm_sub_calls(self) -> int:
+        """Sub-model calls: per map turn, one batched round over every slice and its combine."""
+        return self.rlm_map_turns * (self.rlm_slices + 1)
 
     @property
     def rlm_steps(self) -> int:
@@ -365,7 +374,7 @@ def simulate_infmem(workload: Workload, cluster: Cluster) -> Result:
     if cluster.memagent_rates is None:
         raise ValueError("simulate_infmem needs cluster.memagent_rates (the sequential readers' server)")
     servers = [Server(env, cluster.memagent_rates) for _ in range(cluster.memagent_workers)]
-    writes = wl.infmem_steps - wl.infmem_plans - 1
+    writes = wl.infmem_writes
     latencies: list[float] = []
 
     def episode(sample: int):
