@@ -48,8 +48,7 @@ from parser.text.quotes import check_quote
 from parser.base.config import ConfigError, check_episode_keys, preset_spelling
 from parser.base.resources import config_dir
 from parser.base.signals import stop_on_signals
-from parser.cli.output import open_output
-from parser.records.jsonl import dumps_line
+from parser.cli.output import open_output, write_line
 from parser.records.trace import Trace
 from parser.records.trajectory import Trajectory
 from parser.serving.types import BackendError
@@ -311,11 +310,7 @@ def _main(argv: Sequence[str] | None) -> None:
 
     def keep(reply: Reply) -> None:
         nonlocal kept
-        try:  # a lone surrogate in model text is written as its escape (orjson refused the whole line)
-            out.write(dumps_line(dataclasses.asdict(reply)))
-            out.flush()
-        except OSError as error:  # the disk filled up, the folder went away
-            raise ConfigError(f"--json {args.json}: cannot be written ({error.strerror or error})") from None
+        write_line(out, dataclasses.asdict(reply), args.json)
         kept += 1
 
     def saved() -> str:

@@ -37,8 +37,7 @@ from parser.base.config import ConfigError, check_episode_keys, episode_preset
 from parser.base.settings import precheck
 from parser.base import hydra_help
 from parser.base.signals import stop_on_signals
-from parser.cli.output import open_output
-from parser.records.jsonl import dumps_line
+from parser.cli.output import open_output, write_line
 from parser.engine import progress
 from parser.serving.gateway import ProcessGroup, worker_launches
 from parser.methods import MethodResult, Sample
@@ -209,11 +208,7 @@ def _main(cfg: DictConfig) -> None:
 
     def keep(row: dict[str, Any]) -> None:
         nonlocal kept
-        try:
-            out.write(dumps_line(row))
-            out.flush()
-        except OSError as error:  # the disk filled up, the folder went away
-            raise ConfigError(f"output={cfg.output}: cannot be written ({error.strerror or error})") from None
+        write_line(out, row, cfg.output, setting="output=")
         kept += 1
 
     with stop_on_signals():

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from parser.base.config import ConfigError
+from parser.records.jsonl import dumps_line
 
 
 def open_output(path: str, document: str | Path | None = None, setting: str = "--json") -> BinaryIO:
@@ -20,11 +21,25 @@ def open_output(path: str, document: str | Path | None = None, setting: str = "-
     a FIFO no process reads yet (opening it would wait for a reader for ever, before anything
     runs): it is opened without blocking, then written as a blocking file, so a pipe with its
     reader (`--json >(jq .)`) works. Refusals are `ConfigError`s naming `setting` and `path`."""
-    named = f"{setting} {path}" if setting.startswith("-") else f"{setting}{path}"
     try:
         return _open_output(Path(path), document)
     except ConfigError as error:
-        raise ConfigError(f"{named}: {error}") from None
+        raise ConfigError(f"{_named(path, setting)}: {error}") from None
+
+
+def write_line(out: BinaryIO, row: dict, path: str, setting: str = "--json") -> None:
+    """One result as its JSONL line, flushed at once, so a later failure or Ctrl-C keeps it (a lone
+    surrogate in model text is written as its escape); a write that fails (the disk filled up, the
+    folder went away) is a `ConfigError` naming `setting` and `path`."""
+    try:
+        out.write(dumps_line(row))
+        out.flush()
+    except OSError as error:
+        raise ConfigError(f"{_named(path, setting)}: cannot be written ({error.strerror or error})") from None
+
+
+def _named(path: str, setting: str) -> str:
+    return f"{setting} {path}" if setting.startswith("-") else f"{setting}{path}"
 
 
 def _open_output(out: Path, document: str | Path | None) -> BinaryIO:
