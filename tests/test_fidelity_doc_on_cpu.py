@@ -93,6 +93,13 @@ def test_every_project_name_in_the_row_exists(row):
         assert any(re.search(rf"(?m)^def {test}\(", s) for s in sources.values()), f"no test {test} in {sorted(sources)}"
 
 
+def test_every_row_number_is_used_once():
+    """Rows are cited by number (code comments, other docs, closing notes): two sections merged
+    with the same numbers would make a citation point at two rules."""
+    numbers = [row.split("|")[1].strip() for row in ROWS]
+    assert sorted(n for n in set(numbers) if numbers.count(n) > 1) == []
+
+
 def test_no_line_numbers_of_the_projects_files():
     """Line numbers of the paper (`P:364`) are fixed; the project's files move."""
     assert re.findall(r"[\w/.-]+\.(?:py|yaml|md|txt|json):\d+", DOC.read_text(encoding="utf-8")) == []
