@@ -128,25 +128,55 @@ def compose_checked(config_dir: str | Path, config_name: str, overrides: Sequenc
     """Hydra's compose of `config_name` with `overrides`, then `check_composed`. Hydra's refusal of
     an unknown key says what was meant (`limt=3`: did you mean limit?); any other composition
     error is a `ConfigError` in Hydra's words."""
+    return _checked(config_dir, config_name, overrides)[0]
+
+
+def _compose(config_dir: str | Path, config_name: str, overrides: Sequence[str], hydra: bool = False) -> Any:
+    """Hydra's compose API, the app's own `GlobalHydra` (if one runs) put back after; `hydra`
+    keeps Hydra's own node (`hydra.run.dir`) in the result."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+
+    outer = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            return compose(config_name, overrides=list(overrides), return_hydra_config=hydra)
+    finally:
+        GlobalHydra.instance().hydra = outer
+
+
+def _take_run_folder(cfg: Any) -> Any:
+    """Hydra's run folder (`hydra.run.dir`, resolved), then the `hydra` node dropped as the
+    compose API drops it without `return_hydra_config`: one compose serves the check and the
+    folder. A folder that does not resolve is its error, raised only after `check_composed` has
+    had the first word on a bad interpolation it shares with the run config (`out_dir=${oops}`)."""
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        folder = OmegaConf.select(cfg, "hydra.run.dir")
+    except OmegaConfBaseException as error:
+        folder = error
+    if "hydra" in cfg:
+        with open_dict(cfg):
+            del cfg["hydra"]
+    return folder
+
+
+def _checked(config_dir: str | Path, config_name: str, overrides: Sequence[str]) -> tuple[Any, Any]:
+    """`compose_checked`'s config, and the run folder the same compose names (`_take_run_folder`)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     def composed(with_overrides: Sequence[str]) -> Any:
-        outer = GlobalHydra.instance().hydra
-        GlobalHydra.instance().clear()
-        try:
-            with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-                return compose(config_name, overrides=list(with_overrides))
-        finally:
-            GlobalHydra.instance().hydra = outer
+        return _compose(config_dir, config_name, with_overrides)
 
     removed = [removal_problem(o[1:].split("=", 1)[0]) for o in overrides if o.startswith("~")]
     if any(removed):
         raise ConfigError("; ".join(r for r in removed if r))
     try:
-        cfg = composed(overrides)
+        cfg = _compose(config_dir, config_name, overrides, hydra=True)
     except (HydraException, OmegaConfBaseException) as error:
         there = _ALREADY_THERE.search(str(error))
         if there:  # Hydra's own wording offers `++`, which would mean nothing more here
@@ -167,6 +197,7 @@ def compose_checked(config_dir: str | Path, config_name: str, overrides: Sequenc
         named, open_ended = _accepted(section, key.split(".")[:-1]) if siblings else (set(), False)
         why = "no such key in the composed config" + (f" (+{key}=... adds one, if its reader takes it)" if open_ended else "")
         raise _unknown(key, siblings | named, why) from None
+    folder = _take_run_folder(cfg)
     _check_mappings(overrides, composed)
     plus = [o for o in overrides if o.startswith("+")]
     if plus:  # held to the `+` rule: a `+key=` or `++key=` whose key was not there (Hydra lets `+` set a null one)
@@ -174,7 +205,7 @@ def compose_checked(config_dir: str | Path, config_name: str, overrides: Sequenc
         overrides = [*(o for o in overrides if o not in plus),
                      *("+" + o.lstrip("+") for o in plus if not _has(before, o.lstrip("+").split("=", 1)[0].split(".")))]
     check_composed(cfg, overrides, config_dir)
-    return cfg
+    return cfg, folder
 
 
 def _check_mappings(overrides: Sequence[str], composed: Any) -> None:
@@ -214,30 +245,21 @@ def precheck(config_dir: str | Path, default_name: str, argv: Sequence[str], pro
         else:
             overrides.append(arg)
     try:
-        cfg = compose_checked(config_dir, name, overrides)
-        check_run_folder(config_dir, name, overrides)
+        cfg, folder = _checked(config_dir, name, overrides)
+        check_run_folder(folder)
     except ConfigError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     return cfg
 
 
-def check_run_folder(config_dir: str | Path, config_name: str, overrides: Sequence[str]) -> None:
+def check_run_folder(folder: Any) -> None:
     """The folder Hydra will run in (`hydra.run.dir`: eval's `out_dir`, the order study's root)
     can be made: no file in the way, the nearest existing folder writable. Hydra makes it before
     the app runs, so a file there was its FileExistsError traceback. Checked without making it
-    (the demo's is named by the second it starts)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    outer = GlobalHydra.instance().hydra
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            folder = OmegaConf.select(compose(config_name, overrides=list(overrides), return_hydra_config=True), "hydra.run.dir")
-    finally:
-        GlobalHydra.instance().hydra = outer
+    (the demo's is named by the second it starts). `folder` is `_take_run_folder`'s."""
+    if isinstance(folder, Exception):
+        raise folder
     if not folder:
         return
     path = Path(str(folder))
