@@ -17,27 +17,17 @@ Must never: bind anything but 127.0.0.1, or outlive the `with` block.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
 import subprocess
 import time
 from pathlib import Path
 from typing import Iterator
 
-from parser.serving.backends.preflight import get
-from parser.serving.gateway import free_port
+from parser.serving.gateway import free_port, wait_ready
 
 SERVED_NAME = "smollm2"
 MAX_MODEL_LEN = 4096
 STARTUP_TIMEOUT_S = 900
-
-
-def healthy(url: str) -> bool:
-    """GET /health answered 200, all of it within 5 s (`preflight.get`: not 5 s per read)."""
-    try:
-        return get(url + "/health", 5.0)[0] == 200
-    except (OSError, http.client.HTTPException):
-        return False
 
 
 def vllm_command(python: str, port: int) -> list[str]:
@@ -59,8 +49,9 @@ def vllm_env(kv_cache_gib: float | None = None) -> dict[str, str]:
 @contextlib.contextmanager
 def vllm_server(python: str, log_path: Path, timeout_s: float = STARTUP_TIMEOUT_S,
                 kv_cache_gib: float | None = None) -> Iterator[str]:
-    """Start the server, wait until `/health` answers, yield its URL; stop it on exit. Raises
-    RuntimeError with the log's tail if it exits or is not healthy within `timeout_s`.
+    """Start the server, wait until `/health` answers (the gateway's `wait_ready`, polled every 2 s),
+    yield its URL; stop it on exit. Raises RuntimeError with the log's tail if it exits or is not
+    healthy within `timeout_s`.
     `kv_cache_gib` overrides `VLLM_CPU_KVCACHE_SPACE` (a second server beside the first)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -69,11 +60,10 @@ def vllm_server(python: str, log_path: Path, timeout_s: float = STARTUP_TIMEOUT_
         proc = subprocess.Popen(vllm_command(python, port), stdout=log, stderr=subprocess.STDOUT,
                                 env=vllm_env(kv_cache_gib), start_new_session=True)
     try:
-        while not healthy(url):
-            if proc.poll() is not None or time.monotonic() - started > timeout_s:
-                tail = log_path.read_text(errors="replace")[-4000:]
-                raise RuntimeError(f"vLLM did not become healthy (exit {proc.poll()}); log tail:\n{tail}")
-            time.sleep(2)
+        try:
+            wait_ready(url, timeout_s=timeout_s, process=proc, log=log_path, interval_s=2.0)
+        except (TimeoutError, RuntimeError) as error:  # callers take one RuntimeError for "it never came up"
+            raise RuntimeError(f"vLLM did not become healthy: {error}") from None
         print(f"[vllm] healthy after {time.monotonic() - started:.0f} s at {url} (log: {log_path})", flush=True)
         yield url
     finally:
