@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import html
 import importlib
 import json
 from pathlib import Path
@@ -29,6 +28,7 @@ from parser.records.metrics import PRIMARY
 from parser.records.result import ResultRow
 from parser.records.trace import SequentialTrace
 from parser.records.trajectory import Trajectory
+from parser.text.markup import escape
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#1d1d1f;background:#fafafa}
@@ -47,10 +47,6 @@ details.sample>summary{cursor:pointer;font-weight:600}
 """
 
 
-def esc(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
-
-
 def _mark(score: float | None) -> str:
     if score is None:
         return ""
@@ -60,38 +56,38 @@ def _mark(score: float | None) -> str:
 def render_trajectory(trajectory: Trajectory) -> str:
     parts = []
     for turn in trajectory.turns:
-        parts.append(f'<div class="turn"><div><b>Round {esc(turn.index + 1)}</b>'
-                     f'<span class="tag">{esc(turn.lead_tokens)} lead tokens</span>'
-                     f'<span class="tag">{esc(round(float(turn.lead_latency_s), 2))} s lead</span>'
-                     f'<span class="tag">{esc(round(float(turn.scatter_latency_s), 2))} s scatter</span>'
+        parts.append(f'<div class="turn"><div><b>Round {escape(turn.index + 1)}</b>'
+                     f'<span class="tag">{escape(turn.lead_tokens)} lead tokens</span>'
+                     f'<span class="tag">{escape(round(float(turn.lead_latency_s), 2))} s lead</span>'
+                     f'<span class="tag">{escape(round(float(turn.scatter_latency_s), 2))} s scatter</span>'
                      + ('<span class="tag warn">cut at token limit</span>' if turn.finish_reason == "length" else "")
                      + "</div>")
         if turn.thinking:
-            parts.append(f'<div class="think">{esc(turn.thinking)}</div>')
+            parts.append(f'<div class="think">{escape(turn.thinking)}</div>')
         if turn.action_error:
-            parts.append(f'<div class="warn">invalid action: {esc(turn.action_error)}</div>'
-                         f'<pre>{esc(turn.text)}</pre>')
+            parts.append(f'<div class="warn">invalid action: {escape(turn.action_error)}</div>'
+                         f'<pre>{escape(turn.text)}</pre>')
         for q in turn.queries:
             abstained = sum(c.status == "abstain" for c in q.calls)
             failed = [c for c in q.calls if c.status == "failed"]
-            parts.append(f'<div class="query">query_agents: <b>{esc(q.query)}</b>'
+            parts.append(f'<div class="query">query_agents: <b>{escape(q.query)}</b>'
                          f'<span class="tag">{len(q.findings)} finding(s)</span><span class="tag">{abstained} abstained</span>'
                          + (f'<span class="tag bad">{len(failed)} failed</span>' if failed else "")
-                         + (f'<span class="tag warn">{esc(q.omitted)} cut by budget</span>' if q.omitted else "")
+                         + (f'<span class="tag warn">{escape(q.omitted)} cut by budget</span>' if q.omitted else "")
                          + "</div>")
             for f in q.findings:
                 agents = [f.agent, *f.merged_agents]
-                parts.append(f'<div class="finding"><b>{esc(", ".join(a for a in agents if a))}</b>: {esc(f.answer)}'
-                             + (f'<div class="evidence">evidence: {esc(f.evidence)}</div>' if f.evidence else "")
+                parts.append(f'<div class="finding"><b>{escape(", ".join(a for a in agents if a))}</b>: {escape(f.answer)}'
+                             + (f'<div class="evidence">evidence: {escape(f.evidence)}</div>' if f.evidence else "")
                              + "</div>")
             for c in failed:
-                parts.append(f'<div class="failed">chunk {esc(c.chunk_index)} failed after {esc(c.attempts)} '
-                             f'attempt(s): {esc(c.error)}</div>')
+                parts.append(f'<div class="failed">chunk {escape(c.chunk_index)} failed after {escape(c.attempts)} '
+                             f'attempt(s): {escape(c.error)}</div>')
         if turn.answer is not None:
-            parts.append(f'<div class="answer">answer: {esc(turn.answer)}</div>')
+            parts.append(f'<div class="answer">answer: {escape(turn.answer)}</div>')
         parts.append("</div>")
     if trajectory.stop_reason and trajectory.stop_reason != "answer":
-        parts.append(f'<div class="warn">stopped: {esc(trajectory.stop_reason)}</div>')
+        parts.append(f'<div class="warn">stopped: {escape(trajectory.stop_reason)}</div>')
     return "\n".join(parts)
 
 
@@ -114,23 +110,23 @@ def method_view(name: str) -> Callable[[dict[str, Any]], str] | None:
 def render_sample(row: ResultRow, anchor: str, open_: bool = False) -> str:
     score, trace = row.scores.get(PRIMARY), row.trace
     num_chunks = trace.num_chunks if isinstance(trace, (Trajectory, SequentialTrace)) else None
-    summary = (f'{_mark(score)} <code>{esc(row.sample_id)}</code> · L={esc(row.length)} · run {esc(row.run)}'
-               + (f' · {esc(row.condition)}' if row.condition else "")
-               + f' — {esc(row.question)}')
-    body = [f'<p><b>Question:</b> {esc(row.question)}</p>',
-            f'<p><b>Prediction:</b> {esc(row.prediction) or "<i>(no answer)</i>"} {_mark(score)} &nbsp; <b>Gold:</b> '
-            f'{esc(" | ".join(row.answers))}</p>',
-            f'<p class="meta">Sub_EM {esc(score)} · EM {esc(row.scores.get("em"))} · {esc(row.steps)} steps · '
-            f'{esc(row.wall_s)} s · lead {esc(row.lead_output_tokens)} / subagents '
-            f'{esc(row.subagent_output_tokens)} output tokens'
-            + (f' · {esc(num_chunks)} chunks' if num_chunks is not None else "") + "</p>"]
+    summary = (f'{_mark(score)} <code>{escape(row.sample_id)}</code> · L={escape(row.length)} · run {escape(row.run)}'
+               + (f' · {escape(row.condition)}' if row.condition else "")
+               + f' — {escape(row.question)}')
+    body = [f'<p><b>Question:</b> {escape(row.question)}</p>',
+            f'<p><b>Prediction:</b> {escape(row.prediction) or "<i>(no answer)</i>"} {_mark(score)} &nbsp; <b>Gold:</b> '
+            f'{escape(" | ".join(row.answers))}</p>',
+            f'<p class="meta">Sub_EM {escape(score)} · EM {escape(row.scores.get("em"))} · {escape(row.steps)} steps · '
+            f'{escape(row.wall_s)} s · lead {escape(row.lead_output_tokens)} / subagents '
+            f'{escape(row.subagent_output_tokens)} output tokens'
+            + (f' · {escape(num_chunks)} chunks' if num_chunks is not None else "") + "</p>"]
     if isinstance(trace, Trajectory):
         body.append(render_trajectory(trace))
         view = method_view(row.method)
         if view is not None:
             body.append(view(trace.extras))
     elif trace is not None:
-        body.append(f"<pre>{esc(json.dumps(trace.to_dict(), indent=1, ensure_ascii=False, default=str))}</pre>")
+        body.append(f"<pre>{escape(json.dumps(trace.to_dict(), indent=1, ensure_ascii=False, default=str))}</pre>")
     return f'<details class="sample" id="{anchor}"{" open" if open_ else ""}><summary>{summary}</summary>\n' + "\n".join(body) + "\n</details>"
 
 
@@ -141,16 +137,16 @@ def render_page(rows: Sequence[ResultRow], title: str) -> str:
     samples = []
     for i, r in enumerate(rows):
         anchor = f"s{i}"
-        index.append(f'<tr><td>{_mark(r.scores.get(PRIMARY))}</td><td><a href="#{anchor}">{esc(r.sample_id)}</a></td>'
-                     f'<td>{esc(r.length)}</td><td>{esc(r.run)}</td><td>{esc(r.prediction or "—")}</td>'
-                     f'<td>{esc(" | ".join(r.answers))}</td><td>{esc(r.steps)}</td></tr>')
+        index.append(f'<tr><td>{_mark(r.scores.get(PRIMARY))}</td><td><a href="#{anchor}">{escape(r.sample_id)}</a></td>'
+                     f'<td>{escape(r.length)}</td><td>{escape(r.run)}</td><td>{escape(r.prediction or "—")}</td>'
+                     f'<td>{escape(" | ".join(r.answers))}</td><td>{escape(r.steps)}</td></tr>')
         samples.append(render_sample(r, anchor, open_=i == 0))  # the first one open: the page shows a trajectory
     index.append("</table>")
     head = rows[0] if rows else None
     return ("<!doctype html><html><head><meta charset='utf-8'>"
-            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"
-            f"<h1>{esc(title)}</h1><p class='meta'>method {esc(head and head.method)} · {esc(head and head.row)} · "
-            f"{esc(head and head.backbone)} · {len(rows)} samples · Sub_EM {100 * correct / max(len(rows), 1):.1f}%</p>"
+            f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"
+            f"<h1>{escape(title)}</h1><p class='meta'>method {escape(head and head.method)} · {escape(head and head.row)} · "
+            f"{escape(head and head.backbone)} · {len(rows)} samples · Sub_EM {100 * correct / max(len(rows), 1):.1f}%</p>"
             + "\n".join(index) + "\n" + "\n".join(samples) + "</body></html>")
 
 

@@ -11,13 +11,10 @@ escapes every model-written string: model text is data, never markup.
 """
 from __future__ import annotations
 
-import html
 import json
 from typing import Any, Mapping
 
-
-def _esc(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+from parser.text.markup import escape
 
 
 def render_state(round_: Mapping[str, Any]) -> str:
@@ -29,25 +26,25 @@ def render_state(round_: Mapping[str, Any]) -> str:
     for c in state.get("conclusions", []):
         trace = "; ".join(str(h.get("note") or h.get("status")) + (f" (was: {h['was']})" if h.get("was") else "")
                           for h in c.get("history", []))
-        rows.append(f"<tr><td>{_esc(c.get('id'))}{' <span class=tag>not shown</span>' if c.get('id') in hidden else ''}</td>"
-                    f"<td><span class='tag'>{_esc(c.get('status'))}</span></td><td>{_esc(c.get('statement'))}</td>"
-                    f"<td>{_esc(', '.join(c.get('evidence', [])))}</td><td class='evidence'>{_esc(trace)}</td></tr>")
+        rows.append(f"<tr><td>{escape(c.get('id'))}{' <span class=tag>not shown</span>' if c.get('id') in hidden else ''}</td>"
+                    f"<td><span class='tag'>{escape(c.get('status'))}</span></td><td>{escape(c.get('statement'))}</td>"
+                    f"<td>{escape(', '.join(c.get('evidence', [])))}</td><td class='evidence'>{escape(trace)}</td></tr>")
     rows.append("</table><b>Evidence ledger</b><table class='index'>")
     for e in state.get("evidence", []):
         status = e.get("status", "")
         status += f" by {e['superseded_by']}" if e.get("superseded_by") else ""
         status += f": {e['reason']}" if e.get("reason") else ""
-        rows.append(f"<tr><td>{_esc(e.get('id'))}{' <span class=tag>not shown</span>' if e.get('id') in hidden else ''}</td>"
-                    f"<td><span class='tag'>{_esc(status)}</span></td><td>{_esc(e.get('source'))}</td>"
-                    f"<td class='evidence'>&ldquo;{_esc(e.get('quote'))}&rdquo;</td><td>{_esc(e.get('query'))} → {_esc(e.get('conclusion'))}</td></tr>")
+        rows.append(f"<tr><td>{escape(e.get('id'))}{' <span class=tag>not shown</span>' if e.get('id') in hidden else ''}</td>"
+                    f"<td><span class='tag'>{escape(status)}</span></td><td>{escape(e.get('source'))}</td>"
+                    f"<td class='evidence'>&ldquo;{escape(e.get('quote'))}&rdquo;</td><td>{escape(e.get('query'))} → {escape(e.get('conclusion'))}</td></tr>")
     rows.append("</table>")
     for query in applied.get("queries", []):
-        rows.append(f"<div class='query'>query for {_esc(query.get('conclusion'))}: <b>{_esc(query.get('query'))}</b> "
-                    f"<span class='tag'>{_esc(', '.join(query.get('outcomes', [])) or 'nothing came back')}</span></div>")
+        rows.append(f"<div class='query'>query for {escape(query.get('conclusion'))}: <b>{escape(query.get('query'))}</b> "
+                    f"<span class='tag'>{escape(', '.join(query.get('outcomes', [])) or 'nothing came back')}</span></div>")
     for refusal in applied.get("refused", []) + list(round_.get("problems") or []):
-        rows.append(f"<div class='warn'>refused: {_esc(refusal)}</div>")
-    rows.append(f"<div class='meta'>lead prompt {_esc(round_.get('prompt_tokens'))} tokens · counters "
-                f"{_esc(json.dumps(state.get('counters', {})))}</div></div>")
+        rows.append(f"<div class='warn'>refused: {escape(refusal)}</div>")
+    rows.append(f"<div class='meta'>lead prompt {escape(round_.get('prompt_tokens'))} tokens · counters "
+                f"{escape(json.dumps(state.get('counters', {})))}</div></div>")
     return "\n".join(rows)
 
 
