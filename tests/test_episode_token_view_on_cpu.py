@@ -165,3 +165,37 @@ def test_subagent_prompt_frames_render_exactly_like_the_template(qwen3_5_tokeniz
             expected = render_chat(tokenizer, [{"role": "user", "content": content}], enable_thinking=False)
             assert reader.prompt(query, chunk) == expected
         assert reader._frame.cache_info().misses == 1  # one frame render for four queries
+
+
+def test_a_prompt_from_state_is_tokenised_once_per_turn(qwen3_5_tokenizer):
+    """RLM's and LongHarness's prompt from state was rendered and tokenised twice a turn: once
+    for `measure` (its length) and again by `prompt` to send it. The measured ids are sent, and a
+    prompt that is not the one measured last (the caller changed it) is still tokenised afresh."""
+    import copy
+
+    from parser.text.chat_format import CHATML
+    from parser.engine.episode import LeadContext
+    from parser.engine.protocol import protocol_for
+    from parser.engine.tools import QueryAgents
+
+    counted, encoded = copy.copy(qwen3_5_tokenizer), []
+    counted.encode = lambda text, **kwargs: encoded.append(text) or qwen3_5_tokenizer.encode(text, **kwargs)
+    config = EpisodeConfig()
+    chunks = chunk_document("Document 1:\nA\nText.", qwen3_5_tokenizer, 64)
+    toolset = QueryAgents(ScriptedReader(), chunks, "d", config, protocol_for(config), asyncio.Semaphore(1), counted.encode)
+    context = LeadContext(counted, toolset, "Who?", config, CHATML)
+
+    def expected(messages):
+        text = qwen3_5_tokenizer.apply_chat_template(messages, tools=context.tools, tokenize=False,
+                                                     add_generation_prompt=True, enable_thinking=config.lead_thinking)
+        return qwen3_5_tokenizer.encode(text, add_special_tokens=False)
+
+    shown = [{"role": "system", "content": "S"}, {"role": "user", "content": "state after round 1"}]
+    encoded.clear()
+    length = context.measure(shown)
+    context.replace_messages(shown)
+    assert context.prompt() == expected(shown) and length == len(expected(shown)) and len(encoded) == 1
+    shown[1]["content"] = "state after round 2"  # changed after it was measured: the kept ids are not its
+    context.replace_messages(shown)
+    assert context.prompt() == expected(shown) and len(encoded) == 2
+    assert context.prompt(with_tools=False) != context.prompt() and len(encoded) == 4

@@ -64,6 +64,7 @@ protocol's mask rule, applied once the reward is known (`Protocol.mask_invalid_t
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import json
 import math
@@ -113,6 +114,7 @@ class LeadContext:
         self.end_of_turn_id = chat.end_of_turn_id(tokenizer)
         self.rerendered = False  # an eval-only option rewrote history: prompts come from `messages`
         self.token_view_note: str | None = None  # why the token view is approximate, if it is
+        self._measured: tuple[list[dict[str, Any]], list[int]] | None = None  # the last `measure`'s messages and ids
         # the generation prompt opens <think>: a turn without </think> is all thinking (no action)
         self.thinking_open = opening.rstrip().endswith("<think>")
         self.asked: list[str] = []  # the queries sent so far (the lead constraint's exclusions)
@@ -165,8 +167,11 @@ class LeadContext:
         return self.prompt_ids + self.response_ids
 
     def prompt(self, with_tools: bool = True) -> list[int]:
-        """What the next turn is generated from: the stream, unless history was rewritten."""
+        """What the next turn is generated from: the stream, unless history was rewritten. A prompt
+        from state that `measure` just tokenised is sent as those ids, not tokenised again."""
         if self.rerendered or not with_tools:
+            if with_tools and self._measured is not None and self._measured[0] == self.messages:
+                return list(self._measured[1])
             return self._encode(self._render(self.messages, add_generation_prompt=True, with_tools=with_tools))
         return self.stream
 
@@ -227,8 +232,12 @@ class LeadContext:
         self.rerendered = True
 
     def measure(self, messages: list[dict[str, Any]]) -> int:
-        """The prompt length, in lead tokens, of a turn generated from `messages`."""
-        return len(self._encode(self._render(messages, add_generation_prompt=True)))
+        """The prompt length, in lead tokens, of a turn generated from `messages`. The ids are kept
+        (with a copy of `messages`, which the caller may change) for `prompt`: a state rule measures
+        the prompt it then chooses (`StatePrompt.messages`)."""
+        ids = self._encode(self._render(messages, add_generation_prompt=True))
+        self._measured = (copy.deepcopy(messages), ids)
+        return len(ids)
 
     def replace_messages(self, messages: list[dict[str, Any]]) -> None:
         """The next prompt is `messages` (a prompt from state), not the history so far."""
