@@ -345,6 +345,19 @@ def test_thinking_budget_and_off_are_their_two_call_shapes(qwen3_tokenizer):
     assert all(p.endswith("<think>\n\n</think>\n\n") for p in model.prompts)  # the template's own empty thinking
 
 
+def test_the_document_is_tokenised_once(qwen3_tokenizer):
+    """The chunks and the planner's BM25 index are cut from one encoding of the document (the index
+    encoded it a second time); the tokenizer is the real one, only counted."""
+    import copy
+
+    counted, documents = copy.copy(qwen3_tokenizer), []
+    counted.encode = lambda text, **kwargs: (documents.append(text) if len(text) > len(CONTEXT) // 2 else None) \
+        or qwen3_tokenizer.encode(text, **kwargs)
+    script = {"plan": [("STOP", "")] * 3, "write": [("m", "")] * 2, "final": [("Therefore, the answer is x.", "")]}
+    result, _ = episode(counted, script)
+    assert len(documents) == 1 and result.trace.extras["stopped_at_chunk"] == 2
+
+
 def test_a_failed_request_is_retried_not_read_as_an_empty_plan(qwen3_tokenizer):
     """Theirs reads an HTTP error as "" (a plan with no call, or an empty memory); here the request is
     retried (`parser.serving.retry`) and the episode is the one theirs gives when nothing fails."""

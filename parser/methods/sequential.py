@@ -89,6 +89,16 @@ def paragraphs_in(chunk: str) -> list[int]:
     return [p.index for p in split_paragraphs(chunk) if p.index is not None] if chunk.strip() else []
 
 
+class TokenChunks(list):
+    """The chunks `chunking: tokens` cut, as their texts, with the document's token ids they were cut
+    from (`ids`): a hook that needs positions in the token stream (InfMem's retrieval windows) reads
+    them here instead of encoding the document a second time."""
+
+    def __init__(self, texts: list[str], ids: list[int]):
+        super().__init__(texts)
+        self.ids = ids
+
+
 class SequentialMethod:
     """Subclasses set `name` and the four state hooks; everything else is shared."""
 
@@ -136,10 +146,11 @@ class SequentialMethod:
 
     # -- pieces --------------------------------------------------------------------------
     def chunks(self, context: str) -> list[str]:
+        """The chunk texts; under `chunking: tokens` a `TokenChunks`, which keeps the ids they were cut from."""
         if self.chunking == "paragraphs":
             return [c.text for c in chunk_document(context, self.tokenizer, self.chunk_size)]
         ids = self.document_ids(context)
-        return [self.tokenizer.decode(ids[i : i + self.chunk_size]) for i in range(0, len(ids), self.chunk_size)]
+        return TokenChunks([self.tokenizer.decode(ids[i : i + self.chunk_size]) for i in range(0, len(ids), self.chunk_size)], ids)
 
     def document_ids(self, context: str) -> list[int]:
         """The token ids `chunking: tokens` cuts into chunks: the stripped document, its head and tail

@@ -125,8 +125,8 @@ class InfMemMethod(SequentialMethod):
     async def plan(self, sample: Sample, chunks: list[str], index: int, state: dict[str, Any]) -> tuple[int, int]:
         """The Retrieval Planner for chunk `index`, then the searches it called (the last one's windows
         are what the write sees), and the early-stop counter."""
-        if state["index"] is None:  # once per document; the loop's chunks are text, so the ids are encoded again
-            state["index"] = Bm25Index.build(self.document_ids(sample.context), self.tokenizer.decode,
+        if state["index"] is None:  # once per document, over the ids the chunks were cut from (`TokenChunks`: chunking is tokens)
+            state["index"] = Bm25Index.build(chunks.ids, self.tokenizer.decode,
                                              chunk_size=self.chunk_size, **self.index_settings)
         question = sample.question.strip()
         content = PROMPTS.render("infmem_plan", self.prompt_version, prompt=question, memory=state["memory"],
