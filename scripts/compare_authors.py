@@ -50,7 +50,7 @@ from parser.methods import Sample, method_class, method_config
 from parser.serving.backends.models import Models
 from parser.serving.types import BackendError, Completion
 from parser.text.chat_format import CHATML
-from parser.text.reward import normalize_answer, sub_em
+from parser.text.reward import MEMAGENT_SCORER, normalize_answer, sub_em
 
 # What the adversarial inputs are made of: the chat format's control strings, the WORD JOINER the
 # project inserts, thinking and recall tags, boxes, and whitespace-only pieces.
@@ -362,8 +362,8 @@ def main() -> None:
         ("5 ReMemR1 prompts, verbatim, recall_ties latest (default)", *episodes("rememr1", untrusted_text="verbatim")),
         ("4+5 ReMemR1 prompts, every default (neutralize, latest)", *episodes("rememr1")),
         ("6 golds normalising to \"\": sub_em_compat vs theirs",
-         sum(sub_em(p, [g], compat=True) != their_sub_em(theirs["scorer"], p, g) for p, g in empty), "0"),
-        ("7 sub_em_compat vs their scorer", sum(sub_em(p, [g], compat=True) != their_sub_em(theirs["scorer"], p, g)
+         sum(sub_em(p, [g], **MEMAGENT_SCORER) != their_sub_em(theirs["scorer"], p, g) for p, g in empty), "0"),
+        ("7 sub_em_compat vs their scorer", sum(sub_em(p, [g], **MEMAGENT_SCORER) != their_sub_em(theirs["scorer"], p, g)
                                                 for p, g in scored), "0"),
     ]
     print(f"PYTHONHASHSEED={os.environ['PYTHONHASHSEED']} seed={seed} inputs per rule={n}")

@@ -36,13 +36,13 @@ def compare():
 def test_filter_verdicts_and_scores_are_theirs(compare):
     script, theirs = compare
     from data_prep.knowledge_filter import is_correct
-    from parser.text.reward import sub_em
+    from parser.text.reward import MEMAGENT_SCORER, sub_em
 
     verdicts = [(r, g) for r, g in script.filter_inputs(4 * N, 1) if "<think>" not in r]  # kept: <think> is not read
     assert [is_correct(r, g) for r, g in verdicts] == [script.their_verdict(theirs["filter"], r, g) for r, g in verdicts]
     for empty in (False, True):
         pairs = script.scorer_inputs(4 * N, 1, empty)
-        assert [sub_em(p, [g], compat=True) for p, g in pairs] == [script.their_sub_em(theirs["scorer"], p, g) for p, g in pairs]
+        assert [sub_em(p, [g], **MEMAGENT_SCORER) for p, g in pairs] == [script.their_sub_em(theirs["scorer"], p, g) for p, g in pairs]
 
 
 @pytest.mark.parametrize("method, options", [("memagent", {"untrusted_text": "verbatim"}),

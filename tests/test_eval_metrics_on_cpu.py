@@ -18,7 +18,7 @@ import pytest
 from parser.records.metrics import METRICS, PRIMARY, score
 from eval.report import max_delta_avg, run_averaged
 from parser.records.result import ResultRow
-from parser.text.reward import exact_match, normalize_answer, sub_em
+from parser.text.reward import MEMAGENT_SCORER, exact_match, normalize_answer, sub_em
 
 
 def _reference_normalize(s: str) -> str:
@@ -73,20 +73,20 @@ def test_core_definitions_on_tricky_cases(pred, golds, em, subem):
 def test_compat_mode_matches_the_reference_scorer(pred, golds, em, subem):
     """With one gold (every HotpotQA row), compat == the reference, quirks included."""
     golds = golds[:1]
-    assert sub_em(pred, golds, compat=True) == reference_sub_em(pred, golds)
-    assert exact_match(pred, golds, compat=True) == reference_em(pred, golds)
+    assert sub_em(pred, golds, **MEMAGENT_SCORER) == reference_sub_em(pred, golds)
+    assert exact_match(pred, golds, **MEMAGENT_SCORER) == reference_em(pred, golds)
     assert score(pred, golds)["sub_em_compat"] == reference_sub_em(pred, golds)
 
 
 def test_compat_reproduces_the_empty_normalized_quirk():
     # "an" / "..." normalize to "", which is a substring of every gold: a hit in the reference.
     assert reference_sub_em("an", ["apple"]) == 1.0
-    assert sub_em("an", ["apple"], compat=True) == 1.0
+    assert sub_em("an", ["apple"], **MEMAGENT_SCORER) == 1.0
     assert sub_em("an", ["apple"]) == 0.0
 
 
 def test_compat_raw_empty_prediction_matches_reference():
-    assert sub_em("", ["Paris"], compat=True) == reference_sub_em("", ["Paris"]) == 0.0
+    assert sub_em("", ["Paris"], **MEMAGENT_SCORER) == reference_sub_em("", ["Paris"]) == 0.0
 
 
 def test_multiple_golds_take_the_max_unlike_the_reference_first_gold():

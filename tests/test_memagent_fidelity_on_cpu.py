@@ -28,7 +28,7 @@ from parser.methods.rememr1 import PROMPTS as REMEMR1_PROMPTS
 from parser.methods.rememr1.method import NO_RECALL_RESULT, TfidfRecall
 from parser.methods.memagent.rules import (authors_boxed, memagent_memory, memagent_rl_reward, prediction, recall_query,
                                            remove_recalls)
-from parser.text.reward import sub_em
+from parser.text.reward import MEMAGENT_SCORER, sub_em
 from scripted_lead import ScriptedModel  # stands in for the served checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -225,8 +225,8 @@ def test_rememr1_boxed_answer_is_their_extraction():
 def test_scoring_is_theirs_on_what_extraction_returns(tiny_tokenizer):
     """M utils/__init__.py `sub_exact_match_score` behind `if item["pred"] else 0`: no prediction
     scores 0; a blank boxed answer " " is a hit (it normalizes to "", a substring of every gold)."""
-    assert sub_em(None, ["Paris"], compat=True) == 0.0
-    assert sub_em(" ", ["Paris"], compat=True) == 1.0
+    assert sub_em(None, ["Paris"], **MEMAGENT_SCORER) == 0.0
+    assert sub_em(" ", ["Paris"], **MEMAGENT_SCORER) == 1.0
     result, _ = read("memagent", lambda p, i: "m" if "<section>" in p else "", tiny_tokenizer)
     assert result.answer is None and result.trace.empty_final_reply is True  # theirs skip such a sample
 

@@ -576,6 +576,7 @@ def test_an_escaped_surrogate_pair_is_its_character_and_a_lone_one_is_replaced()
     ("nothing", ["Paris"], 0.0),
     ("**.**", ["Paris"], 1.0),                                                 # "" is in every gold (reference quirk)
     ("<answer>Paris</answer>\n**London**", ["Paris"], 1.0),
+    ("<answer>Berlin</answer> **.**", ["The"], 0.0),                           # a gold that normalizes to "" never scores
 ])
 def test_release_sub_em(completion, golds, expected):
     assert release_sub_em(completion, golds) == expected

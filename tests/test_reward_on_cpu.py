@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parser.text.reward import exact_match, normalize_answer, sub_em
+from parser.text.reward import MEMAGENT_SCORER, exact_match, normalize_answer, sub_em
 
 
 @pytest.mark.parametrize(
@@ -32,17 +32,25 @@ def test_metrics(pred, golds, em, sem):
     assert sub_em(pred, golds) == sem
 
 
-def test_compat_reproduces_reference_empty_normalized_hit():
-    assert sub_em("  .  ", ["Paris"], compat=True) == 1.0  # normalizes to "": a substring of every gold
-    assert sub_em("the", ["Paris"], compat=True) == 1.0
-    assert sub_em("", ["Paris"], compat=True) == 0.0  # the reference's caller skips a falsy raw prediction
-    assert sub_em(None, ["Paris"], compat=True) == 0.0
-    assert sub_em("Berlin", ["Paris"], compat=True) == 0.0
+def test_memagent_scorer_reproduces_reference_empty_normalized_hit():
+    assert sub_em("  .  ", ["Paris"], **MEMAGENT_SCORER) == 1.0  # normalizes to "": a substring of every gold
+    assert sub_em("the", ["Paris"], **MEMAGENT_SCORER) == 1.0
+    assert sub_em("", ["Paris"], **MEMAGENT_SCORER) == 0.0  # the reference's caller skips a falsy raw prediction
+    assert sub_em(None, ["Paris"], **MEMAGENT_SCORER) == 0.0
+    assert sub_em("Berlin", ["Paris"], **MEMAGENT_SCORER) == 0.0
     # a gold that normalizes to "" scores as in their scorer (docs/fidelity.md row 45): any non-empty raw
     # prediction that normalizes to "" equals it, and "" is a substring of every prediction; the default never
     # scores it (test_a_gold_that_normalizes_to_empty_never_scores)
-    assert exact_match("...", [""], compat=True) == 1.0 and exact_match("", [""], compat=True) == 0.0
-    assert sub_em("Berlin", ["The"], compat=True) == 1.0 and exact_match("Berlin", ["The"], compat=True) == 0.0
+    assert exact_match("...", [""], **MEMAGENT_SCORER) == 1.0 and exact_match("", [""], **MEMAGENT_SCORER) == 0.0
+    assert sub_em("Berlin", ["The"], **MEMAGENT_SCORER) == 1.0 and exact_match("Berlin", ["The"], **MEMAGENT_SCORER) == 0.0
+
+
+def test_the_two_switches_of_the_authors_scorer_are_apart():
+    """`compat` meant both; the release's eval Sub_EM wants the empty prediction rule without the
+    empty golds (it filtered the golds itself), so each is its own argument."""
+    assert sub_em("the", ["Paris"], empty_prediction=True) == 1.0 and sub_em("the", ["Paris"], empty_golds=True) == 0.0
+    assert sub_em("Berlin", ["The"], empty_golds=True) == 1.0 and sub_em("Berlin", ["The"], empty_prediction=True) == 0.0
+    assert exact_match("...", [""], empty_golds=True) == 0.0 and exact_match("...", [""], empty_prediction=True) == 0.0
 
 
 @settings(max_examples=200, deadline=None)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 from parser.records.trace import Trace
 from parser.records.trajectory import Trajectory
 from parser.text.release import strip_trailing_markers
-from parser.text.reward import exact_match, release_sub_em, sub_em
+from parser.text.reward import MEMAGENT_SCORER, exact_match, release_sub_em, sub_em
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +50,8 @@ def _release(prediction: str | None, golds: Sequence[str], completion: str | Non
 METRICS: tuple[Metric, ...] = (
     Metric("sub_em", lambda p, g, c: sub_em(p, g), "Sub_EM"),
     Metric("em", lambda p, g, c: exact_match(p, g), "EM"),
-    Metric("sub_em_compat", lambda p, g, c: sub_em(p, g, compat=True), "Sub_EM, authors' scorer"),
-    Metric("em_compat", lambda p, g, c: exact_match(p, g, compat=True), "EM, authors' scorer"),
+    Metric("sub_em_compat", lambda p, g, c: sub_em(p, g, **MEMAGENT_SCORER), "Sub_EM, authors' scorer"),
+    Metric("em_compat", lambda p, g, c: exact_match(p, g, **MEMAGENT_SCORER), "EM, authors' scorer"),
     Metric("sub_em_release", _release, "Sub_EM, release's scorer"),
 )
 PRIMARY = "sub_em"

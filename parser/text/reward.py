@@ -4,12 +4,13 @@ Training rewards the lead with binary `exact_match` (paper §2.3); tables report
 bidirectional-substring variant that MemAgent's and ReMemR1's open-source eval code implements
 (paper Appendix E.6, footnote 10). Both return 1.0 / 0.0 and take the max over gold answers.
 
-`compat=True` is the reference's *string scorer* (MemAgent's and ReMemR1's eval): a falsy raw
-prediction scores 0 (its caller's `if pred else 0` guard), but a prediction that only
-*normalizes* to the empty string ("the", "...") counts as a hit under Sub_EM ("" is a substring
-of everything). What it scores is the method's extraction (`parser.methods.memagent.rules` for
-MemAgent/ReMemR1); their skipping of empty outputs is not reproduced (docs/fidelity.md, row 35).
-Use it only to compare with published numbers; the default scores any empty prediction 0.
+`MEMAGENT_SCORER` (`empty_prediction=True, empty_golds=True`) is the reference's *string scorer*
+(MemAgent's and ReMemR1's eval). `empty_prediction`: a falsy raw prediction scores 0 (its
+caller's `if pred else 0` guard), but a prediction that only *normalizes* to the empty string
+("the", "...") is scored, a hit under Sub_EM ("" is a substring of everything). What it scores is
+the method's extraction (`parser.methods.memagent.rules` for MemAgent/ReMemR1); their skipping of
+empty outputs is not reproduced (docs/fidelity.md, row 35). Use it only to compare with published
+numbers; the default scores any empty prediction 0.
 
 `release_normalize` / `release_exact_match` are the authors' *training* reward (release
 train/scripts/reward.py; `parser.engine.protocol.ReleaseProtocol` trains with it): articles are replaced
@@ -19,10 +20,11 @@ train/scripts/reward.py; `parser.engine.protocol.ReleaseProtocol` trains with it
 A gold answer that normalizes to "" ("", "the", "?") never scores by default: "" is a substring
 of every prediction, so it would be free accuracy. Data prep refuses such records
 (`data_prep.records`) except under `compat` (the authors' readers keep them), and this guards what
-reaches scoring anyway. `compat=True` scores them as MemAgent's and ReMemR1's scorer does
+reaches scoring anyway. `empty_golds=True` keeps them as MemAgent's and ReMemR1's scorer does
 (`update_answer`): Sub_EM 1 for every non-empty prediction, EM 1 for one that normalizes to "".
-`release_sub_em` keeps the default rule for them. (The release would let an empty normalized
-prediction equal an empty normalized gold; that quirk is not kept.)
+`release_sub_em` scores empty predictions as the reference does (`empty_prediction`) but keeps the
+default rule for empty golds. (The release would let an empty normalized prediction equal an empty
+normalized gold; that quirk is not kept.)
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
 _UNICODE_PUNCTUATION = re.compile(r"[^\w\s]")
 _BOLD = re.compile(r"\*\*(.*?)\*\*")
+# MemAgent's and ReMemR1's string scorer (`update_answer`): the `_compat` metrics, the comparisons with their numbers
+MEMAGENT_SCORER = {"empty_prediction": True, "empty_golds": True}
 
 
 def normalize_answer(text: str) -> str:
@@ -55,19 +59,23 @@ def release_normalize(text: str) -> str:
 
 
 def _golds(golds: str | Iterable[str], normalize: Callable[[str], str] = normalize_answer,
-           compat: bool = False) -> list[str]:
-    """The normalized golds that can score: never an empty one, unless `compat` (the authors' scorer)."""
+           empty_golds: bool = False) -> list[str]:
+    """The normalized golds that can score: never an empty one, unless `empty_golds` (the authors' scorer)."""
     raw = [golds] if isinstance(golds, str) else [str(g) for g in golds]
-    return [g for g in (normalize(r) for r in raw) if g or compat]
+    return [g for g in (normalize(r) for r in raw) if g or empty_golds]
 
 
-def exact_match(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
+def exact_match(prediction: str | None, golds: str | Iterable[str], *, empty_prediction: bool = False,
+                empty_golds: bool = False) -> float:
+    """Correct if the normalized prediction equals a normalized gold. `empty_prediction`: a prediction
+    that normalizes to "" is scored, not 0; `empty_golds`: a gold that normalizes to "" is kept
+    (both: `MEMAGENT_SCORER`, module docstring)."""
     if not prediction:
         return 0.0
     pred = normalize_answer(prediction)
-    if not pred and not compat:
+    if not pred and not empty_prediction:
         return 0.0
-    return float(any(pred == g for g in _golds(golds, compat=compat)))
+    return float(any(pred == g for g in _golds(golds, empty_golds=empty_golds)))
 
 
 def release_exact_match(prediction: str | None, golds: str | Iterable[str]) -> float:
@@ -78,14 +86,16 @@ def release_exact_match(prediction: str | None, golds: str | Iterable[str]) -> f
     return float(any(pred == g for g in _golds(golds, release_normalize)))
 
 
-def sub_em(prediction: str | None, golds: str | Iterable[str], compat: bool = False) -> float:
-    """Correct if the normalized prediction and a normalized gold contain one another."""
+def sub_em(prediction: str | None, golds: str | Iterable[str], *, empty_prediction: bool = False,
+           empty_golds: bool = False) -> float:
+    """Correct if the normalized prediction and a normalized gold contain one another; the two
+    switches as `exact_match`'s."""
     if not prediction:
         return 0.0
     pred = normalize_answer(prediction)
-    if not pred and not compat:
+    if not pred and not empty_prediction:
         return 0.0
-    for g in _golds(golds, compat=compat):
+    for g in _golds(golds, empty_golds=empty_golds):
         if g in pred or pred in g:
             return 1.0
     return 0.0
@@ -95,8 +105,8 @@ def release_sub_em(completion: str, golds: str | Iterable[str]) -> float:
     """The release's eval Sub_EM (release eval/eval.py) over a whole completion (every lead turn,
     thinking included): the last `<answer>` block, scored as the string "No answer found" when
     there is none, or — if that scores higher — the last `**bold**` span; reference Sub_EM."""
-    golds = [g for g in ([golds] if isinstance(golds, str) else map(str, golds)) if normalize_answer(g)]  # "" never scores
+    golds = [golds] if isinstance(golds, str) else [str(g) for g in golds]  # read once: scored for two candidates
     answer = extract_answer(completion) or NO_ANSWER
     bold = _BOLD.findall(completion)
     candidates = [answer] + ([bold[-1].strip() or NO_ANSWER] if bold else [NO_ANSWER])
-    return max(sub_em(c, golds, compat=True) for c in candidates)
+    return max(sub_em(c, golds, empty_prediction=True) for c in candidates)  # a gold that normalizes to "" never scores

@@ -57,7 +57,7 @@ def prediction(reply: str, mode: str) -> tuple[str | None, str]:
     """(prediction, mode) as `ruler_hqa.py` / `test_qa.py` `get_pred` compute it from the final
     reply: stripped; the text after its last `</think>` if that is non-empty, else the whole reply;
     then `recurrent_answer` or, in "boxed" mode, `authors_boxed`. The scorer gives a falsy prediction
-    0 (`sub_em(..., compat=True)` does the same). An empty reply is skipped by theirs, not scored:
+    0 (`sub_em(..., **MEMAGENT_SCORER)` does the same). An empty reply is skipped by theirs, not scored:
     the record's `empty_final_reply` says so."""
     if mode not in ANSWER_MODES:
         raise ValueError(f"answer_mode must be one of {ANSWER_MODES}, got {mode!r}")
