@@ -13,7 +13,7 @@ import re
 import orjson
 import pytest
 
-from parser.cli.ask import Reply, evidence_for, main, print_reply, read_document
+from parser.cli.ask import Reply, evidence_for, main, print_reply, read_document, split_words
 from parser.records.jsonl import parse_json
 from parser.records.trajectory import Finding, QueryRecord, Trajectory, Turn
 from parser.text.chunking import Chunk
@@ -251,6 +251,30 @@ def test_a_document_too_big_or_not_text_is_refused_unread(tmp_path, capsys, no_m
                        (utf16, f"{utf16}:1: a NUL byte (byte 1): not a text file (UTF-16?")):
         assert said in refused([str(path), "Q?", "models=tiny_cpu"], capsys)
     os.unlink(sparse)
+
+
+@pytest.mark.parametrize("word", ["x=3: what is x?", "answer=yes?"])
+def test_a_question_that_starts_with_word_equals_is_refused_by_name_and_asked_after_the_separator(
+        tmp_path, capsys, no_model, word):
+    """It was taken for a setting (`x`, `answer`) and failed as an unknown key, with no word on how to ask it."""
+    path = tmp_path / "notes.md"
+    path.write_text(DOCUMENT)
+    said = refused([str(path), word, "models=tiny_cpu"], capsys)
+    assert f"{word!r} looks like a setting, but {word.split('=')[0]!r} is none of parser ask's" in said
+    assert f"put it after `--`: parser ask FILE -- '{word}'" in said
+    assert split_words(["Who?", "models=tiny_cpu", "method.episode.max_turns=2"], [word, "method=rlm"]) == (
+        ["Who?", word, "method=rlm"], ["models=tiny_cpu", "method.episode.max_turns=2"])
+    with pytest.raises(AssertionError, match="a model was loaded"):  # every check passed: the question is asked
+        main([str(path), "models=tiny_cpu", "--", word])
+
+
+def test_a_mistyped_setting_is_refused_and_a_setting_with_a_space_is_told_about_the_separator(tmp_path, capsys, no_model):
+    path = tmp_path / "notes.md"
+    path.write_text(DOCUMENT)
+    assert "'metod' is none of parser ask's (backend@models, cpu_budgets, method, models) (did you mean method?)" in \
+        refused([str(path), "Q?", "metod=rlm"], capsys)
+    assert "if 'method=which is best?' is a question, put it after `--`" in \
+        refused([str(path), "Q?", "method=which is best?"], capsys)
 
 
 def test_a_second_question_that_is_blank_is_named_by_its_place(tmp_path, capsys, no_model):
