@@ -123,6 +123,7 @@ def test_the_command_prints_each_round_and_the_answer_and_writes_the_trajectory(
           "--json", str(out)])
     printed = capsys.readouterr().out
     assert printed.count("=== ") == 2 and printed.count("turn 1 (lead") == 2
+    assert re.search(r"^the document: \d+ chunks, each read by its own subagent$", printed, re.MULTILINE)
     assert printed.count("\nanswer: ") == 2 and "answer: none" not in printed
     rows = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     assert [r["question"] for r in rows] == ["Who directed Zorvan?", "Who captained the Aurel?"]
@@ -149,7 +150,11 @@ def test_the_peers_answer_a_question_through_ask_on_the_tiny_models(method, sett
     path.write_text(DOCUMENT)
     sandbox = [f"method.sandbox.{k}={str(v).lower()}" for k, v in asyncio.run(sandbox_settings()).items()] if method == "rlm" else []
     main([str(path), "Who directed Zorvan?", "models=tiny_cpu", f"method={method}", *settings, *sandbox, "--json", str(out)])
-    assert "\nanswer: " in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "\nanswer: " in printed and "subagent" not in printed  # it said every method read as ParSer does
+    reads = {"rlm": "held whole in the REPL, read by the root model's code and its llm_query sub-calls",
+             "infmem": "read chunk by chunk in one pass, each step's notes carried into the next"}[method]
+    assert f"the document: {reads}\n" in printed
     (row,) = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     result = row["record"]
     if method == "rlm":
@@ -322,6 +327,8 @@ def test_a_destination_that_fills_up_ends_in_one_line(tmp_path, monkeypatch, cap
 class Answers:
     """Stands in for the method and its models: answers every question at once."""
 
+    reading = "not read: every question is answered at once"
+
     async def run(self, sample):
         from parser.methods import MethodResult
 
@@ -346,6 +353,8 @@ class TwoThenStop:
     """Stands in for the method and its models: answers the first two questions, then on the third
     either Ctrl-C lands or the model server fails for good. Before each question it reads the
     `--json` file: every earlier answer must already be on disk."""
+
+    reading = "not read: two answers, then the stop"
 
     def __init__(self, out, stop: BaseException):
         self.out, self.stop, self.closed = out, stop, False

@@ -282,8 +282,8 @@ async def ask_async(document: str, questions: Iterable[str], cfg: Any, echo: boo
     try:
         protocol, models = getattr(method, "protocol", None), getattr(method, "models", None)
         chunks = protocol.chunk(document, models.subagent_tokenizer) if protocol and models else []
-        if echo and chunks:
-            print(f"the document: {len(chunks)} chunks, each read by its own subagent", flush=True)
+        if echo:
+            print(f"the document: {method.reading.format(chunks=len(chunks))}", flush=True)
         for number, question in enumerate(questions):
             sample = Sample(id=f"ask-{number}", question=question.strip(), answers=[], context=document)
             if echo:
