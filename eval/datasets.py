@@ -14,6 +14,11 @@ synthetic world is generated in-process by `data_prep`, so eval never re-impleme
 - `synthetic_controlled`: the controlled sets built in-process on the synthetic world
   (`data_prep.controlled.{position,order,distance}_sets`, chosen by `analysis`)
 
+A data file is read whole (its rows, then its digest), so a file over `max_data_file_bytes`
+(configs/eval/default.yaml: 2 GiB, about four times MemAgent's largest eval file by estimate: 128
+documents of ~896K tokens at ~4 bytes a token) is refused by its size before a byte is read, naming the file, its size and the
+setting to raise (`parser eval max_data_file_bytes=...`); a file under it reads as it always did.
+
 Each subset also says where it came from (`source`: the file, or which synthetic set) and a
 `digest` of its whole input (the file's bytes, or the generated rows), before `limit`: eval.run
 records both so a resume can tell that the rows it would skip were computed on other inputs
@@ -22,6 +27,7 @@ records both so a resume can tell that the rows it would skip were computed on o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from pathlib import Path
 from typing import Any, Mapping
@@ -45,8 +51,22 @@ class Subset:
         return f"{self.dataset} L={self.length}" + (f" {self.condition}" if self.condition else "")
 
 
-def _read(path: str | Path) -> tuple[list[dict[str, Any]], str]:
-    """The file's records and the sha256 of its bytes."""
+BOUND_SETTING = "max_data_file_bytes"  # configs/eval/default.yaml: the one definition of the bound
+
+
+@functools.cache
+def default_max_file_bytes() -> int:
+    """configs/eval/default.yaml's `max_data_file_bytes`, for callers that load subsets without an
+    eval config (a bench, a test): the bound is defined there once."""
+    from omegaconf import OmegaConf
+
+    from parser.base.resources import config_dir
+
+    return int(OmegaConf.load(config_dir("eval", "default.yaml"))[BOUND_SETTING])
+
+
+def _read(path: str | Path, max_bytes: int) -> tuple[list[dict[str, Any]], str]:
+    """The file's records and the sha256 of its bytes; a file over `max_bytes` is refused unread."""
     from parser.records.jsonl import read_records
 
     path = Path(path)
@@ -56,6 +76,10 @@ def _read(path: str | Path) -> tuple[list[dict[str, Any]], str]:
     if path.exists() and not path.is_dir() and not path.is_file():  # /dev/zero never ends; a pipe reads empty the second time
         raise DataError(f"eval data file {path}: a device, FIFO or socket, not a file; eval reads it twice (its rows, "
                         "then its fingerprint for resuming): save it to a file first")
+    size = path.stat().st_size if path.is_file() else 0
+    if size > max_bytes:
+        raise DataError(f"eval data file {path}: {size:,} bytes, over {BOUND_SETTING}={max_bytes:,} (it is read whole "
+                        f"into memory); to read it anyway, raise the bound: parser eval {BOUND_SETTING}={size}")
     records = read_records(path)  # first: it refuses a directory or a bad line, naming the file
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -90,7 +114,7 @@ def _length_of(records: list[dict[str, Any]], source: str) -> int:
     return int(lengths.pop())
 
 
-def _file_subsets(name: str, path: str, lengths: Any, limit: int | None) -> list[Subset]:
+def _file_subsets(name: str, path: str, lengths: Any, limit: int | None, max_bytes: int) -> list[Subset]:
     """One subset per length (a `{length}` placeholder in `path`), or the one file as one subset.
     Lengths that cannot apply are refused, never used as labels: `lengths` without a placeholder
     would evaluate one file under several lengths. (A row's own `length` may differ from its
@@ -103,12 +127,12 @@ def _file_subsets(name: str, path: str, lengths: Any, limit: int | None) -> list
                          "names one file, which would be evaluated once per length): drop dataset.lengths to "
                          "evaluate the file as one subset, or name one file per length")
     if not placeholder:
-        records, digest = _read(path)
+        records, digest = _read(path, max_bytes)
         return [Subset(name, _file_length(records, path), None, None, _samples(records, path, limit), path, digest)]
     subsets = []
     for L in lengths:
         file = path.format(length=L)
-        records, digest = _read(file)
+        records, digest = _read(file, max_bytes)
         subsets.append(Subset(name, int(L), None, None, _samples(records, file, limit), file, digest))
     return subsets
 
@@ -127,7 +151,10 @@ def _condition_subsets(name: str, by_condition: dict[str, tuple[list[dict[str, A
             for i, (condition, (records, source, digest)) in enumerate(by_condition.items())]
 
 
-def load_subsets(cfg: Mapping[str, Any], limit: int | None = None) -> list[Subset]:
+def load_subsets(cfg: Mapping[str, Any], limit: int | None = None, max_file_bytes: int | None = None) -> list[Subset]:
+    """The subsets of the `dataset` section `cfg`; each data file at most `max_file_bytes`
+    (None: configs/eval/default.yaml's `max_data_file_bytes`)."""
+    max_bytes = default_max_file_bytes() if max_file_bytes is None else max_file_bytes
     name, source = cfg["name"], cfg.get("source", "files")
     if source == "synthetic":
         from data_prep import build_synthetic_eval
@@ -140,11 +167,11 @@ def load_subsets(cfg: Mapping[str, Any], limit: int | None = None) -> list[Subse
         return [Subset(name, L, None, None, _samples(by_length[L], f"synthetic L={L}", limit), f"synthetic L={L}",
                        _digest_rows(by_length[L])) for L in lengths]
     if source == "files":
-        return _file_subsets(name, str(cfg["path"]), cfg.get("lengths"), limit)
+        return _file_subsets(name, str(cfg["path"]), cfg.get("lengths"), limit, max_bytes)
     if source == "conditions":
         by_condition = {}
         for condition, path in dict(cfg["subsets"]).items():
-            records, digest = _read(path)
+            records, digest = _read(path, max_bytes)
             by_condition[str(condition)] = (records, str(path), digest)
         return _condition_subsets(name, by_condition, limit)
     if source == "synthetic_controlled":

@@ -410,10 +410,9 @@ def trace_costs(trace: Trace | None) -> dict[str, float]:
     calls, `record.rlm.usage.sub`; any other: its subagent requests), `plans` and `stopped_early` for
     InfMem's pass (its planner calls); {} for a row saved without its trace or a method with neither."""
     if isinstance(trace, Trajectory):
-        rlm = trace.extras.get("rlm")
-        return {"sub_calls": float(rlm["usage"]["sub"]["calls"] if rlm else trace.stats()["subagent_calls"])}
-    if isinstance(trace, SequentialTrace) and "plans" in trace.extras:
-        return {"plans": float(len(trace.extras["plans"])), "stopped_early": float(bool(trace.extras["stopped_early"]))}
+        return {"sub_calls": float(trace.sub_calls)}
+    if isinstance(trace, SequentialTrace) and trace.planner_calls is not None:
+        return {"plans": float(trace.planner_calls), "stopped_early": float(trace.stopped_early)}
     return {}
 
 
@@ -480,9 +479,8 @@ ANALYSES = {"position": "evidence position (window start, percentile)", "order":
 def analysis_of(dataset: str, rows: Sequence[ResultRow]) -> str:
     """Which factor a controlled set varies: the rows' `meta.control` (data_prep.controlled), else the name's suffix."""
     for r in rows:
-        control = (r.meta.get("meta") or {}).get("control")
-        if control:
-            return str(control)
+        if r.control:
+            return r.control
     return next((a for a in ANALYSES if dataset.endswith(a)), dataset)
 
 
@@ -528,7 +526,7 @@ def evidence_reading(rows: Sequence[ResultRow]) -> list[dict[str, Any]]:
     groups: dict[tuple, list[tuple[float, float, int, float]]] = collections.defaultdict(list)
     chunks: dict[tuple, list[int]] = collections.defaultdict(list)
     for r in rows:
-        trace, gold = r.trace, r.meta.get("gold_paragraph_ids")
+        trace, gold = r.trace, r.gold_paragraph_ids
         if not isinstance(trace, SequentialTrace) or not gold:
             continue
         step = {chunk: k for k, chunk in enumerate(trace.reading_order)}
@@ -537,7 +535,7 @@ def evidence_reading(rows: Sequence[ResultRow]) -> list[dict[str, Any]]:
         if not steps:
             continue
         last_step = max(len(trace.reading_order) - 1, 1)
-        chain = [step[holder[g]] for g in (r.meta.get("evidence_order") or gold) if g in holder]
+        chain = [step[holder[g]] for g in (r.evidence_order or gold) if g in holder]
         key = (r.dataset, r.backbone, r.row, r.condition)
         groups[key].append((steps[0] / last_step, steps[-1] / last_step, steps[-1] - steps[0], float(chain == sorted(chain))))
         chunks[key].append(len(trace.reading_order))

@@ -302,7 +302,7 @@ class _Plan:
 def _prepare(cfg: DictConfig) -> _Plan | None:
     """The subsets loaded, the store opened, the inputs checked and the session opened in the
     manifest; None (said, and the session closed) when every sample is already done."""
-    subsets = load_subsets(cfg.dataset, limit=cfg.limit)
+    subsets = load_subsets(cfg.dataset, limit=cfg.limit, max_file_bytes=cfg.max_data_file_bytes)
     check_subsets(subsets)
     store = ResultsStore(cfg.out_dir)
     for problem in store.problems:  # what opening skipped or repaired: the rows it kept are all there

@@ -59,6 +59,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 
 
+from parser.base.redact import redact
 from parser.engine import prompts
 from parser.serving.types import ROUTING_HEADER, Backend, SamplingParams
 from parser.serving.retry import retrying
@@ -267,7 +268,7 @@ async def _round(backend: Backend, round_prompts: Sequence[str], sampling: Sampl
     ok = [(i, c) for i, c in results if not isinstance(c, BaseException)]
     per_worker: dict[str, int] = collections.Counter(c.worker for _, c in ok if c.worker)
     if not per_worker and worker_urls and all(before[u] is not None and after[u] is not None for u in worker_urls):
-        per_worker = {u: int(after[u] - before[u]) for u in worker_urls}
+        per_worker = {redact(u): int(after[u] - before[u]) for u in worker_urls}  # printed and written
     row = RoundStats(
         round=r + 1, requests=len(results), failed=len(results) - len(ok),
         retries=sum(attempts.values()) - len(results), wall_s=wall, per_worker=dict(per_worker),
@@ -414,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 await direct.aclose()
 
     share = instruction_share(workload, render)
-    print(f"gateway {args.gateway}: T={args.chunks} chunks x K={args.rounds} rounds, "
+    print(f"gateway {redact(args.gateway)}: T={args.chunks} chunks x K={args.rounds} rounds, "
           f"instructions are {share:.1%} of a prompt's text"
           + ("  (above cache_aware's default 0.3 threshold: expect every chunk on one worker)" if share > 0.3 else ""))
     stats = asyncio.run(go())

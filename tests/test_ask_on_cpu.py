@@ -13,7 +13,7 @@ import re
 import orjson
 import pytest
 
-from parser.cli.ask import Reply, evidence_for, main, print_reply, read_document
+from parser.cli.ask import Reply, evidence_for, main, print_reply, read_document, split_words
 from parser.records.jsonl import parse_json
 from parser.records.trajectory import Finding, QueryRecord, Trajectory, Turn
 from parser.text.chunking import Chunk
@@ -123,6 +123,7 @@ def test_the_command_prints_each_round_and_the_answer_and_writes_the_trajectory(
           "--json", str(out)])
     printed = capsys.readouterr().out
     assert printed.count("=== ") == 2 and printed.count("turn 1 (lead") == 2
+    assert re.search(r"^the document: \d+ chunks, each read by its own subagent$", printed, re.MULTILINE)
     assert printed.count("\nanswer: ") == 2 and "answer: none" not in printed
     rows = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     assert [r["question"] for r in rows] == ["Who directed Zorvan?", "Who captained the Aurel?"]
@@ -149,7 +150,11 @@ def test_the_peers_answer_a_question_through_ask_on_the_tiny_models(method, sett
     path.write_text(DOCUMENT)
     sandbox = [f"method.sandbox.{k}={str(v).lower()}" for k, v in asyncio.run(sandbox_settings()).items()] if method == "rlm" else []
     main([str(path), "Who directed Zorvan?", "models=tiny_cpu", f"method={method}", *settings, *sandbox, "--json", str(out)])
-    assert "\nanswer: " in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "\nanswer: " in printed and "subagent" not in printed  # it said every method read as ParSer does
+    reads = {"rlm": "held whole in the REPL, read by the root model's code and its llm_query sub-calls",
+             "infmem": "read chunk by chunk in one pass, each step's notes carried into the next"}[method]
+    assert f"the document: {reads}\n" in printed
     (row,) = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     result = row["record"]
     if method == "rlm":
@@ -253,6 +258,30 @@ def test_a_document_too_big_or_not_text_is_refused_unread(tmp_path, capsys, no_m
     os.unlink(sparse)
 
 
+@pytest.mark.parametrize("word", ["x=3: what is x?", "answer=yes?"])
+def test_a_question_that_starts_with_word_equals_is_refused_by_name_and_asked_after_the_separator(
+        tmp_path, capsys, no_model, word):
+    """It was taken for a setting (`x`, `answer`) and failed as an unknown key, with no word on how to ask it."""
+    path = tmp_path / "notes.md"
+    path.write_text(DOCUMENT)
+    said = refused([str(path), word, "models=tiny_cpu"], capsys)
+    assert f"{word!r} looks like a setting, but {word.split('=')[0]!r} is none of parser ask's" in said
+    assert f"put it after `--`: parser ask FILE -- '{word}'" in said
+    assert split_words(["Who?", "models=tiny_cpu", "method.episode.max_turns=2"], [word, "method=rlm"]) == (
+        ["Who?", word, "method=rlm"], ["models=tiny_cpu", "method.episode.max_turns=2"])
+    with pytest.raises(AssertionError, match="a model was loaded"):  # every check passed: the question is asked
+        main([str(path), "models=tiny_cpu", "--", word])
+
+
+def test_a_mistyped_setting_is_refused_and_a_setting_with_a_space_is_told_about_the_separator(tmp_path, capsys, no_model):
+    path = tmp_path / "notes.md"
+    path.write_text(DOCUMENT)
+    assert "'metod' is none of parser ask's (backend@models, cpu_budgets, method, models) (did you mean method?)" in \
+        refused([str(path), "Q?", "metod=rlm"], capsys)
+    assert "if 'method=which is best?' is a question, put it after `--`" in \
+        refused([str(path), "Q?", "method=which is best?"], capsys)
+
+
 def test_a_second_question_that_is_blank_is_named_by_its_place(tmp_path, capsys, no_model):
     path = tmp_path / "notes.md"
     path.write_text(DOCUMENT)
@@ -298,6 +327,8 @@ def test_a_destination_that_fills_up_ends_in_one_line(tmp_path, monkeypatch, cap
 class Answers:
     """Stands in for the method and its models: answers every question at once."""
 
+    reading = "not read: every question is answered at once"
+
     async def run(self, sample):
         from parser.methods import MethodResult
 
@@ -322,6 +353,8 @@ class TwoThenStop:
     """Stands in for the method and its models: answers the first two questions, then on the third
     either Ctrl-C lands or the model server fails for good. Before each question it reads the
     `--json` file: every earlier answer must already be on disk."""
+
+    reading = "not read: two answers, then the stop"
 
     def __init__(self, out, stop: BaseException):
         self.out, self.stop, self.closed = out, stop, False

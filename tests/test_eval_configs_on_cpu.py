@@ -46,6 +46,7 @@ def test_method_options_name_registered_methods(method):
     cfg = full["method"]
     cls = method_class(cfg["_target_"])  # the one place that names the method's class
     assert isinstance(cls, type) and all(callable(getattr(cls, hook, None)) for hook in ("run", "aclose"))
+    assert isinstance(getattr(cls, "reading", None), (str, property))  # what ask and the demo say it reads
     assert cfg["_target_"].startswith(f"parser.methods.{cls.__module__.split('.')[2]}.")  # a method is a folder
     assert full["report"]["row"] == cfg["label"]  # tables label the row by the method, not by a default
     for episode in (cfg.get("episode"), (cfg.get("reader") or {}).get("episode")):

@@ -15,6 +15,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from parser.base.redact import redact
 from parser.serving.types import ROUTING_HEADER, Backend, BackendError, SamplingParams
 from parser.serving.backends.http import HttpBackend
 from parser.serving.server import ServerHandle, json_response
@@ -249,6 +250,27 @@ def test_connection_refused_is_retryable():
     with pytest.raises(BackendError, match="Connect") as err:
         run(generate_once(HttpBackend(f"http://127.0.0.1:{port}"), "x", SP))
     assert err.value.retryable is True
+
+
+def test_a_failed_request_names_the_host_and_port_but_never_the_password():
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = HttpBackend(f"http://ann:s3cret@127.0.0.1:{port}", api="completions", model="m")
+    with pytest.raises(BackendError, match=rf"POST http://ann:\*\*\*@127\.0\.0\.1:{port}/v1/completions: ") as err:
+        run(generate_once(backend, "x", SP))
+    assert "s3cret" not in str(err.value)
+
+
+@pytest.mark.parametrize("text,shown", [
+    ("GET http://ann:s3cret@gpu1:8000/v1/models: refused", "GET http://ann:***@gpu1:8000/v1/models: refused"),
+    ("https://TOKEN@host/health", "https://***@host/health"),  # a token passed as the user name
+    ("http://ann:p@ss@host:80/x", "http://ann:***@host:80/x"),  # a bare `@` in the password, as urllib splits it
+    ("['http://a:1@h1', 'http://b:2@h2']", "['http://a:***@h1', 'http://b:***@h2']"),
+    ("http://host:80/path?mail=a@b, and a@b.c", "http://host:80/path?mail=a@b, and a@b.c"),  # no userinfo: unchanged
+])
+def test_redact_masks_the_password_of_every_url_in_a_message(text, shown):
+    assert redact(text) == shown == redact(shown)
 
 
 def test_timeout_is_retryable_and_prompt(fresh_loopback):

@@ -137,6 +137,36 @@ def test_an_eval_file_that_cannot_be_read_as_records_is_refused_naming_it(tmp_pa
         load_subsets({"name": "x", "source": "files", "lengths": [1], "path": str(tmp_path / "eval_{length}.jsonl")})
 
 
+def test_an_eval_file_over_the_size_bound_is_refused_unread_naming_its_size_and_the_setting(tmp_path):
+    """Every data file was read whole into memory, whatever its size (a 3 GB sparse file here)."""
+    import orjson
+
+    from eval.datasets import load_subsets
+    from eval.run import _prepare
+    from parser.base.resources import config_dir
+    from parser.base.settings import compose_checked
+
+    path = tmp_path / "eval_1.jsonl"
+    path.write_bytes(orjson.dumps(eval_row(id="ok_L1")) + b"\n")
+    size = path.stat().st_size
+    dataset = {"name": "x", "source": "files", "lengths": [1], "path": str(tmp_path / "eval_{length}.jsonl")}
+    (under,) = load_subsets(dataset, max_file_bytes=size)  # at the bound: read exactly as with the default
+    (default,) = load_subsets(dataset)
+    assert (under.samples, under.digest) == (default.samples, default.digest)
+    with pytest.raises(DataError, match=rf"eval data file {path}: {size:,} bytes, over max_data_file_bytes={size - 1:,} "
+                                        rf".*parser eval max_data_file_bytes={size}$"):
+        load_subsets(dataset, max_file_bytes=size - 1)
+    cfg = compose_checked(config_dir("eval"), "tiny_cpu", [f"hydra.searchpath=[file://{config_dir()}]", "dataset=files",
+                                                         f"dataset.path={path}", "max_data_file_bytes=9"])
+    with pytest.raises(DataError, match="over max_data_file_bytes=9 "):  # the setting reaches the loader
+        _prepare(cfg)
+    with open(path, "r+b") as handle:
+        handle.truncate(3 * 2**30)
+    with pytest.raises(DataError, match="3,221,225,472 bytes, over max_data_file_bytes=2,147,483,648 "):
+        load_subsets(dataset)
+    path.unlink()
+
+
 def test_parser_eval_ends_a_bad_data_file_in_one_line_before_any_model_loads(tmp_path):
     import os
     import subprocess

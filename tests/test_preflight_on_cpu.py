@@ -29,13 +29,15 @@ from support.slow_server import Trickle, http_reply
 class ModelList:
     """An aiohttp app in a thread answering GET /v1/models with one model `owned_by` someone."""
 
-    def __init__(self, model: str, owned_by: str | None):
-        self.model, self.owned_by = model, owned_by
+    def __init__(self, model: str, owned_by: str | None, authorization: str | None = None):
+        self.model, self.owned_by, self.authorization = model, owned_by, authorization  # None: open to all
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ready = threading.Event()
 
     async def models(self, request: web.Request) -> web.Response:
+        if self.authorization is not None and request.headers.get("Authorization") != self.authorization:
+            return web.json_response({"error": "unauthorized"}, status=401)
         entry = {"id": self.model, "object": "model", **({"owned_by": self.owned_by} if self.owned_by else {})}
         return web.json_response({"object": "list", "data": [entry]})
 
@@ -84,6 +86,26 @@ def test_a_server_that_is_down_fails_at_once_naming_its_url():
         build_backend(openai_section(url), where="models.lead")
     with pytest.raises(ServerUnavailable, match=r"/health"):
         probe(url, api="sglang")
+
+
+def test_a_password_in_the_url_is_masked_in_every_refusal_and_sent_as_basic_auth(capsys):
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ServerUnavailable, match=rf"cannot reach http://ann:\*\*\*@{dead}/v1/models") as down:
+        build_backend(openai_section(f"http://ann:s3cret@{dead}"), where="models.lead")
+    # `Basic YW5uOnMzY3JldA==` is ann:s3cret: the probe must send it, as aiohttp does for every request after
+    with ModelList("tiny-qwen3.5", "vllm", authorization="Basic YW5uOnMzY3JldA==") as server:
+        authorised = server.url.replace("http://", "http://ann:s3cret@")
+        assert probe(authorised, api="completions").models == ("tiny-qwen3.5",)
+        with pytest.raises(ServerUnavailable, match=r"ann:\*\*\*@127\.0\.0\.1:\d+ does not serve 'other'") as unserved:
+            build_backend(openai_section(authorised, model="other"), where="models.lead")
+        with pytest.raises(ServerUnavailable, match=r"GET http://ann:\*\*\*@127\.0\.0\.1:\d+/v1/models answered 401") as refused:
+            probe(server.url.replace("http://", "http://ann:wrong@"), api="completions")
+        pool, _ = build_backend({"_target_": "parser.serving.backends.http_backend", "api": "completions",
+                                 "base_urls": [authorised, f"http://ann:s3cret@{dead}"], "tokenizer": "tiny-qwen3.5"})
+    warned = capsys.readouterr().out
+    assert f"ann:***@{dead}" in warned and len(pool.backends) == 2
+    for said in (str(down.value), str(unserved.value), str(refused.value), warned):
+        assert "s3cret" not in said and "wrong" not in said
 
 
 def test_a_pool_starts_when_one_worker_answers_and_fails_when_none_does(capsys):

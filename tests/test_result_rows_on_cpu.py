@@ -117,3 +117,21 @@ def test_run_dirs_written_before_typed_traces_load_and_report_identically(tmp_pa
     assert expected
     for name in expected:
         assert (tmp_path / name).read_text() == (OLD_REPORT / name).read_text().replace("{out}", str(tmp_path)), name
+
+
+def test_the_report_reads_rows_and_traces_by_attribute_never_by_key():
+    """eval/report.py read a row's `meta` and a trace's `extras` and `stats()` by string key, so a
+    renamed field read None (or raised) far from its cause; the record types now say what they hold."""
+    import ast
+
+    tree = ast.parse((Path(__file__).parents[1] / "eval" / "report.py").read_text())
+    by_key = sorted({node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr in ("meta", "extras", "stats")})
+    assert by_key == []
+    row = ResultRow.from_dict({**OLD_ROW, "meta": {"gold_paragraph_ids": [3, 9], "evidence_order": [9, 3], "meta": {"control": "order"}}})
+    assert (row.gold_paragraph_ids, row.evidence_order, row.control) == ([3, 9], [9, 3], "order")
+    assert (ResultRow.from_dict({**OLD_ROW, "meta": {}}).control, ResultRow.from_dict(OLD_ROW).gold_paragraph_ids) == (None, None)
+    usage = {"root": {"calls": 3}, "sub": {"calls": 7}}
+    assert Trajectory("q?", "d", 0, extras={"rlm": {"usage": usage}}).sub_calls == 7 and Trajectory("q?", "d", 2).sub_calls == 0
+    planned = SequentialTrace(4, [0, 1], extras={"plans": [{}, {}], "stopped_early": True})
+    assert (planned.planner_calls, planned.stopped_early) == (2, True)
+    assert (SequentialTrace(4, [0, 1]).planner_calls, SequentialTrace(4, [0, 1]).stopped_early) == (None, None)

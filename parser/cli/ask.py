@@ -14,7 +14,15 @@
 The file is read as the method's document: text or Markdown as it is (plain text needs no
 `Document i:` headers; the protocol's chunker windows it), JSONL as one passage per line (a JSON
 string, or an object's `text`, `content` or `context`), rendered as numbered documents. Settings
-are Hydra overrides (`key=value`) of `configs/ask.yaml`, the same presets eval.run composes. Each
+are Hydra overrides (`key=value`) of `configs/ask.yaml`, the same presets eval.run composes. A
+`key=value` word is a setting when its key starts with one of ask's own (`models`,
+`backend@models`, `method`, `cpu_budgets`); another `word=...` is refused, naming it, never taken
+for a question or a setting in silence. A question that starts with `word=` goes after `--`, where
+every word is a question:
+
+    parser ask notes.md models=tiny_cpu -- "x=3: what is x?"
+
+Each
 round is printed as it ends; then the answer and the findings it rests on: the chunk each came
 from and its quote, checked verbatim against that chunk's text; "quote found in the chunk" is
 printed only for a quote that also states the answer with something said about it
@@ -34,8 +42,10 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import difflib
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, NoReturn, Sequence
@@ -57,7 +67,8 @@ from parser.text.reward import normalize_answer
 CONFIG_DIR = config_dir()
 MAX_DOCUMENT_BYTES = 64 * 2**20  # 64 MiB, ~16M tokens: 16 times the longest context in the paper's grid
 PASSAGE_FIELDS = ("text", "content", "context")  # what a JSONL line's passage may be called
-OVERRIDE = re.compile(r"^[+~]?[A-Za-z_][\w@./-]*=")  # `key=value` (a question has a space before any `=`)
+OVERRIDE = re.compile(r"^[+~]?([A-Za-z_][\w@./-]*)=")  # `key=value` (a question has a space before any `=`)
+QUESTIONS_ONLY = "--"  # every word after it is a question, whatever it looks like
 
 
 @dataclasses.dataclass
@@ -184,6 +195,43 @@ def _agrees(found: str, answer: str) -> bool:
     return bool(found) and (found in answer or answer in found)
 
 
+def setting_names() -> set[str]:
+    """What a setting's key may start with: configs/ask.yaml's own keys and each entry of its
+    defaults list (`backend@models` and its package `models`, `method`)."""
+    from omegaconf import OmegaConf
+
+    primary = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "ask.yaml"))
+    names = {key for key in primary if key != "defaults"}
+    for entry in primary.get("defaults", []):
+        key = next(iter(entry)) if isinstance(entry, dict) else entry
+        if key != "_self_":
+            names |= {key, key.split("@")[-1]}
+    return names
+
+
+def split_words(words: Sequence[str], after: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    """(questions, settings) of the command's words. A word `key=value` is a setting when `key`
+    starts with one of `setting_names()` (the rest of the key is checked when the settings
+    compose, with "did you mean"); a `key=value` word whose key names no setting is refused, naming
+    it and the way to ask it, so neither a question nor a mistyped setting is ever taken for the
+    other in silence. `after` (the words after `--`) are questions, whatever they look like."""
+    names, questions, settings = setting_names(), [], []
+    for word in words:
+        match = OVERRIDE.match(word)
+        if match is None:
+            questions.append(word)
+            continue
+        top = match.group(1).split(".", 1)[0]
+        if match.group(1) in names or top in names:
+            settings.append(word)
+            continue
+        near = difflib.get_close_matches(top, sorted(names), n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ConfigError(f"{word!r} looks like a setting, but {top!r} is none of parser ask's ({', '.join(sorted(names))})"
+                          f"{hint}; to ask it as a question, put it after `--`: parser ask FILE -- {shlex.quote(word)}")
+    return questions + list(after), settings
+
+
 def compose(overrides: Sequence[str]) -> Any:
     """configs/ask.yaml with `overrides`, through Hydra's compose API (positional arguments are
     the file and the questions, so this entry point cannot be a `@hydra.main`). `models=<preset>`
@@ -234,8 +282,8 @@ async def ask_async(document: str, questions: Iterable[str], cfg: Any, echo: boo
     try:
         protocol, models = getattr(method, "protocol", None), getattr(method, "models", None)
         chunks = protocol.chunk(document, models.subagent_tokenizer) if protocol and models else []
-        if echo and chunks:
-            print(f"the document: {len(chunks)} chunks, each read by its own subagent", flush=True)
+        if echo:
+            print(f"the document: {method.reading.format(chunks=len(chunks))}", flush=True)
         for number, question in enumerate(questions):
             sample = Sample(id=f"ask-{number}", question=question.strip(), answers=[], context=document)
             if echo:
@@ -288,19 +336,29 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _main(argv: Sequence[str] | None) -> None:
     parser = argparse.ArgumentParser(
         prog="parser ask", description=__doc__.split("\n\n")[0],
+        usage="%(prog)s [--json OUT] file question|key=value [...] [-- question [...]]",
         epilog="Settings: key=value Hydra overrides of configs/ask.yaml, e.g. models=tiny_cpu method=memagent "
-               "method.episode.max_turns=6 backend@models=openai models.lead.base_url=http://127.0.0.1:8000")
+               "method.episode.max_turns=6 backend@models=openai models.lead.base_url=http://127.0.0.1:8000. "
+               f"A key=value word is a setting when its key starts with one of ask's settings ({', '.join(sorted(setting_names()))}); "
+               "any other word=... is refused, naming it. A question that starts with word= "
+               "goes after --, where every word is a question: parser ask notes.md -- \"x=3: what is x?\"")
     parser.add_argument("file", help="a text, Markdown or JSONL file; - for stdin")
-    parser.add_argument("words", nargs="+", metavar="question|key=value", help="one or more questions, then settings")
+    parser.add_argument("words", nargs="*", metavar="question|key=value", help="one or more questions, and settings")
     parser.add_argument("--json", metavar="OUT", help="write one JSON line per question as it is answered "
                                                       "(answer, evidence, trajectory)")
-    args = parser.parse_args(argv)
-    overrides = [w for w in args.words if OVERRIDE.match(w)]
-    out = None
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index(QUESTIONS_ONLY) if QUESTIONS_ONLY in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    out, overrides = None, []
     try:  # everything a run needs, checked before any model loads
-        questions = check_questions([w for w in args.words if w not in overrides])
+        words, overrides = split_words(args.words, argv[cut + 1:])
+        questions = check_questions(words)
         document = read_document(args.file)
-        cfg = compose(overrides)
+        try:
+            cfg = compose(overrides)
+        except ConfigError as error:  # a setting with a space in it is more likely a question
+            spaced = next((o for o in overrides if " " in o), None)
+            raise ConfigError(f"{error}; if {spaced!r} is a question, put it after `--`" if spaced else str(error)) from None
         out = open_output(args.json, args.file) if args.json else None
     except ConfigError as error:
         _stop(f"error: {error}", 2)

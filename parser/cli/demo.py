@@ -84,9 +84,10 @@ def cpu_episode(episode: dict[str, Any]) -> dict[str, Any]:
     return {**dataclasses.asdict(episode_preset(CPU_PRESET)), **{k: v for k, v in episode.items() if paper.get(k) != v}}
 
 
-def print_header(sample: Sample, chunks: int) -> None:
+def print_header(sample: Sample, chunks: int, reading: str) -> None:
+    """The sample, and how the method reads its document (`Method.reading`)."""
     print(f"\n=== {sample.id}: {sample.question}", flush=True)
-    print(f"    gold: {sample.answers}   the document: {chunks} chunks, each read by its own subagent", flush=True)
+    print(f"    gold: {sample.answers}   the document: {reading.format(chunks=chunks)}", flush=True)
 
 
 def print_turn(turn: Turn, chunks: int) -> None:
@@ -150,7 +151,7 @@ async def run_demo(method: ParSerMethod, samples: list[Sample],
     try:
         for sample in samples:
             chunks = len(method.protocol.chunk(sample.context, method.models.subagent_tokenizer))
-            print_header(sample, chunks)
+            print_header(sample, chunks, method.reading)
             with progress.listening(lambda _doc, turn: print_turn(turn, chunks)):
                 result = await method.run(sample)
             score = sub_em(result.answer, sample.answers)

@@ -57,6 +57,9 @@ class MethodResult:
 
 class Method(Protocol):
     name: str
+    # How it reads the document, as `parser ask` and the demo say it after "the document: "; a
+    # `{chunks}` in it stands for the protocol's chunk count (methods that have a protocol).
+    reading: str
 
     async def run(self, sample: Sample) -> MethodResult: ...
 

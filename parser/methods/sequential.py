@@ -103,6 +103,7 @@ class SequentialMethod:
     """Subclasses set `name` and the four state hooks; everything else is shared."""
 
     name = "sequential"
+    reading = "read chunk by chunk in one pass, each step's notes carried into the next"
 
     def __init__(
         self,

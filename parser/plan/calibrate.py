@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from parser.base.redact import redact
 from parser.serving.types import SamplingParams
 from parser.serving.backends.http import HttpBackend
 from parser.plan.rates import Job, Rates, fit
@@ -181,7 +182,7 @@ def main(cfg: dict[str, Any], out_dir: Path) -> Rates:
         urls = local.urls if local else list(c["urls"])
         rows = asyncio.run(measure(urls))
     where = f"{len(urls)} local parser.serving.server workers ({c['model']}, {c['threads_per_worker']} thread(s) each)" \
-        if local else ", ".join(urls)
+        if local else redact(", ".join(urls))  # the rates file names its source: never a password
     rates, stats = fit_rows(rows, c["max_batch"], source=f"parser plan calibrate on {where}")
     table = derived_table(rates, c["batches"], c["lengths"][-1])
     path = write_rates(Path(c["output"]) if c["output"] else out_dir / "rates.yaml", rates, stats, rows, table)

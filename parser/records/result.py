@@ -107,6 +107,25 @@ class ResultRow:
         """The row's identity in the store: (dataset, length, condition, run, sample id)."""
         return (self.dataset, self.length, self.condition, self.run, self.sample_id)
 
+    @property
+    def gold_paragraph_ids(self) -> list[int] | None:
+        """The sample's gold "Document i" numbers (its record's `gold_paragraph_ids`), None where it has none."""
+        gold = self.meta.get("gold_paragraph_ids")
+        return gold if isinstance(gold, list) else None
+
+    @property
+    def evidence_order(self) -> list[int] | None:
+        """The same numbers in reasoning order (the record's `evidence_order`), None where it has none."""
+        order = self.meta.get("evidence_order")
+        return order if isinstance(order, list) else None
+
+    @property
+    def control(self) -> str | None:
+        """Which factor a controlled set varies (`meta.control`, data_prep.controlled), None outside one."""
+        packing = self.meta.get("meta")
+        control = packing.get("control") if isinstance(packing, dict) else None
+        return str(control) if control else None
+
     def score(self, metric: str) -> float:
         """The value of one metric by name (`parser.records.metrics.PRIMARY`, ...); a row without it is an error."""
         if metric not in self.scores:

@@ -57,6 +57,16 @@ class SequentialTrace(Trace):
     updates: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # per chunk read: its reply's fields
     extras: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the final call answered from (final_memory, ...)
 
+    @property
+    def planner_calls(self) -> int | None:
+        """A planning reader's plans (InfMem's `plans`, one planner call each); None for a reader that does not plan."""
+        return len(self.extras["plans"]) if "plans" in self.extras else None
+
+    @property
+    def stopped_early(self) -> bool | None:
+        """Whether a planning reader stopped before the last chunk (InfMem's `stopped_early`); None for one that does not plan."""
+        return bool(self.extras.get("stopped_early")) if "plans" in self.extras else None
+
     def to_dict(self) -> dict[str, Any]:
         """The keys in the order the readers always wrote them (the final call's inputs before its reply)."""
         return {"num_chunks": self.num_chunks, "order": self.order, "reading_order": self.reading_order,

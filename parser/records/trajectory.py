@@ -131,6 +131,15 @@ class Trajectory:
         return len(self.turns)
 
     @property
+    def sub_calls(self) -> int:
+        """Requests to the model that reads for the lead: RLM's `llm_query` prompts where its part
+        records them (`extras.rlm.usage.sub.calls`, parser.methods.rlm), else the subagent calls."""
+        rlm = self.extras.get("rlm")
+        if rlm:
+            return rlm["usage"]["sub"]["calls"]
+        return sum(len(q.calls) for t in self.turns for q in t.queries)
+
+    @property
     def failures(self) -> list[dict[str, Any]]:
         return [
             {"turn": t.index, "query": q.query, "chunk_index": c.chunk_index, "error": c.error, "attempts": c.attempts}

@@ -27,6 +27,7 @@ PROMPTS = PromptSet(__package__, {"closed_book": {"question"}}, "prompts")
 
 class ClosedBookMethod:
     name = "closed_book"
+    reading = "not read: the model answers from what it knows"
 
     def __init__(self, models: Models, *, max_new_tokens: int = 256, temperature: float = 0.0, thinking: bool = False,
                  prompt_version: str = DEFAULT_VERSION, retry: Mapping[str, Any] | None = None):

@@ -33,6 +33,7 @@ PROMPTS = PromptSet(__package__, {"dci_system": set(), "dci_user": {"question"}}
 
 class DCIAgentMethod:
     name = "dci"
+    reading = "a corpus directory the agent searches with its sandboxed read and bash tools"
 
     def __init__(self, models: Models, *, layout: str = "paragraphs", sandbox: Mapping[str, Any] | None = None,
                  workdir: str | None = None, episode: Mapping[str, Any] | None = None,

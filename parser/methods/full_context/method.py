@@ -60,6 +60,7 @@ def shown_reply(text: str, tokenizer: Any) -> dict[str, str]:
 
 class FullContextMethod:
     name = "full_context"
+    reading = "given whole to the model in one call"
 
     def __init__(
         self,

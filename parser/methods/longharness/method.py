@@ -48,6 +48,12 @@ class LongHarnessMethod:
     name = "longharness"
     view = "parser.methods.longharness.view:render"  # the state per round, in eval.viewer
 
+    @property
+    def reading(self) -> str:
+        if self.acquisition == "corpus":
+            return "a corpus directory the lead's queries search with DCI's sandboxed tools"
+        return "{chunks} chunks, each read by its own subagent for the queries the state asks"
+
     def __init__(self, models: Models, *, acquisition: str = "readers", episode: Mapping[str, Any] | None = None,
                  reader: Mapping[str, Any] | None = None, sandbox: Mapping[str, Any] | None = None,
                  state_token_budget: int = 2048, max_update_tokens: int = 384, max_stalls: int = 2,

@@ -27,6 +27,7 @@ from parser.engine.readers import reader_for_episode
 
 class ParSerMethod:
     name = "parser"
+    reading = "{chunks} chunks, each read by its own subagent"
 
     def __init__(self, models: Models, episode: Mapping[str, Any] | EpisodeConfig | None = None,
                  reader: Mapping[str, Any] | Any = None):

@@ -72,6 +72,10 @@ class RetrievalTools(FunctionTools):
 class AgenticRAGMethod:
     name = "rag"
 
+    @property
+    def reading(self) -> str:
+        return f"cut into {self.chunk_size}-token chunks, embedded; each of the lead's searches retrieves {self.top_k}"
+
     def __init__(self, models: Models, *, chunk_size: int = 1024, top_k: int = 3, embedder: Mapping[str, Any] | str | None = None,
                  episode: Mapping[str, Any] | None = None, prompt_version: str = DEFAULT_VERSION):
         """`embedder` (this method's config) is used when the models config has none; `episode` is the

@@ -61,6 +61,7 @@ UNCONSTRAINED = {"constrain_lead": False, "distinct_queries": False, "query_firs
 
 class RLMMethod:
     name = "rlm"
+    reading = "held whole in the REPL, read by the root model's code and its llm_query sub-calls"
     view = "parser.methods.rlm.view:render"  # each iteration's code, output and sub-calls, in eval.viewer
 
     def __init__(self, models: Models, *, episode: Mapping[str, Any] | None = None, sandbox: Mapping[str, Any] | None = None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from parser.base.instantiate import build, with_target
+from parser.base.redact import redact
 from parser.serving.types import Backend, BackendError, Completion, SamplingParams
 from parser.serving.backends.loading import load_model_and_tokenizer, load_tokenizer
 
@@ -64,7 +65,7 @@ def http_backend(*, base_url: str | None = None, base_urls: list[str] | None = N
 
     urls = list(base_urls or [base_url])
     if not all(isinstance(url, str) and url for url in urls):
-        raise ValueError(f"{role}: an http backend needs base_url (or base_urls), got {urls!r}")
+        raise ValueError(f"{role}: an http backend needs base_url (or base_urls), got {redact(repr(urls))}")
     api = kwargs.get("api", "sglang")
     if preflight:
         answers, down = [], []

@@ -69,6 +69,7 @@ from typing import Any, Mapping, Sequence
 import aiohttp
 import orjson
 
+from parser.base.redact import redact
 from parser.serving.types import ROUTING_HEADER, BackendError, Completion, Prompt, SamplingParams
 from parser.serving.backends.scoring import SCORE_TEMPERATURE, check_request
 from parser.serving.wire.common import ModelList
@@ -117,6 +118,7 @@ class HttpBackend:
             raise ValueError(f"HttpBackend: server={server!r}; expected sglang, vllm or generic")
         self.server = server
         self.url = self.base_url + self.dialect.path
+        self.shown_url = redact(self.url)  # the URL in messages: a password in base_url is masked
         self.model = model  # None: discovered from GET /v1/models on first use (OpenAI APIs)
         self._model_lookup: asyncio.Lock | None = None
         self.timeout_s = timeout_s
@@ -184,7 +186,7 @@ class HttpBackend:
                 try:
                     self.model = ModelList.model_validate(body).data[0].id
                 except ValueError:
-                    raise BackendError(f"GET {url}: no served model listed ({str(body)[:200]}); set `model`",
+                    raise BackendError(f"GET {redact(url)}: no served model listed ({str(body)[:200]}); set `model`",
                                        retryable=False) from None
         return self.model
 
@@ -204,7 +206,7 @@ class HttpBackend:
             payload.update(self.extra_body)
         meta: dict[str, str | None] = {}
         body = await self._request("POST", self.url, orjson.dumps(payload), self._headers(routing_key, request_id), meta)
-        completion = self.dialect.completion(body, sampling, where=f"POST {self.url} (HTTP 200)")
+        completion = self.dialect.completion(body, sampling, where=f"POST {self.shown_url} (HTTP 200)")
         completion.worker = meta.get("worker")
         return completion
 
@@ -219,14 +221,14 @@ class HttpBackend:
     ) -> list[float]:
         """Log-probs of `continuation_ids` after `prompt_ids` (parser.serving.backends.scoring): SGLang's
         input logprobs, vLLM's prompt logprobs, or an OpenAI echo; a chat API cannot score."""
-        prompt, continuation = check_request(prompt_ids, continuation_ids, f"HttpBackend({self.url})")
+        prompt, continuation = check_request(prompt_ids, continuation_ids, f"HttpBackend({self.shown_url})")
         payload = self.dialect.scoring_body(prompt + continuation, len(prompt) - 1, server=self.server,
                                             temperature=SCORE_TEMPERATURE)
         if self.dialect.names_model:
             payload["model"] = await self.served_model()
         body = await self._request("POST", self.url, orjson.dumps(payload), self._headers(routing_key, request_id))
         return self.dialect.scores(body, len(prompt), continuation, server=self.server,
-                                   where=f"POST {self.url} (HTTP 200)")
+                                   where=f"POST {self.shown_url} (HTTP 200)")
 
     def _headers(self, routing_key: str | None, request_id: str | None) -> Mapping[str, str]:
         """The client's headers plus this request's routing key and request id, when given."""
@@ -241,8 +243,10 @@ class HttpBackend:
 
     async def _request(self, method: str, url: str, data: bytes | None, headers: Mapping[str, str],
                        meta: dict[str, str | None] | None = None) -> Any:
-        """One HTTP exchange -> the parsed JSON body; every failure is a `BackendError`."""
+        """One HTTP exchange -> the parsed JSON body; every failure is a `BackendError`, whose
+        message names the URL with its password masked (an exception's own words too)."""
         session = self._get_session()
+        shown = redact(url)
         try:
             # `async with` hands the connection back to the pool on every path
             async with session.request(method, url, data=data, headers=headers) as resp:
@@ -253,29 +257,29 @@ class HttpBackend:
                     raw = await _read_body(resp, self.max_response_bytes if status < 400 else ERROR_BODY_BYTES,
                                            truncate=status >= 400)
                 except _TooLarge as e:
-                    raise BackendError(f"{method} {url}: HTTP {status} with a body over max_response_bytes="
+                    raise BackendError(f"{method} {shown}: HTTP {status} with a body over max_response_bytes="
                                        f"{self.max_response_bytes} ({e}); not read", retryable=True, status=status) from None
                 except zlib.error as e:
-                    raise BackendError(f"{method} {url}: HTTP {status} with a body that does not decode as "
+                    raise BackendError(f"{method} {shown}: HTTP {status} with a body that does not decode as "
                                        f"{resp.headers.get('Content-Encoding')} ({e})", retryable=True, status=status) from e
         except asyncio.TimeoutError as e:  # aiohttp's ServerTimeoutError is one too
-            raise BackendError(f"{method} {url}: no complete answer within {self.timeout_s}s", retryable=True) from e
+            raise BackendError(f"{method} {shown}: no complete answer within {self.timeout_s}s", retryable=True) from e
         except aiohttp.TooManyRedirects as e:  # its own words were "0, message=''": not a server that will recover
             last = e.history[-1] if e.history else None
-            to = f" {last.status} to {last.headers.get('Location')}" if last is not None else ""
-            raise BackendError(f"{method} {url}: redirected {len(e.history)} times (last{to}): set base_url to the "
+            to = f" {last.status} to {redact(str(last.headers.get('Location')))}" if last is not None else ""
+            raise BackendError(f"{method} {shown}: redirected {len(e.history)} times (last{to}): set base_url to the "
                                "model server's own address", retryable=False) from e
         except aiohttp.ClientError as e:
-            raise BackendError(f"{method} {url}: {type(e).__name__}: {e}", retryable=True) from e
+            raise BackendError(f"{method} {shown}: {type(e).__name__}: {redact(str(e))}", retryable=True) from e
         if status >= 400:
             message, kind = _error_message(raw)
             retryable = (status >= 500 or status in _RETRYABLE_4XX) and kind not in _VALIDATION_ERRORS
-            raise BackendError(f"{method} {url}: HTTP {status}: {message}", retryable=retryable, status=status)
+            raise BackendError(f"{method} {shown}: HTTP {status}: {message}", retryable=retryable, status=status)
         try:
             return _loads(raw)
         except orjson.JSONDecodeError as e:
             raise BackendError(
-                f"{method} {url}: HTTP {status} but the body is not JSON ({e}): {raw[:200]!r}",
+                f"{method} {shown}: HTTP {status} but the body is not JSON ({e}): {raw[:200]!r}",
                 retryable=True,
                 status=status,
             ) from e
@@ -287,7 +291,7 @@ async def _read_body(resp: aiohttp.ClientResponse, limit: int, *, truncate: bool
     (the client asked for identity) is refused."""
     encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("", "identity") and encoding not in _ZLIB_ENCODINGS:
-        raise BackendError(f"{resp.method} {resp.url}: the server sent Content-Encoding {encoding!r}, which this client "
+        raise BackendError(f"{resp.method} {redact(str(resp.url))}: the server sent Content-Encoding {encoding!r}, which this client "
                            "does not decode (it asks for identity)", retryable=True, status=resp.status)
     decoder = zlib.decompressobj(_ZLIB_ENCODINGS[encoding]) if encoding in _ZLIB_ENCODINGS else None
     if decoder is None and resp.content_length is not None and resp.content_length > limit and not truncate:

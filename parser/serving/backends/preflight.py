@@ -9,13 +9,16 @@ and the setting to change. The deadline is the whole GET's, not each read's: a s
 trickles a byte a second, or accepts and never answers, fails at `timeout_s` like one that is
 down. A 5xx, a 4xx, a body that is not JSON, a model list whose `data` is not a list of objects
 with ids, and (`check_served`) a configured `model` the server does not list are each refused
-in one line before anything runs.
+in one line before anything runs. A URL's userinfo is sent as basic auth (as aiohttp sends it for
+every request after), and every message names the URL with its password masked
+(`parser.base.redact`).
 
     info = probe("http://127.0.0.1:8000", api="completions")   # ServerInfo(models=["smollm2"], software="parser")
     resolve_server("auto", info)                                # "vllm": parser.serving.server speaks vLLM's extensions
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import http.client
 import io
@@ -25,6 +28,7 @@ import time
 import urllib.parse
 
 from parser.base.config import ConfigError
+from parser.base.redact import redact
 
 PROBE_TIMEOUT_S = 10.0  # the whole probe: a server that cannot answer one GET in this is not ready
 MAX_PROBE_BYTES = 1 << 20  # a model list is a few hundred bytes
@@ -50,28 +54,29 @@ def probe(base_url: str, api: str, where: str = "models", timeout_s: float = PRO
     naming the URL and the reason."""
     path = "/health" if api == "sglang" else "/v1/models"
     url = base_url.rstrip("/") + path
+    shown = redact(url)  # what the messages name: a password in the URL is masked
     # an OpenAI client's base_url ends in /v1; ours is the server's root (the API paths add /v1)
     v1 = f" ({where}.base_url ends in /v1, which the API paths add: drop it)" if base_url.rstrip("/").endswith("/v1") else ""
     try:
         status, reason, body = get(url, timeout_s)
     except TimeoutError:
-        raise ServerUnavailable(f"{where}: GET {url} gave no complete answer within {timeout_s:g} s: is the server "
+        raise ServerUnavailable(f"{where}: GET {shown} gave no complete answer within {timeout_s:g} s: is the server "
                                 f"overloaded or stuck (set {where}.base_url)? nothing was run") from None
     except http.client.HTTPException as err:  # something answered, but not HTTP (or cut off mid-reply)
-        raise ServerUnavailable(f"{where}: {url} did not answer HTTP ({_said(err)}): is {where}.base_url "
+        raise ServerUnavailable(f"{where}: {shown} did not answer HTTP ({_said(err)}): is {where}.base_url "
                                 "the model server's? nothing was run") from None
     except (OSError, ValueError) as err:  # refused, unresolvable, reset, not an http(s) URL
-        raise ServerUnavailable(f"{where}: cannot reach {url} ({_said(err)}): start the server or set "
+        raise ServerUnavailable(f"{where}: cannot reach {shown} ({_said(err)}): start the server or set "
                                 f"{where}.base_url{v1}; nothing was run") from None
     if status >= 500:
-        raise ServerUnavailable(f"{where}: GET {url} answered {status} {reason} ({_shown(body)}): the server is failing; "
+        raise ServerUnavailable(f"{where}: GET {shown} answered {status} {reason} ({_shown(body)}): the server is failing; "
                                 "see its log. nothing was run")
     if status != 200:
-        raise ServerUnavailable(f"{where}: GET {url} answered {status} {reason}: is this the server's "
+        raise ServerUnavailable(f"{where}: GET {shown} answered {status} {reason}: is this the server's "
                                 f"base URL (set {where}.base_url)?{v1}")
     if path == "/health":
         return ServerInfo((), "sglang")
-    models = model_list(body, where, url)
+    models = model_list(body, where, shown)
     software = next((str(m["owned_by"]) for m in models if m.get("owned_by")), None)
     return ServerInfo(tuple(str(m["id"]) for m in models), software)
 
@@ -102,7 +107,7 @@ def check_served(model: str | None, info: ServerInfo, url: str, where: str) -> N
     """A configured `model` must be one the server lists: asking for another fails every request
     with a 404, so it is refused here, once, with the names it does serve."""
     if model is not None and info.models and model not in info.models:
-        raise ServerUnavailable(f"{where}: {url} does not serve {model!r} (it serves {', '.join(map(repr, info.models))}); "
+        raise ServerUnavailable(f"{where}: {redact(url)} does not serve {model!r} (it serves {', '.join(map(repr, info.models))}); "
                                 f"set {where}.model to one of them, or null for the first")
 
 
@@ -121,12 +126,12 @@ def get(url: str, timeout_s: float) -> tuple[int, str, bytes]:
     deadline = time.monotonic() + timeout_s
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
+        raise ValueError(f"not an http(s) URL: {redact(url)!r}")
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     connection, sock = kind(parts.hostname, parts.port, timeout=timeout_s), None
     try:
         connection.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
-                           headers={"Accept-Encoding": "identity", "Connection": "close"})
+                           headers={"Accept-Encoding": "identity", "Connection": "close", **_basic_auth(parts)})
         sock = connection.sock
         connection.sock = _Deadline(sock, deadline)  # what the response reads through
         reply = connection.getresponse()
@@ -135,6 +140,15 @@ def get(url: str, timeout_s: float) -> tuple[int, str, bytes]:
         connection.close()
         if sock is not None:
             sock.close()
+
+
+def _basic_auth(parts: urllib.parse.SplitResult) -> dict[str, str]:
+    """The Authorization header of a URL's userinfo, as aiohttp sends it for the requests that
+    follow (without it, a server behind basic auth answered the probe 401 and was refused)."""
+    if parts.username is None:
+        return {}
+    pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+    return {"Authorization": "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")}
 
 
 class _Deadline:
@@ -168,7 +182,7 @@ class _DeadlineReader(io.RawIOBase):
 
 def _said(error: BaseException) -> str:
     """An error's words on one line (a bad status line is quoted as the server sent it, CRLF and all)."""
-    return " ".join(str(error).split())[:MAX_SHOWN_CHARS] or type(error).__name__
+    return redact(" ".join(str(error).split()))[:MAX_SHOWN_CHARS] or type(error).__name__
 
 
 def _shown(body: bytes) -> str:
