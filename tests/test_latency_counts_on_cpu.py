@@ -98,6 +98,7 @@ def test_per_length_splits_calls_by_sample_and_averages_per_length():
     assert twelve["calls"] == 2.0 and twelve["subagent_calls"] == 0.5  # (3 + 1) / 2, (1 + 0) / 2
     assert twelve["failed_calls"] == 0
     assert twelve["prefilled"] == (10 + 40 + 10 + 10) / 2 and twelve["decoded"] == (2 + 5 + 2 + 2) / 2
+    assert (twelve["lead_prefilled"], twelve["subagent_prefilled"]) == ((10 + 10 + 10) / 2, 40 / 2)
     assert twelve["critical_path"] == (3 + 1) / 2
     assert twelve["parts"]["prefill"] == 2.5 and twelve["parts"]["lead decode"] == 2.0
     assert twelve["parts"]["Python overhead"] == pytest.approx(((10 - 7) + (10 - 2)) / 2)  # wall minus the parts
