@@ -23,6 +23,32 @@ def call(role: str, start: float, end: float, prompt: int = 10, cached: int = 0,
     return lat.Call(role, start, end, prompt, cached, out)
 
 
+def test_rlm_critical_path_counts_a_batched_call_once_and_each_llm_query(tiny_tokenizer):
+    """What the bench's docstring says of RLM, on the method's own code (`rlm_script.ScriptServer`
+    stands in for the model server): the scripted root probes, maps the document with one
+    llm_query_batched (three slices in flight together), then combines them with one llm_query and
+    answers: root, root, batch, root, llm_query = 5 calls on the critical path, 3 of them the root's."""
+    from rlm_script import CASES, FIXTURES, ScriptServer, run_ours
+
+    recorders = []
+
+    def record(models: Models) -> Models:
+        recorders.append(lat.Recorder(models))
+        return recorders[-1].models
+
+    async def go():
+        with ScriptServer(CASES["batched_map"], tiny_tokenizer) as server:
+            result, _ = await asyncio.wait_for(run_ours("batched_map", server, tiny_tokenizer, str(FIXTURES / "prompts.json"),
+                                                        record=record), 60)
+            return result
+
+    result = asyncio.run(go())
+    calls = recorders[0].calls
+    assert result.answer and [c.role for c in calls].count("lead") == result.steps == 3
+    assert [c.role for c in calls].count("subagent") == 4  # three slices and the combine
+    assert lat.critical_path(calls) == 5
+
+
 def test_critical_path_counts_a_scatter_round_once_and_a_sequential_pass_per_call():
     parser = [call("lead", 0, 1), *(call("subagent", 1.1, 1.5 + i) for i in range(3)), call("lead", 4, 5)]
     assert lat.critical_path(parser) == 3  # lead -> the round (in flight together) -> lead
