@@ -308,9 +308,11 @@ def print_projection(counts: dict[str, dict], floors: dict[int, dict], shapes_cf
         print(f"- {name}: {describe(shape)}")
     untimed = [name for name in shapes if name not in project.PAPER_TIMED]
     if untimed:  # never a reference made up for them
+        peers = [name for name in untimed if shapes[name].kind in ("rlm", "infmem")]
         print(f"- the paper timed only {' and '.join(project.PAPER_TIMED)} (Table 2): {', '.join(untimed)} have no "
-              "paper reference (–); RLM and InfMem run the planner's simulations of them (parser.plan.simulate: RLM's "
-              "sub-call slices are its modelled strategy's, rlms' ~100K characters)")
+              "paper reference (–)" + (f"; {' and '.join(peers)} run the planner's own simulations (parser.plan.simulate; "
+                                       "RLM's sub-call slices are its modelled strategy's, rlms' ~100K characters)"
+                                       if peers else ""))
     body = [[f"{r['doc_tokens'] // 1000}K", r["method"], f"{r['seconds']:.2f}", f"{r['ratio']:.2f}x",
              f"{r['seconds_fills']:.2f}", f"{r['ratio_fills']:.2f}x",
              f"{r['paper_workload_s']:.2f}" if r["paper_workload_s"] else "–", f"{r['paper_s']:.2f}" if r["paper_s"] else "–",
