@@ -340,14 +340,14 @@ def _assign(times: Iterable[float], rows: Sequence[ResultRow]) -> list[int | Non
 
 
 # per_length's counts summed over a length's samples, then divided by their number (the means it reports)
-MEAN_KEYS = ("sub_em", "prefilled", "decoded", "lead_decoded", "subagent_decoded", "calls", "subagent_calls",
-             "failed_calls", "critical_path", "steps", "wall_s")
+MEAN_KEYS = ("sub_em", "prefilled", "decoded", "lead_prefilled", "subagent_prefilled", "lead_decoded", "subagent_decoded",
+             "calls", "subagent_calls", "failed_calls", "critical_path", "steps", "wall_s")
 
 
 def per_length(rows: Sequence[ResultRow], calls: Sequence[Call], profile: Profile | None = None,
                memory: MemoryWatch | None = None) -> dict[int, dict[str, Any]]:
-    """Per length: samples, mean Sub_EM, mean per sample of tokens prefilled and decoded (lead and
-    subagents), model calls, critical-path calls, the method's own steps and wall seconds, each
+    """Per length: samples, mean Sub_EM, mean per sample of tokens prefilled and decoded (in all and
+    per role: lead and subagents), model calls, critical-path calls, the method's own steps and wall seconds, each
     profile part's seconds, and the peak resident and prefix-cache bytes over its samples."""
     rows = sorted((r for r in rows if r.condition is None and r.finished_at is not None), key=lambda r: r.finished_at)
     owner = _assign([c.end for c in calls], rows)
@@ -377,6 +377,8 @@ def per_length(rows: Sequence[ResultRow], calls: Sequence[Call], profile: Profil
         entry["sub_em"] += row.scores.get(PRIMARY, 0.0)
         entry["prefilled"] += sum(c.prefilled for c in mine)
         entry["decoded"] += sum(c.output_tokens for c in mine)
+        entry["lead_prefilled"] += sum(c.prefilled for c in mine if c.role == "lead")
+        entry["subagent_prefilled"] += sum(c.prefilled for c in mine if c.role == "subagent")
         entry["lead_decoded"] += sum(c.output_tokens for c in mine if c.role == "lead")
         entry["subagent_decoded"] += sum(c.output_tokens for c in mine if c.role == "subagent")
         entry["calls"] += len(mine)

@@ -258,15 +258,16 @@ def check_subsets(subsets: list[Subset]) -> None:
         raise BadSetting("dataset: no subsets (dataset.lengths or dataset.subsets is empty)")
 
 
-async def evaluate(cfg: DictConfig, method: Method | None = None) -> int:
+async def evaluate(cfg: DictConfig, method: Method | None = None, subsets: list[Subset] | None = None) -> int:
     """Run (or resume) one eval. Pass `method` to reuse built models across several evals
     (RULER's tasks); the caller then closes it. Otherwise it is built from `cfg` and closed here.
-    Raises `BadSetting` for settings no run can honour, `RunDirLocked` if another process is
+    Pass `subsets` (what `load_subsets(cfg.dataset, limit=cfg.limit, max_file_bytes=cfg.max_data_file_bytes)` returned) when one dataset
+    serves several evals (the latency bench): it is built once, not per eval. Raises `BadSetting` for settings no run can honour, `RunDirLocked` if another process is
     evaluating into `cfg.out_dir`, and `InputsChanged` (before anything is written) if its rows
     were computed on other inputs."""
     check_settings(cfg)
     with lock_run_dir(cfg.out_dir):
-        plan = _prepare(cfg)
+        plan = _prepare(cfg, subsets)
         if plan is None:
             return 0
         return await _run(cfg, plan, method or build_eval_method(cfg), owns_method=method is None)
@@ -299,10 +300,11 @@ class _Plan:
     keys: set[Key]
 
 
-def _prepare(cfg: DictConfig) -> _Plan | None:
-    """The subsets loaded, the store opened, the inputs checked and the session opened in the
-    manifest; None (said, and the session closed) when every sample is already done."""
-    subsets = load_subsets(cfg.dataset, limit=cfg.limit, max_file_bytes=cfg.max_data_file_bytes)
+def _prepare(cfg: DictConfig, subsets: list[Subset] | None = None) -> _Plan | None:
+    """The subsets loaded (unless given), the store opened, the inputs checked and the session
+    opened in the manifest; None (said, and the session closed) when every sample is already done."""
+    if subsets is None:
+        subsets = load_subsets(cfg.dataset, limit=cfg.limit, max_file_bytes=cfg.max_data_file_bytes)
     check_subsets(subsets)
     store = ResultsStore(cfg.out_dir)
     for problem in store.problems:  # what opening skipped or repaired: the rows it kept are all there

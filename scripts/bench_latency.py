@@ -7,30 +7,54 @@ Per length, on the same backend (SmolLM2-135M in process, offline; `--vllm URL` 
    scatter round sends them, one token each (no decode forward) — `eval.latency.read_once`.
    A length whose resident chunk prefixes would not fit the backend's prefix cache (or the
    machine) is refused with the figure before anything runs at it.
-2. Every method in METHODS (ParSer, MemAgent, ReMemR1, CoA) through `eval.run` on the same
-   synthetic-world samples, one at a time: amortized seconds per sample and that time over the
-   floor ("x floor"), Sub_EM, the method's own steps, the calls on the critical path (the longest
-   chain of model calls each waiting for the previous), tokens prefilled and decoded and the
-   FLOPs they imply (2 x parameters x tokens), peak resident memory and prefix-cache bytes.
-3. Ratios, each named: "time" (baseline wall / ParSer wall: on two CPU cores a ratio of
-   compute), "compute" (FLOPs), "critical path" (sequential calls: the paper's ratio on GPUs).
+2. Every method in METHODS (ParSer, MemAgent, ReMemR1, CoA, RLM, InfMem) through `eval.run` on
+   the same synthetic-world samples (built once per invocation), one at a time: amortized seconds
+   per sample and that time over the floor ("x floor", `eval.report.floor_table`), Sub_EM, the
+   method's own steps, the calls on the critical path (the longest chain of model calls each
+   waiting for the previous), tokens prefilled and decoded and the FLOPs they imply
+   (2 x parameters x tokens), peak resident memory and prefix-cache bytes.
+3. Ratios, each named: "time" (baseline wall / ParSer wall, `eval.report.speedups`: on two CPU
+   cores a ratio of compute), "compute" (FLOPs), "critical path" (sequential calls: the paper's
+   ratio on GPUs).
 4. Where the time goes (in process): prefill, subagent decode, lead decode, grammar, gather,
    Python overhead (`eval.latency.Profile`).
 5. The capacity planner's projection of each method to 7K..896K tokens on the paper's hardware
-   from these counts (`parser.plan.project`), beside the paper's Table 2 (78.22 s vs 876.20 s).
+   from these counts (`parser.plan.project`), beside the paper's Table 2 (78.22 s vs 876.20 s)
+   for the two methods it timed.
 6. Targets (printed, never a timed test): ParSer <= 2.5x the floor at 100 paragraphs and more,
    projected MemAgent/ParSer at 896K within 20% of the paper's 11.2x; a missed target names the
    part of the time that holds it back.
 
+How each method is counted (calls are logged at the backend edge, `eval.latency.Recorder`; the
+critical path is the longest chain of logged calls each starting after the previous one ended, so
+calls in flight together count once):
+- ParSer: lead turns on the lead role, each scatter round's subagent calls on the subagent role;
+  critical path lead, round, lead, ..., answer = 2 x rounds + 1.
+- MemAgent, ReMemR1, CoA: every call on the lead role, one after another: chunks + 1.
+- RLM: root calls (its iterations, and rlms' fallback call when no code set the answer) on the
+  lead role; the REPL's sub-calls on the subagent role. One `llm_query_batched` sends its prompts
+  together (`asyncio.gather` under the method's `episode.max_concurrency` request slots), so a
+  batch counts once, or once per wave past those slots; `llm_query` calls in a cell, and cells of
+  a turn, run one after another and each counts. Steps = root calls. Its REPL (the worker's
+  start and isolation, the cells' own run time) is no model call: in the profile it falls under
+  Python overhead, as its tokens fall under no role.
+- InfMem: plans, writes and the answer, all on the lead role, one after another; with thinking on
+  (its default and its CPU config) each is two requests (the thinking stage, then the answer
+  stage), so the critical path is 2 x steps, where steps = plans + writes + 1 (2 x chunks + 1
+  when it never stops; its early stop after `early_stop` STOP plans ends the reading). Its BM25
+  retrieval is no model call: Python overhead in the profile. How much of the document it planned
+  over (its trace's plans / chunks) is what the projection carries as `read_fraction`.
+The paper timed neither RLM nor InfMem: their projected rows have no paper reference ("–").
+
 Wall-clock figures are whatever the machine gave the run: the bench prints the load average
 at its start and end. Each method writes a normal eval run directory and the floor goes to
 `floor.jsonl`, so `parser report outputs/bench --out outputs/bench/report` draws the speedup plot
-with the floor. Adding a method (RLM, InfMem, being built on other branches) is one line in
-METHODS: its CPU config, its paper config and the key of its per-update budget.
+with the floor. Adding a method is one line in METHODS: its CPU config, its paper config, the
+planner simulation that projects it and the key of its per-call budget.
 
     .venv/bin/python scripts/bench_latency.py                          # 12/24/48 paragraphs, ~10 min on 2 cores
     .venv/bin/python scripts/bench_latency.py dataset.lengths=[12,48] dataset.num_questions=2
-    .venv/bin/python scripts/bench_latency.py --methods parser memagent
+    .venv/bin/python scripts/bench_latency.py --methods parser memagent   # any of parser memagent rememr1 coa rlm infmem
     .venv/bin/python scripts/bench_latency.py --config-name bench_length_cpu   # make bench-length: 100-800 paragraphs
     .venv/bin/python scripts/bench_latency.py --smoke                  # seconds: tiny random models (the suite runs it)
     .venv/bin/python scripts/bench_latency.py --vllm http://127.0.0.1:8000    # SmolLM2 served by vLLM
@@ -39,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import math
 import os
 import shutil
@@ -50,8 +75,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from eval import latency as lat
-from eval.datasets import load_subsets
-from eval.report import latency_table, load, table_to_markdown
+from eval.datasets import Subset, load_subsets
+from eval.report import floor_table, latency_table, load, speedups, table_to_markdown, trace_costs
 from eval.run import build_eval_method, evaluate, warm_up
 from eval.store import read_results
 from parser.base.config import EpisodeConfig
@@ -59,16 +84,24 @@ from parser.base.resources import config_dir
 from parser.plan import project
 
 CONFIGS = config_dir()
-# name -> (CPU config, paper config, key of its per-update budget; None: ParSer's episode budgets)
+# name -> (CPU config, paper config, the simulation that projects it (parser.plan.project.SIMULATIONS),
+# the key of its per-call budget beside its episode's: a sequential reader's update, RLM's sub-call,
+# InfMem's answer stage (its thinking stage added when thinking is on); None: ParSer's episode budgets)
 METHODS = {
-    "parser": ("parser_cpu", "parser", None),
-    "memagent": ("memagent_cpu", "memagent", "max_memory_tokens"),
-    "rememr1": ("rememr1_cpu", "rememr1", "max_memory_tokens"),
-    "coa": ("coa_cpu", "coa", "max_summary_tokens"),
+    "parser": ("parser_cpu", "parser", "parser", None),
+    "memagent": ("memagent_cpu", "memagent", "sequential", "max_memory_tokens"),
+    "rememr1": ("rememr1_cpu", "rememr1", "sequential", "max_memory_tokens"),
+    "coa": ("coa_cpu", "coa", "sequential", "max_summary_tokens"),
+    "rlm": ("rlm_cpu", "rlm", "rlm", "sub_max_new_tokens"),
+    "infmem": ("infmem_cpu", "infmem", "infmem", "max_new_tokens"),
 }
 REFERENCE = "parser"  # the method every ratio and target is taken against (a method name, not a protocol)
 # --smoke: the same bench on tiny random-weight models, one short length, no warm-up
 SMOKE = ["backend@models=tiny_cpu", "dataset.lengths=[12]", "dataset.num_questions=1", "warmup=0"]
+# --smoke, one method's own: a random tiny model never stops InfMem's reading (its plans make no call and say
+# no STOP, which counts one and never more: rules.stop_count), so the smoke stops it at its first plan — the
+# early stop's path, 2 calls (4 requests) instead of 13 (26), and a read fraction below 1 for the projection
+SMOKE_METHOD = {"infmem": ["method.early_stop=1"]}
 TARGET_FLOOR_X, TARGET_FROM_L = 2.5, 100  # ParSer <= 2.5x the floor at 100 paragraphs and more
 TARGET_RATIO, TARGET_TOLERANCE = 11.2, 0.2  # projected MemAgent/ParSer at 896K within 20% of the paper's
 
@@ -114,9 +147,10 @@ async def measure_floor(cfg: DictConfig, subsets: list, refuse: bool) -> tuple[d
 
 # ----------------------------------------------------------------------------- one method
 
-async def run_method(cfg: DictConfig) -> tuple[dict[int, dict[str, Any]], int | None, int]:
-    """Run one method's eval with its backends recorded and profiled; returns its counts per
-    length, the model's parameter count (None: not in process) and eval's exit status."""
+async def run_method(cfg: DictConfig, subsets: list[Subset]) -> tuple[dict[int, dict[str, Any]], int | None, int]:
+    """Run one method's eval on `subsets` (built once for every method) with its backends recorded
+    and profiled; returns its counts per length (InfMem's also its `read_fraction`), the model's
+    parameter count (None: not in process) and eval's exit status."""
     from parser.serving.backends.models import build_models
 
     recorder = lat.Recorder(build_models(OmegaConf.to_container(cfg.models, resolve=True)))
@@ -128,26 +162,50 @@ async def run_method(cfg: DictConfig) -> tuple[dict[int, dict[str, Any]], int | 
         warmup = int(cfg.warmup)
         with open_dict(cfg):
             cfg.warmup = 0  # warmed up here, so the call log holds the timed samples only
-        await warm_up(method, load_subsets(cfg.dataset, limit=cfg.limit), warmup)
+        await warm_up(method, subsets, warmup)
         recorder.clear()
         profile.events.clear()
         with lat.MemoryWatch(raw) as watch:
-            status = await evaluate(cfg, method)
+            status = await evaluate(cfg, method, subsets)
     finally:
         await method.aclose()
-    counts = lat.per_length(read_results(cfg.out_dir), recorder.calls, profile, watch)
+    rows = read_results(cfg.out_dir)
+    counts = lat.per_length(rows, recorder.calls, profile, watch)
+    for L, own in trace_counts(rows).items():
+        counts.get(L, {}).update(own)
     return counts, params, status
 
 
-def budgets(method: DictConfig, update_key: str | None) -> tuple[bool, dict[str, int], project.PaperBudgets]:
-    """(parallel, per-call output budgets by role, the same as `PaperBudgets`) from a method config:
-    ParSer's episode (lead turn, subagent reply, chunk), a sequential reader's update budget and chunk."""
-    if update_key is None:
+def trace_counts(rows: list) -> dict[int, dict[str, float]]:
+    """Per length, the means of what a method counted itself in its traces (`eval.report.trace_costs`):
+    `sub_calls` (ParSer's subagent requests, RLM's sub-calls: checked against the calls logged on
+    the subagent role) and `read_fraction` (InfMem: its plans over its chunks, the share of the
+    document it read before its early stop); a count no row holds is left out."""
+    by: dict[int, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    for r in rows:
+        if r.condition is not None:
+            continue
+        costs = trace_costs(r.trace)
+        if "sub_calls" in costs:
+            by[r.length]["sub_calls"].append(costs["sub_calls"])
+        if "plans" in costs and r.trace.num_chunks:
+            by[r.length]["read_fraction"].append(costs["plans"] / r.trace.num_chunks)
+    return {L: {k: sum(v) / len(v) for k, v in own.items()} for L, own in by.items()}
+
+
+def budgets(method: DictConfig, kind: str, key: str | None) -> tuple[dict[str, int], project.PaperBudgets]:
+    """(per-call output budgets by role, the same as `PaperBudgets`) from a method config: ParSer's
+    episode (lead turn, subagent reply, chunk); RLM's root turn (its episode's) and sub-call (`key`;
+    it reads no chunks, its code slices the document); InfMem's call (`key`, plus `thinking_budget`
+    with thinking on: its two requests share one logical call) and chunk; a sequential reader's
+    update (`key`) and chunk."""
+    if kind in ("parser", "rlm"):
         episode = EpisodeConfig(**OmegaConf.to_container(method.episode, resolve=True))
-        return True, {"lead": episode.max_tokens_per_turn, "subagent": episode.subagent_max_tokens}, project.PaperBudgets(
-            episode.chunk_size, lead_tokens=episode.max_tokens_per_turn, subagent_tokens=episode.subagent_max_tokens)
-    update = int(method[update_key])
-    return False, {"lead": update}, project.PaperBudgets(int(method.chunk_size), update_tokens=update)
+        sub, chunk = (episode.subagent_max_tokens, episode.chunk_size) if kind == "parser" else (int(method[key]), 0)
+        return {"lead": episode.max_tokens_per_turn, "subagent": sub}, project.PaperBudgets(
+            chunk, lead_tokens=episode.max_tokens_per_turn, subagent_tokens=sub)
+    update = int(method[key]) + (int(method.thinking_budget) if kind == "infmem" and method.thinking else 0)
+    return {"lead": update}, project.PaperBudgets(int(method.chunk_size), update_tokens=update)
 
 
 # ----------------------------------------------------------------------------- tables
@@ -156,9 +214,9 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f}"
 
 
-def print_tables(latency: list[dict], counts: dict[str, dict], floors: dict[int, dict], rows: dict[str, str],
-                 params: int | None) -> dict[tuple[str, int], float]:
-    """The per-invocation tables; returns each (method, length)'s time over the floor."""
+def print_tables(latency: list[dict], counts: dict[str, dict], floors: dict[int, dict], floor_lines: list[dict],
+                 rows: dict[str, str], params: int | None) -> dict[tuple[str, int], float]:
+    """The per-invocation tables; returns each (method, length)'s time over the floor (`floor_table`)."""
     print("\n## Floor: the document read once (every chunk's subagent prompt prefilled, no decoding)\n")
     print(table_to_markdown(["length (paragraphs)", "floor s", "chunks", "tokens prefilled", "tokens/s",
                              "resident KV (GiB)", "KV KiB/token"],
@@ -168,21 +226,21 @@ def print_tables(latency: list[dict], counts: dict[str, dict], floors: dict[int,
                              for L, f in sorted(floors.items())]))
     flops = "FLOPs (2·params·tokens)" + (f", params {params:,}" if params else "")
     header = ["method", "length", "s/sample", "x floor", "Sub_EM", "steps", "critical-path calls", "calls", "failed calls",
-              "tokens prefilled", "tokens decoded", flops, "peak RSS GiB", "peak prefix cache GiB", "samples"]
+              "tokens prefilled (lead / subagents)", "tokens decoded (lead / subagents)", flops, "peak RSS GiB", "peak prefix cache GiB", "samples"]
     body, over = [], {}
     names = {row: name for name, row in rows.items()}
-    for e in latency:
+    for e in floor_table(latency, floor_lines):
         name = names.get(e["row"])
         c = counts.get(name, {}).get(e["length"])
-        floor = floors.get(e["length"])
-        if c is None or floor is None:
+        if c is None:
             continue
-        over[(name, e["length"])] = x = e["amortized_s"] / floor["seconds"]
+        over[(name, e["length"])] = x = e["x_floor"]
         tokens = c["prefilled"] + c["decoded"]
         body.append([e["row"], str(e["length"]), f"{e['amortized_s']:.2f}", f"{x:.2f}x", f"{100 * c['sub_em']:.0f}",
                      f"{c['steps']:.1f}", f"{c['critical_path']:.1f}", f"{c['calls']:.0f}", f"{c['failed_calls']:.0f}",
-                     f"{c['prefilled']:.0f}",
-                     f"{c['decoded']:.0f}", f"{2 * params * tokens:.2e}" if params else "n/a",
+                     f"{c['prefilled']:.0f} ({c['lead_prefilled']:.0f} / {c['subagent_prefilled']:.0f})",
+                     f"{c['decoded']:.0f} ({c['lead_decoded']:.0f} / {c['subagent_decoded']:.0f})",
+                     f"{2 * params * tokens:.2e}" if params else "n/a",
                      gib(c["peak_rss"]), gib(c["peak_cache"]), str(e["samples"])])
     print("\n## Every method against the floor (means per sample; s/sample amortized as in the paper)\n")
     print(table_to_markdown(header, body))
@@ -190,18 +248,17 @@ def print_tables(latency: list[dict], counts: dict[str, dict], floors: dict[int,
 
 
 def print_ratios(counts: dict[str, dict], latency: list[dict], rows: dict[str, str], reference: str) -> None:
-    by = {(e["row"], e["length"]): e["amortized_s"] for e in latency}
+    """Time from `eval.report.speedups`; compute and critical path from the counts (checked non-zero
+    by `refuse_nonsense` before this runs)."""
+    names = {row: name for name, row in rows.items()}
     body = []
-    for name, per in counts.items():
-        if name == reference:
+    for s in speedups(latency, parser_row=rows[reference]):
+        c, ref = counts.get(names.get(s["baseline"]), {}).get(s["length"]), counts[reference].get(s["length"])
+        if c is None or ref is None:
             continue
-        for L, c in sorted(per.items()):
-            ref = counts[reference].get(L)
-            if ref is None or (rows[reference], L) not in by or (rows[name], L) not in by:
-                continue
-            body.append([rows[name], str(L), f"{by[(rows[name], L)] / by[(rows[reference], L)]:.2f}x",
-                         f"{(c['prefilled'] + c['decoded']) / (ref['prefilled'] + ref['decoded']):.2f}x",
-                         f"{c['critical_path'] / ref['critical_path']:.2f}x"])
+        body.append([s["baseline"], str(s["length"]), f"{s['speedup']:.2f}x",
+                     f"{(c['prefilled'] + c['decoded']) / (ref['prefilled'] + ref['decoded']):.2f}x",
+                     f"{c['critical_path'] / ref['critical_path']:.2f}x"])
     if body:
         print(f"\n## Ratios to {rows[reference]}: time = wall clock (on 2 CPU cores, a ratio of compute); "
               "compute = tokens (FLOPs); critical path = sequential model calls (the paper's ratio on GPUs)\n")
@@ -227,16 +284,19 @@ def print_projection(counts: dict[str, dict], floors: dict[int, dict], shapes_cf
                      reference: str) -> list[dict]:
     """The planner's projection from the longest measured length's counts (`parser.plan.project`)."""
     shapes, paper = {}, {}
-    for name, (parallel, cpu_budgets, paper_budgets) in shapes_cfg.items():
+    for name, (kind, cpu_budgets, paper_budgets) in shapes_cfg.items():
         per = counts.get(name)
         if not per:
             continue
         L = max(per)
         c = per[L]
-        calls = {"lead": c["calls"] - c["subagent_calls"] - c["failed_calls"], "subagent": c["subagent_calls"]}
+        # InfMem's budget is per logical call (its steps), whichever of its one or two requests spent it
+        lead = c["steps"] if kind == "infmem" else c["calls"] - c["subagent_calls"] - c["failed_calls"]
         shapes[rows[name]] = project.Shape.from_counts(
-            parallel, calls=calls, decoded={"lead": c["lead_decoded"], "subagent": c["subagent_decoded"]},
-            budgets=cpu_budgets, critical_path=c["critical_path"], chunks=floors.get(L, {}).get("chunks", 0))
+            kind, calls={"lead": lead, "subagent": c["subagent_calls"]},
+            decoded={"lead": c["lead_decoded"], "subagent": c["subagent_decoded"]}, budgets=cpu_budgets,
+            critical_path=c["critical_path"], chunks=floors.get(L, {}).get("chunks", 0),
+            read_fraction=c.get("read_fraction", 1.0))
         paper[rows[name]] = paper_budgets
     if rows[reference] not in shapes:
         return []
@@ -245,9 +305,14 @@ def print_projection(counts: dict[str, dict], floors: dict[int, dict], shapes_cf
           "rates, concurrency 1; the measured structure = ParSer's rounds and queries per round, each method's chunk "
           "size, the paper's output sizes; the fills column also scales outputs by the measured budget fills)\n")
     for name, shape in shapes.items():
-        print(f"- {name}: " + (f"{shape.rounds:.1f} query rounds, {shape.queries_per_round:.2f} queries/round, lead fills "
-                               f"{shape.lead_fill:.0%} of its turn budget, subagents {shape.subagent_fill:.0%}"
-                               if shape.parallel else f"each update fills {shape.update_fill:.0%} of its budget"))
+        print(f"- {name}: {describe(shape)}")
+    untimed = [name for name in shapes if name not in project.PAPER_TIMED]
+    if untimed:  # never a reference made up for them
+        peers = [name for name in untimed if shapes[name].kind in ("rlm", "infmem")]
+        print(f"- the paper timed only {' and '.join(project.PAPER_TIMED)} (Table 2): {', '.join(untimed)} have no "
+              "paper reference (–)" + (f"; {' and '.join(peers)} run the planner's own simulations (parser.plan.simulate; "
+                                       "RLM's sub-call slices are its modelled strategy's, rlms' ~100K characters)"
+                                       if peers else ""))
     body = [[f"{r['doc_tokens'] // 1000}K", r["method"], f"{r['seconds']:.2f}", f"{r['ratio']:.2f}x",
              f"{r['seconds_fills']:.2f}", f"{r['ratio_fills']:.2f}x",
              f"{r['paper_workload_s']:.2f}" if r["paper_workload_s"] else "–", f"{r['paper_s']:.2f}" if r["paper_s"] else "–",
@@ -256,6 +321,20 @@ def print_projection(counts: dict[str, dict], floors: dict[int, dict], shapes_cf
                                     "with measured output fills", f"/ {rows[reference]}", "paper's workload s",
                                     "paper Table 2 s", "paper ratio"], body))
     return projected
+
+
+def describe(shape: project.Shape) -> str:
+    """The measured structure a shape carries, in words."""
+    if shape.kind == "parser":
+        return (f"{shape.rounds:.1f} query rounds, {shape.queries_per_round:.2f} queries/round, lead fills "
+                f"{shape.lead_fill:.0%} of its turn budget, subagents {shape.subagent_fill:.0%}")
+    if shape.kind == "rlm":
+        return (f"{shape.turns:.1f} root calls, {shape.rounds:.0f} of them ran sub-calls (map turns), root fills "
+                f"{shape.lead_fill:.0%} of its turn budget, sub-calls {shape.subagent_fill:.0%}")
+    if shape.kind == "infmem":
+        return (f"planned over {shape.read_fraction:.0%} of its chunks before it stopped, each call fills "
+                f"{shape.update_fill:.0%} of its budget (thinking and answer stages)")
+    return f"each update fills {shape.update_fill:.0%} of its budget"
 
 
 def check_targets(over: dict[tuple[str, int], float], counts: dict[str, dict], floors: dict[int, dict],
@@ -290,15 +369,29 @@ def check_targets(over: dict[tuple[str, int], float], counts: dict[str, dict], f
 
 def refuse_nonsense(latency: list[dict], counts: dict[str, dict], floors: dict[int, dict], methods: list[str],
                     rows: dict[str, str]) -> None:
-    """A figure that cannot be right stops the bench (exit 1): the smoke run catches a rotted bench."""
-    problems = [f"floor at L={L}: {f['seconds']!r} s" for L, f in floors.items() if not f["seconds"] > 0]
+    """A figure that cannot be right stops the bench (exit 1) before any ratio divides by it: the
+    smoke run catches a rotted bench. (The floors were checked before any method ran: `check_floors`.)"""
+    problems = []
     for name in methods:
         have = {e["length"] for e in latency if e["row"] == rows[name]}
         problems += [f"{name}: no timed row at L={L}" for L in floors if L not in have]
         problems += [f"{name} at L={L}: {c['calls']} model calls, {c['critical_path']} on the critical path"
                      for L, c in counts.get(name, {}).items() if not (c["calls"] > 0 and c["critical_path"] > 0)]
+        # the roles as the method counted them (a retried call is logged once per attempt: compared without failures)
+        problems += [f"{name} at L={L}: {c['subagent_calls']} calls logged on the subagent role, the method counted "
+                     f"{c['sub_calls']}" for L, c in counts.get(name, {}).items()
+                     if "sub_calls" in c and not c["failed_calls"] and not math.isclose(c["subagent_calls"], c["sub_calls"])]
     problems += [f"{e['row']} at L={e['length']}: {e['amortized_s']!r} s/sample" for e in latency
                  if not (math.isfinite(e["amortized_s"]) and e["amortized_s"] > 0)]
+    if problems:
+        raise SystemExit("bench_latency: nonsense figures: " + "; ".join(problems))
+
+
+def check_floors(floors: dict[int, dict]) -> None:
+    """The floor divides every method's time: a floor that is not a positive time, or no length
+    measured at all, stops the bench (exit 1) before any method runs."""
+    problems = [f"floor at L={L}: {f['seconds']!r} s" for L, f in floors.items()
+                if not (math.isfinite(f["seconds"]) and f["seconds"] > 0)]
     if not floors:
         problems.append("no length was measured")
     if problems:
@@ -311,8 +404,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of configs/eval/<config-name>.yaml")
     ap.add_argument("--config-name", default="bench_cpu", help="bench_cpu (minutes) | bench_length_cpu (long lengths)")
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS),
-                    help="parser is the reference and runs first")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS), metavar="METHOD",
+                    help=f"any of {' '.join(METHODS)} (default: all); parser is the reference and always runs, first")
     ap.add_argument("--out", default=None, help="run directories go here (replaced); default outputs/bench[_vllm]")
     ap.add_argument("--smoke", action="store_true", help="seconds-long run on tiny models (keeps the bench from rotting)")
     ap.add_argument("--vllm", metavar="URL", help="lead and subagents on this vLLM server (configs/backend/vllm.yaml), "
@@ -330,18 +423,22 @@ def main() -> None:
     start = time.perf_counter()
 
     with initialize_config_dir(config_dir=str(CONFIGS / "eval"), version_base="1.3"):
-        cfgs = {m: compose_method(METHODS[m][0], args.config_name, overrides, out / m) for m in methods}
+        cfgs = {m: compose_method(METHODS[m][0], args.config_name,
+                                  [*overrides, *(SMOKE_METHOD.get(m, []) if args.smoke else [])], out / m) for m in methods}
         papers = {m: compose_method(METHODS[m][1], args.config_name, overrides, out / m).method for m in methods}
     reference = cfgs[REFERENCE]
     if int(reference.concurrency) != 1:
         raise SystemExit("bench_latency: concurrency must be 1 (samples one at a time: the counts are split by sample)")
-    subsets = load_subsets(reference.dataset, limit=reference.limit)
+    subsets = load_subsets(reference.dataset, limit=reference.limit, max_file_bytes=reference.max_data_file_bytes)  # once: every method reads these samples
     floors, refusals = asyncio.run(measure_floor(reference, subsets, refuse=not args.vllm))
     for why in refusals:
         print(f"[bench] refused {why}")
-    lat.write_floors(out, [{"dataset": str(reference.dataset.name), "backbone": str(reference.report.backbone),
-                            "length": L, **f} for L, f in sorted(floors.items())])  # kept if a long run is stopped
+    check_floors(floors)
+    floor_lines = [{"dataset": str(reference.dataset.name), "backbone": str(reference.report.backbone), "length": L, **f}
+                   for L, f in sorted(floors.items())]
+    lat.write_floors(out, floor_lines)  # kept if a long run is stopped
     kept = sorted(floors)
+    measured = [s for s in subsets if s.length in floors]
     rows = {m: str(cfgs[m].report.row) for m in methods}
     counts, params, shapes_cfg = {}, None, {}
     for m in methods:
@@ -349,20 +446,20 @@ def main() -> None:
         with open_dict(cfg):
             cfg.dataset.lengths = kept
         print(f"[bench] {m}: lengths {kept}, {cfg.dataset.num_questions} samples each")
-        counts[m], params, status = asyncio.run(run_method(cfg))
+        counts[m], params, status = asyncio.run(run_method(cfg, measured))
         if status:
             print(f"[bench] {m}: some samples failed; see {out / m}/errors.jsonl")
-        parallel, cpu_budgets, _ = budgets(cfg.method, METHODS[m][2])
-        shapes_cfg[m] = (parallel, cpu_budgets, budgets(papers[m], METHODS[m][2])[2])
+        _, kind, key = METHODS[m][1:]
+        shapes_cfg[m] = (kind, budgets(cfg.method, kind, key)[0], budgets(papers[m], kind, key)[1])
 
     results, timings = load([out / m for m in methods])
     latency = latency_table(results, timings)
-    over = print_tables(latency, counts, floors, rows, params)
+    over = print_tables(latency, counts, floors, floor_lines, rows, params)
+    refuse_nonsense(latency, counts, floors, methods, rows)
     print_ratios(counts, latency, rows, REFERENCE)
     print_profile(counts, rows)
     projected = print_projection(counts, floors, shapes_cfg, rows, REFERENCE)
     check_targets(over, counts, floors, projected, rows)
-    refuse_nonsense(latency, counts, floors, methods, rows)
     print(f"\n[bench] machine at end: {lat.machine_load()}; total {time.perf_counter() - start:.0f} s; run directories "
           f"under {out}/ (parser report {out} --out {out}/report draws the speedup plot with the floor)")
 

@@ -205,9 +205,10 @@ def run_rlms(name: str, server: ScriptServer) -> dict[str, Any]:
 
 
 async def run_ours(name: str, server: ScriptServer, tokenizer: Any, prompt_source: str, *, sub_url: str | None = None,
-                   **settings: Any) -> tuple[Any, list[list[dict]]]:
+                   record: Any = None, **settings: Any) -> tuple[Any, list[list[dict]]]:
     """`method=rlm` on the case (root over /v1/completions, subs over chat at `sub_url`, default the
-    server); its result and the message list it rendered at every turn. `settings`: RLMMethod's."""
+    server); its result and the message list it rendered at every turn. `record`: a function from the
+    models to the models the method runs on (the latency bench's `eval.latency.Recorder`); `settings`: RLMMethod's."""
     from parser.methods import Sample
     from parser.methods.rlm import RLMMethod
     from parser.methods.rlm.turns import RlmTurns
@@ -223,6 +224,7 @@ async def run_ours(name: str, server: ScriptServer, tokenizer: Any, prompt_sourc
 
     models = Models(HttpBackend(server.url, api="completions", model="root", server="generic"), tokenizer,
                     HttpBackend(sub_url or server.url, api="chat", model="root", server="generic"), tokenizer)
+    models = record(models) if record else models
     method = RLMMethod(models, episode={"lead_temperature": 0.0, "lead_thinking": False, "max_attempts": 1,
                                         "max_turns": case.max_iterations, "max_tokens_per_turn": ROOT_MAX,
                                         **settings.pop("episode", {})},

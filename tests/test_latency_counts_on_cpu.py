@@ -23,6 +23,32 @@ def call(role: str, start: float, end: float, prompt: int = 10, cached: int = 0,
     return lat.Call(role, start, end, prompt, cached, out)
 
 
+def test_rlm_critical_path_counts_a_batched_call_once_and_each_llm_query(tiny_tokenizer):
+    """What the bench's docstring says of RLM, on the method's own code (`rlm_script.ScriptServer`
+    stands in for the model server): the scripted root probes, maps the document with one
+    llm_query_batched (three slices in flight together), then combines them with one llm_query and
+    answers: root, root, batch, root, llm_query = 5 calls on the critical path, 3 of them the root's."""
+    from rlm_script import CASES, FIXTURES, ScriptServer, run_ours
+
+    recorders = []
+
+    def record(models: Models) -> Models:
+        recorders.append(lat.Recorder(models))
+        return recorders[-1].models
+
+    async def go():
+        with ScriptServer(CASES["batched_map"], tiny_tokenizer) as server:
+            result, _ = await asyncio.wait_for(run_ours("batched_map", server, tiny_tokenizer, str(FIXTURES / "prompts.json"),
+                                                        record=record), 60)
+            return result
+
+    result = asyncio.run(go())
+    calls = recorders[0].calls
+    assert result.answer and [c.role for c in calls].count("lead") == result.steps == 3
+    assert [c.role for c in calls].count("subagent") == 4  # three slices and the combine
+    assert lat.critical_path(calls) == 5
+
+
 def test_critical_path_counts_a_scatter_round_once_and_a_sequential_pass_per_call():
     parser = [call("lead", 0, 1), *(call("subagent", 1.1, 1.5 + i) for i in range(3)), call("lead", 4, 5)]
     assert lat.critical_path(parser) == 3  # lead -> the round (in flight together) -> lead
@@ -98,6 +124,7 @@ def test_per_length_splits_calls_by_sample_and_averages_per_length():
     assert twelve["calls"] == 2.0 and twelve["subagent_calls"] == 0.5  # (3 + 1) / 2, (1 + 0) / 2
     assert twelve["failed_calls"] == 0
     assert twelve["prefilled"] == (10 + 40 + 10 + 10) / 2 and twelve["decoded"] == (2 + 5 + 2 + 2) / 2
+    assert (twelve["lead_prefilled"], twelve["subagent_prefilled"]) == ((10 + 10 + 10) / 2, 40 / 2)
     assert twelve["critical_path"] == (3 + 1) / 2
     assert twelve["parts"]["prefill"] == 2.5 and twelve["parts"]["lead decode"] == 2.0
     assert twelve["parts"]["Python overhead"] == pytest.approx(((10 - 7) + (10 - 2)) / 2)  # wall minus the parts
@@ -118,18 +145,18 @@ def test_kv_refusal_names_the_figure_and_the_setting_to_raise():
 
 
 def test_shape_from_counts_reads_rounds_queries_and_budget_fills():
-    parser = project.Shape.from_counts(True, calls={"lead": 4, "subagent": 42}, decoded={"lead": 64, "subagent": 210},
+    parser = project.Shape.from_counts("parser", calls={"lead": 4, "subagent": 42}, decoded={"lead": 64, "subagent": 210},
                                        budgets={"lead": 128, "subagent": 48}, critical_path=7, chunks=14)
     assert (parser.rounds, parser.queries_per_round, parser.lead_fill) == (3, 1, 0.125)
     assert parser.subagent_fill == pytest.approx(5 / 48)
-    memagent = project.Shape.from_counts(False, calls={"lead": 8}, decoded={"lead": 512}, budgets={"lead": 64},
+    memagent = project.Shape.from_counts("sequential", calls={"lead": 8}, decoded={"lead": 512}, budgets={"lead": 64},
                                          critical_path=8, chunks=7)
     assert memagent.update_fill == 1.0
 
 
 def test_projection_of_the_papers_own_memory_fill_is_the_papers_workload():
-    shapes = {"ParSer": project.Shape(True, rounds=3, lead_fill=0.125, subagent_fill=0.1),
-              "MemAgent": project.Shape(False, update_fill=1.0), "CoA": project.Shape(False, update_fill=0.5)}
+    shapes = {"ParSer": project.Shape("parser", rounds=3, lead_fill=0.125, subagent_fill=0.1),
+              "MemAgent": project.Shape("sequential", update_fill=1.0), "CoA": project.Shape("sequential", update_fill=0.5)}
     budgets = {"ParSer": project.PaperBudgets(4096, lead_tokens=2048, subagent_tokens=512),
                "MemAgent": project.PaperBudgets(5000, update_tokens=1024),
                "CoA": project.PaperBudgets(8000, update_tokens=8000)}
@@ -142,3 +169,37 @@ def test_projection_of_the_papers_own_memory_fill_is_the_papers_workload():
     assert rows[(896_000, "ParSer")]["ratio"] == 1.0 and rows[(896_000, "ParSer")]["paper_s"] == 78.22
     assert rows[(896_000, "CoA")]["paper_s"] is None  # the paper did not time CoA
     assert memagent["ratio"] > rows[(7_000, "MemAgent")]["ratio"] > 1  # sequential reading falls behind with length
+
+
+def test_shape_from_counts_reads_rlm_turns_and_infmem_reading():
+    """RLM: 3 root calls around one llm_query_batched round and one llm_query (critical path 5);
+    InfMem: 13 logical calls (6 plans, 6 writes, the answer) and a trace that says it read 3 of 6 chunks."""
+    rlm = project.Shape.from_counts("rlm", calls={"lead": 3, "subagent": 5}, decoded={"lead": 96, "subagent": 80},
+                                    budgets={"lead": 64, "subagent": 32}, critical_path=5, chunks=6)
+    assert (rlm.turns, rlm.rounds, rlm.lead_fill, rlm.subagent_fill) == (3, 1, 0.5, 0.5)
+    silent = project.Shape.from_counts("rlm", calls={"lead": 3}, decoded={"lead": 192}, budgets={"lead": 64, "subagent": 32},
+                                       critical_path=3, chunks=6)
+    assert (silent.rounds, silent.subagent_fill) == (0, 0.0)  # a root that wrote no sub-call
+    infmem = project.Shape.from_counts("infmem", calls={"lead": 13}, decoded={"lead": 312}, budgets={"lead": 48},
+                                       critical_path=26, chunks=6, read_fraction=0.5)
+    assert (infmem.update_fill, infmem.read_fraction) == (0.5, 0.5)
+    with pytest.raises(ValueError, match="Shape.kind='dci'"):
+        project.Shape("dci")
+
+
+def test_projection_of_the_peers_runs_the_planners_simulations_without_a_paper_reference():
+    shapes = {"ParSer": project.Shape("parser", rounds=3),
+              "InfMem": project.Shape("infmem", update_fill=0.5), "InfMem early": project.Shape("infmem", read_fraction=0.25),
+              "RLM": project.Shape("rlm", turns=3, rounds=1), "RLM silent": project.Shape("rlm", turns=3)}
+    budgets = {"ParSer": project.PaperBudgets(4096, lead_tokens=2048, subagent_tokens=512),
+               **dict.fromkeys(("InfMem", "InfMem early"), project.PaperBudgets(5000, update_tokens=2048)),
+               **dict.fromkeys(("RLM", "RLM silent"), project.PaperBudgets(0, lead_tokens=2048, subagent_tokens=1024))}
+    rows = {r["method"]: r for r in project.project(shapes, budgets, lengths=(896_000,))}
+    assert all(rows[m]["paper_s"] is None and rows[m]["paper_workload_s"] is None and rows[m]["paper_ratio"] is None
+               for m in ("InfMem", "RLM"))  # the paper timed neither
+    # the planner's own workload is RLM's measured shape 3 turns / 1 map turn: the same simulation
+    planner = project.SIMULATIONS["rlm"](project.workload(896_000, None, None), project.paper_cluster())
+    assert rows["RLM"]["seconds"] == pytest.approx(planner.amortized_s)
+    assert rows["RLM silent"]["seconds"] < rows["RLM"]["seconds"]  # no map round: three root calls only
+    assert rows["InfMem early"]["seconds"] < rows["InfMem"]["seconds"] / 3  # 45 of 180 chunks planned over
+    assert rows["InfMem"]["seconds_fills"] > rows["InfMem"]["seconds"]  # 1,024-token plans and memories vs 256 / 1,024
