@@ -261,8 +261,8 @@ def check_subsets(subsets: list[Subset]) -> None:
 async def evaluate(cfg: DictConfig, method: Method | None = None, subsets: list[Subset] | None = None) -> int:
     """Run (or resume) one eval. Pass `method` to reuse built models across several evals
     (RULER's tasks); the caller then closes it. Otherwise it is built from `cfg` and closed here.
-    Pass `subsets` (what `load_subsets(cfg.dataset, limit=cfg.limit, max_file_bytes=cfg.max_data_file_bytes)` returned) when one dataset
-    serves several evals (the latency bench): it is built once, not per eval. Raises `BadSetting` for settings no run can honour, `RunDirLocked` if another process is
+    Pass `subsets` (what `load_subsets` returned for `cfg.dataset`) when one dataset serves
+    several evals (the latency bench): it is built once, not per eval. Raises `BadSetting` for settings no run can honour, `RunDirLocked` if another process is
     evaluating into `cfg.out_dir`, and `InputsChanged` (before anything is written) if its rows
     were computed on other inputs."""
     check_settings(cfg)
