@@ -76,7 +76,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from eval import latency as lat
 from eval.datasets import Subset, load_subsets
-from eval.report import floor_table, latency_table, load, speedups, table_to_markdown, trace_costs
+from eval.report import floor_table, latency_table, load, partial_mark, speedups, table_to_markdown, trace_costs
 from eval.run import build_eval_method, evaluate, warm_up
 from eval.store import read_results
 from parser.base.config import EpisodeConfig
@@ -368,13 +368,15 @@ def check_targets(over: dict[tuple[str, int], float], counts: dict[str, dict], f
 
 
 def refuse_nonsense(latency: list[dict], counts: dict[str, dict], floors: dict[int, dict], methods: list[str],
-                    rows: dict[str, str]) -> None:
+                    rows: dict[str, str], failed: dict[str, set[int]]) -> None:
     """A figure that cannot be right stops the bench (exit 1) before any ratio divides by it: the
-    smoke run catches a rotted bench. (The floors were checked before any method ran: `check_floors`.)"""
+    smoke run catches a rotted bench. (The floors were checked before any method ran: `check_floors`.)
+    A length whose samples failed (`failed`, from the method's errors.jsonl) has no row by right: it
+    is said at the end (`say_failed`), and the lengths that did run are still reported."""
     problems = []
     for name in methods:
         have = {e["length"] for e in latency if e["row"] == rows[name]}
-        problems += [f"{name}: no timed row at L={L}" for L in floors if L not in have]
+        problems += [f"{name}: no timed row at L={L}" for L in floors if L not in have and L not in failed.get(name, ())]
         problems += [f"{name} at L={L}: {c['calls']} model calls, {c['critical_path']} on the critical path"
                      for L, c in counts.get(name, {}).items() if not (c["calls"] > 0 and c["critical_path"] > 0)]
         # the roles as the method counted them (a retried call is logged once per attempt: compared without failures)
@@ -385,6 +387,14 @@ def refuse_nonsense(latency: list[dict], counts: dict[str, dict], floors: dict[i
                  if not (math.isfinite(e["amortized_s"]) and e["amortized_s"] > 0)]
     if problems:
         raise SystemExit("bench_latency: nonsense figures: " + "; ".join(problems))
+
+
+def say_failed(failed: dict[str, set[int]], out: Path) -> None:
+    """Exit 1 naming each method and length whose samples failed, after every table the run could fill."""
+    if any(failed.values()):
+        raise SystemExit("bench_latency: samples failed: " + "; ".join(
+            f"{name} at L={', '.join(map(str, sorted(lengths)))} ({out / name}/errors.jsonl)"
+            for name, lengths in failed.items() if lengths))
 
 
 def check_floors(floors: dict[int, dict]) -> None:
@@ -440,28 +450,33 @@ def main() -> None:
     kept = sorted(floors)
     measured = [s for s in subsets if s.length in floors]
     rows = {m: str(cfgs[m].report.row) for m in methods}
-    counts, params, shapes_cfg = {}, None, {}
+    counts, params, shapes_cfg, failed = {}, None, {}, {}
     for m in methods:
         cfg = cfgs[m]
         with open_dict(cfg):
             cfg.dataset.lengths = kept
         print(f"[bench] {m}: lengths {kept}, {cfg.dataset.num_questions} samples each")
         counts[m], params, status = asyncio.run(run_method(cfg, measured))
+        done = {r.length for r in read_results(out / m)}
+        failed[m] = {L for L in kept if L not in done}
         if status:
             print(f"[bench] {m}: some samples failed; see {out / m}/errors.jsonl")
+        # a run that lacks a sample is labelled so in every table (eval.report.partial_mark): match that label
+        rows[m] += partial_mark(out / m, read_results(out / m))
         _, kind, key = METHODS[m][1:]
         shapes_cfg[m] = (kind, budgets(cfg.method, kind, key)[0], budgets(papers[m], kind, key)[1])
 
     results, timings = load([out / m for m in methods])
     latency = latency_table(results, timings)
     over = print_tables(latency, counts, floors, floor_lines, rows, params)
-    refuse_nonsense(latency, counts, floors, methods, rows)
+    refuse_nonsense(latency, counts, floors, methods, rows, failed)
     print_ratios(counts, latency, rows, REFERENCE)
     print_profile(counts, rows)
     projected = print_projection(counts, floors, shapes_cfg, rows, REFERENCE)
     check_targets(over, counts, floors, projected, rows)
     print(f"\n[bench] machine at end: {lat.machine_load()}; total {time.perf_counter() - start:.0f} s; run directories "
           f"under {out}/ (parser report {out} --out {out}/report draws the speedup plot with the floor)")
+    say_failed(failed, out)
 
 
 if __name__ == "__main__":

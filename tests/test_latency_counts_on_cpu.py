@@ -203,3 +203,32 @@ def test_projection_of_the_peers_runs_the_planners_simulations_without_a_paper_r
     assert rows["RLM silent"]["seconds"] < rows["RLM"]["seconds"]  # no map round: three root calls only
     assert rows["InfMem early"]["seconds"] < rows["InfMem"]["seconds"] / 3  # 45 of 180 chunks planned over
     assert rows["InfMem"]["seconds_fills"] > rows["InfMem"]["seconds"]  # 1,024-token plans and memories vs 256 / 1,024
+
+
+def _bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_latency.py"
+    spec = importlib.util.spec_from_file_location("bench_latency", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_length_whose_sample_failed_is_said_at_the_end_and_the_others_still_count(tmp_path):
+    """At 400 paragraphs ParSer's lead outgrew SmolLM2's context and that sample failed: the bench
+    then called its 200-paragraph row missing too ("nonsense"), because the run's label had become
+    "ParSer (partial: 1 of 2 samples)", and printed no ratio. The failed length is now said at the
+    end, naming the errors file, and every other figure is checked and printed."""
+    bench = _bench()
+    floors = {200: {"seconds": 52.1}, 400: {"seconds": 115.8}}
+    counts = {"parser": {200: {"calls": 175, "critical_path": 7, "subagent_calls": 171, "failed_calls": 0}}}
+    rows = {"parser": "ParSer (partial: 1 of 2 samples)"}
+    latency = [{"row": rows["parser"], "length": 200, "amortized_s": 145.4}]
+    bench.refuse_nonsense(latency, counts, floors, ["parser"], rows, {"parser": {400}})  # no exit: L=400 failed by right
+    with pytest.raises(SystemExit, match="no timed row at L=400"):
+        bench.refuse_nonsense(latency, counts, floors, ["parser"], rows, {"parser": set()})
+    with pytest.raises(SystemExit, match=r"samples failed: parser at L=400 \(.*parser/errors.jsonl\)"):
+        bench.say_failed({"parser": {400}, "memagent": set()}, tmp_path)
+    bench.say_failed({"parser": set()}, tmp_path)  # nothing failed: no exit
