@@ -88,7 +88,7 @@ CONFIGS = config_dir()
 # the key of its per-call budget beside its episode's: a sequential reader's update, RLM's sub-call,
 # InfMem's answer stage (its thinking stage added when thinking is on); None: ParSer's episode budgets)
 METHODS = {
-    "parser": ("parser_cpu", "parser", "parser", None),
+    "parser": ("parser_cpu", "parser", "scatter", None),
     "memagent": ("memagent_cpu", "memagent", "sequential", "max_memory_tokens"),
     "rememr1": ("rememr1_cpu", "rememr1", "sequential", "max_memory_tokens"),
     "coa": ("coa_cpu", "coa", "sequential", "max_summary_tokens"),
@@ -199,9 +199,9 @@ def budgets(method: DictConfig, kind: str, key: str | None) -> tuple[dict[str, i
     it reads no chunks, its code slices the document); InfMem's call (`key`, plus `thinking_budget`
     with thinking on: its two requests share one logical call) and chunk; a sequential reader's
     update (`key`) and chunk."""
-    if kind in ("parser", "rlm"):
+    if kind in ("scatter", "rlm"):
         episode = EpisodeConfig(**OmegaConf.to_container(method.episode, resolve=True))
-        sub, chunk = (episode.subagent_max_tokens, episode.chunk_size) if kind == "parser" else (int(method[key]), 0)
+        sub, chunk = (episode.subagent_max_tokens, episode.chunk_size) if kind == "scatter" else (int(method[key]), 0)
         return {"lead": episode.max_tokens_per_turn, "subagent": sub}, project.PaperBudgets(
             chunk, lead_tokens=episode.max_tokens_per_turn, subagent_tokens=sub)
     update = int(method[key]) + (int(method.thinking_budget) if kind == "infmem" and method.thinking else 0)
@@ -325,7 +325,7 @@ def print_projection(counts: dict[str, dict], floors: dict[int, dict], shapes_cf
 
 def describe(shape: project.Shape) -> str:
     """The measured structure a shape carries, in words."""
-    if shape.kind == "parser":
+    if shape.kind == "scatter":
         return (f"{shape.rounds:.1f} query rounds, {shape.queries_per_round:.2f} queries/round, lead fills "
                 f"{shape.lead_fill:.0%} of its turn budget, subagents {shape.subagent_fill:.0%}")
     if shape.kind == "rlm":

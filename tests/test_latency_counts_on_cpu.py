@@ -145,7 +145,7 @@ def test_kv_refusal_names_the_figure_and_the_setting_to_raise():
 
 
 def test_shape_from_counts_reads_rounds_queries_and_budget_fills():
-    parser = project.Shape.from_counts("parser", calls={"lead": 4, "subagent": 42}, decoded={"lead": 64, "subagent": 210},
+    parser = project.Shape.from_counts("scatter", calls={"lead": 4, "subagent": 42}, decoded={"lead": 64, "subagent": 210},
                                        budgets={"lead": 128, "subagent": 48}, critical_path=7, chunks=14)
     assert (parser.rounds, parser.queries_per_round, parser.lead_fill) == (3, 1, 0.125)
     assert parser.subagent_fill == pytest.approx(5 / 48)
@@ -155,7 +155,7 @@ def test_shape_from_counts_reads_rounds_queries_and_budget_fills():
 
 
 def test_projection_of_the_papers_own_memory_fill_is_the_papers_workload():
-    shapes = {"ParSer": project.Shape("parser", rounds=3, lead_fill=0.125, subagent_fill=0.1),
+    shapes = {"ParSer": project.Shape("scatter", rounds=3, lead_fill=0.125, subagent_fill=0.1),
               "MemAgent": project.Shape("sequential", update_fill=1.0), "CoA": project.Shape("sequential", update_fill=0.5)}
     budgets = {"ParSer": project.PaperBudgets(4096, lead_tokens=2048, subagent_tokens=512),
                "MemAgent": project.PaperBudgets(5000, update_tokens=1024),
@@ -188,7 +188,7 @@ def test_shape_from_counts_reads_rlm_turns_and_infmem_reading():
 
 
 def test_projection_of_the_peers_runs_the_planners_simulations_without_a_paper_reference():
-    shapes = {"ParSer": project.Shape("parser", rounds=3),
+    shapes = {"ParSer": project.Shape("scatter", rounds=3),
               "InfMem": project.Shape("infmem", update_fill=0.5), "InfMem early": project.Shape("infmem", read_fraction=0.25),
               "RLM": project.Shape("rlm", turns=3, rounds=1), "RLM silent": project.Shape("rlm", turns=3)}
     budgets = {"ParSer": project.PaperBudgets(4096, lead_tokens=2048, subagent_tokens=512),

@@ -50,15 +50,15 @@ PAPER_WORKLOAD = "configs/plan/paper_workload/table2.yaml"
 MODEL = "configs/plan/model/qwen35_4b.yaml"
 # a shape's kind -> the simulation that projects it
 SIMULATIONS: dict[str, Callable[[Workload, Cluster], Result]] = {
-    "parser": simulate_parser, "sequential": simulate_memagent, "infmem": simulate_infmem, "rlm": simulate_rlm}
-PAPER_TIMED = {"ParSer": "parser", "MemAgent": "sequential"}  # Table 2's rows (their kind); the paper timed no other
+    "scatter": simulate_parser, "sequential": simulate_memagent, "infmem": simulate_infmem, "rlm": simulate_rlm}
+PAPER_TIMED = {"ParSer": "scatter", "MemAgent": "sequential"}  # Table 2's rows (their kind); the paper timed no other
 
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
     """One method's behaviour per sample, as the bench counted it at one length."""
 
-    kind: str  # a key of SIMULATIONS: parser (scatter rounds), sequential (a call per chunk, then an answer), infmem, rlm
+    kind: str  # a key of SIMULATIONS: scatter (ParSer's rounds), sequential (a call per chunk, then an answer), infmem, rlm
     rounds: float = 0.0  # ParSer: lead turns that scattered a query; RLM: root turns whose code ran sub-calls
     queries_per_round: float = 1.0
     lead_fill: float = 0.0  # ParSer / RLM: tokens per lead (root) call / its per-turn budget
@@ -134,7 +134,7 @@ def workload(doc_tokens: int, shape: Shape | None, budgets: PaperBudgets | None,
     def filled(fill: float, budget: int) -> int:
         return max(1, round(fill * budget))
 
-    if shape.kind == "parser":
+    if shape.kind == "scatter":
         wl = dataclasses.replace(base, chunk_size=budgets.chunk_size, num_chunks=None,
                                  rounds=max(1, round(shape.rounds)), queries_per_round=shape.queries_per_round)
         if fills:
@@ -172,7 +172,7 @@ def project(shapes: Mapping[str, Shape], budgets: Mapping[str, PaperBudgets], re
     `ratio_fills`), and for the methods the paper timed (`timed`: row -> its kind) the same
     simulation on the paper's workload and the paper's figures (None for every other method)."""
     cluster = paper_cluster()
-    paper_s = {"parser": table2.PARSER_S, "sequential": table2.MEMAGENT_S}
+    paper_s = {"scatter": table2.PARSER_S, "sequential": table2.MEMAGENT_S}
     rows = []
     for n in lengths:
         paper_workload = {kind: seconds(n, None, None, kind, cluster) for kind in paper_s}
