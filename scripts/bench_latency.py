@@ -489,12 +489,12 @@ def main() -> None:
         if args.vllm:
             empty_prefix_cache(args.vllm)
         counts[m], params, status = asyncio.run(run_method(cfg, measured))
-        done = {r.length for r in read_results(out / m)}
-        failed[m] = {L for L in kept if L not in done}
+        finished = read_results(out / m)
+        failed[m] = set(kept) - {r.length for r in finished}
         if status:
             print(f"[bench] {m}: some samples failed; see {out / m}/errors.jsonl")
         # a run that lacks a sample is labelled so in every table (eval.report.partial_mark): match that label
-        rows[m] += partial_mark(out / m, read_results(out / m))
+        rows[m] += partial_mark(out / m, finished)
         _, kind, key = METHODS[m][1:]
         shapes_cfg[m] = (kind, budgets(cfg.method, kind, key)[0], budgets(papers[m], kind, key)[1])
 
